@@ -1,0 +1,85 @@
+/* Shared pieces of the kernel benchmarks: timing with CUDA events, the device's measured
+ * memory ceilings, random device data, and result reporting.
+ *
+ * Every benchmark prints one line per figure, `name value unit formula` (the formula is
+ * the rest of the line and says how the value was computed), then one JSON line
+ * `{"bench": ..., "device": ..., "results": [{"name", "value", "unit", "formula"}, ...]}`
+ * for scripts. Benchmarks exit 77 when no CUDA device is present.
+ *
+ * Without CUDA in the build the device functions return INA_ERR_UNSUPPORTED (or 0 for the
+ * ceiling). Thread safety: none; benchmarks are single-threaded programs. */
+#ifndef INA_BENCH_BENCH_UTIL_H
+#define INA_BENCH_BENCH_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define INA_BENCH_SKIP 77
+
+/* ---- device presence ---------------------------------------------------------------- */
+
+/* Prints "<program>: no CUDA device, skipped" and returns 1 when there is no device;
+ * otherwise prints the device's name and returns 0. */
+int ina_bench_no_device(const char *program);
+
+/* ---- timing ------------------------------------------------------------------------- */
+
+/* Enqueues one run of the code under test on `stream` (a cudaStream_t). `iteration`
+ * counts every run, warm-up included, so the callee can rotate among input sets. */
+typedef ina_status_t (*ina_bench_enqueue_fn)(void *ctx, int64_t iteration, void *stream);
+
+typedef struct ina_bench_timing {
+  int warmup_batches;     /* untimed batches first (module load, clocks, caches) */
+  int batches;            /* timed batches; the median is reported */
+  int launches_per_batch; /* back-to-back runs between two events; time is divided by it */
+} ina_bench_timing_t;
+
+/* Times `enqueue` on a private stream with CUDA events and stores the median over batches
+ * of (batch time / launches_per_batch) in *median_ms. Each batch is synchronized before
+ * the next starts. */
+ina_status_t ina_bench_time_ms(ina_bench_enqueue_fn enqueue, void *ctx,
+                               const ina_bench_timing_t *timing, double *median_ms);
+
+/* ---- memory ceilings ---------------------------------------------------------------- */
+
+typedef struct ina_bench_ceilings {
+  double read_tbs;      /* read-only reduction over a buffer far larger than L2, TB/s */
+  double copy_tbs;      /* device-to-device cudaMemcpy, bytes read + written, TB/s */
+  int64_t read_bytes;   /* bytes read per timed read run */
+  int64_t copy_bytes;   /* bytes copied per timed copy run (2x this is counted) */
+  int64_t buffer_bytes; /* the buffer the runs rotate over */
+  int runs;             /* timed runs per figure (median) */
+  char read_variant[64]; /* which read kernel configuration gave read_tbs */
+} ina_bench_ceilings_t;
+
+/* Measures both ceilings on the current device (several seconds). */
+ina_status_t ina_bench_measure_ceilings(ina_bench_ceilings_t *out);
+
+/* The read ceiling in TB/s, measured on first use and remembered for the process;
+ * 0 when it cannot be measured (no device; the reason is in ina_last_error()). Report
+ * other benchmarks' bandwidth as a ratio to it, measured in the same run. */
+double ina_bench_read_ceiling_tbs(void);
+
+/* ---- data --------------------------------------------------------------------------- */
+
+/* Fills n bf16 values (bit patterns, device memory) with uniform random values in
+ * [-scale, scale), none exactly zero unless scale is; deterministic in seed. Synchronous. */
+ina_status_t ina_bench_fill_random_bf16(uint16_t *dev, size_t n, uint64_t seed, float scale);
+
+/* ---- reporting ---------------------------------------------------------------------- */
+
+/* Prints `name value unit formula` and keeps the figure for the JSON line. */
+void ina_bench_result(const char *name, double value, const char *unit, const char *formula);
+/* Prints the JSON line of every figure reported so far. */
+void ina_bench_print_json(const char *bench);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

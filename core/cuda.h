@@ -1,0 +1,30 @@
+/* The CUDA runtime as seen from C host code. Every build has these functions: without
+ * CUDA (INA_CUDA=OFF or no nvcc) they report no devices and INA_ERR_UNSUPPORTED.
+ * Thread safety: as the CUDA runtime. */
+#ifndef INA_CORE_CUDA_H
+#define INA_CORE_CUDA_H
+
+#include <stddef.h>
+
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of usable CUDA devices; 0 when the build has no CUDA, no driver is loaded or no
+ * GPU is present (never an error). */
+int ina_cuda_device_count(void);
+/* "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)" or "none". */
+const char *ina_cuda_device_name(int device, char *buf, size_t bufsize);
+ina_status_t ina_cuda_malloc(int device, size_t bytes, void **out);
+/* NULL is a no-op. */
+void ina_cuda_free(void *ptr);
+ina_status_t ina_cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
+ina_status_t ina_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
+ina_status_t ina_cuda_synchronize(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

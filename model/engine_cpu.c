@@ -1,0 +1,564 @@
+/* The CPU engine: one forward step of DeepSeek-V2/V3 over a ragged batch, in fp32, with
+ * the paged latent cache in host memory. The step follows DESIGN.md's data flow:
+ * embedding -> per layer (RMSNorm, MLA, residual, RMSNorm, MLP or MoE, residual) ->
+ * final norm -> LM head. */
+#define INA_LOG_SUBSYS "model"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/prefill_ref.h"
+#include "core/check.h"
+#include "core/threadpool.h"
+#include "mla/mla_ref.h"
+#include "model/cpu_ops.h"
+#include "model/model.h"
+#include "moe_ep/router.h"
+
+struct ina_engine {
+  const ina_model_t *model;
+  const ina_model_config_t *cfg;
+  const ina_weights_t *w;
+  ina_threadpool_t *pool;
+  ina_page_pool_t *kv;
+  float *inv_freq;
+  float attention_factor;
+  float softmax_scale;
+  int expanded_decode;
+};
+
+ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
+                               ina_engine_t **out) {
+  ina_status_t st = INA_OK;
+  ina_engine_t *e = NULL;
+  const ina_engine_options_t defaults = INA_ENGINE_OPTIONS_INIT;
+  INA_REQUIRE(out && model, INA_ERR_INVALID_ARGUMENT, "engine: NULL argument");
+  *out = NULL;
+  if (!options) options = &defaults;
+  INA_REQUIRE(options->struct_size >= sizeof(ina_engine_options_t) && options->version >= 1,
+              INA_ERR_INVALID_ARGUMENT, "engine options: use INA_ENGINE_OPTIONS_INIT");
+  INA_REQUIRE(options->page_size >= 1 && options->max_tokens >= 1, INA_ERR_INVALID_ARGUMENT,
+              "engine: page_size (%d) and max_tokens (%lld) must be positive", options->page_size,
+              (long long)options->max_tokens);
+  e = calloc(1, sizeof *e);
+  INA_CHECK_ALLOC(e);
+  e->model = model;
+  e->cfg = ina_model_config(model);
+  e->w = ina_model_weights(model);
+  e->expanded_decode = options->expanded_decode;
+  INA_REQUIRE(e->w->expert_begin == 0 && e->w->expert_end == e->cfg->n_routed_experts,
+              INA_ERR_UNSUPPORTED,
+              "engine: this model holds experts [%d, %d) of %d; a single-rank engine needs all",
+              e->w->expert_begin, e->w->expert_end, e->cfg->n_routed_experts);
+  INA_CHECK(ina_threadpool_create(options->num_threads, &e->pool));
+  {
+    ina_page_pool_config_t pc = INA_PAGE_POOL_CONFIG_INIT;
+    int64_t pages = (options->max_tokens + options->page_size - 1) / options->page_size;
+    INA_REQUIRE(pages <= INT32_MAX, INA_ERR_INVALID_ARGUMENT, "engine: max_tokens too large");
+    pc.page_size = options->page_size;
+    pc.num_pages = (int32_t)pages;
+    pc.num_layers = e->cfg->num_layers;
+    pc.entry_elems = e->cfg->kv_lora_rank + e->cfg->qk_rope_head_dim;
+    pc.dtype = INA_DTYPE_F32;
+    INA_CHECK(ina_page_pool_create(&pc, &e->kv));
+  }
+  e->inv_freq = malloc((size_t)e->cfg->qk_rope_head_dim / 2 * sizeof(float));
+  INA_CHECK_ALLOC(e->inv_freq);
+  ina_cfg_rope_inv_freq(e->cfg, e->inv_freq, &e->attention_factor);
+  e->softmax_scale = (float)ina_cfg_softmax_scale(e->cfg);
+  *out = e;
+  return INA_OK;
+fail:
+  ina_engine_destroy(e);
+  return st;
+}
+
+void ina_engine_destroy(ina_engine_t *e) {
+  if (!e) return;
+  ina_page_pool_destroy(e->kv);
+  ina_threadpool_destroy(e->pool);
+  free(e->inv_freq);
+  free(e);
+}
+
+ina_page_pool_t *ina_engine_page_pool(ina_engine_t *e) { return e->kv; }
+const ina_model_config_t *ina_engine_config(const ina_engine_t *e) { return e->cfg; }
+
+/* ---- the step's working memory ---------------------------------------------------- */
+
+typedef struct step {
+  ina_engine_t *e;
+  const ina_batch_t *b;
+  int64_t T;          /* new tokens in the step */
+  int64_t *positions; /* [T] */
+  int32_t *token_seq; /* [T] sequence of each token */
+  float *x, *h, *tmp; /* [T, hidden] */
+  float *qa;          /* [T, q_lora_rank] */
+  float *q;           /* [T, heads, qk_head_dim] */
+  float *kv;          /* [T, kv_lora_rank + rope] */
+  float *attn;        /* [T, heads, v_head_dim] */
+  float *g, *u;       /* [T, max intermediate] */
+} step_t;
+
+static void step_free(step_t *s) {
+  free(s->positions);
+  free(s->token_seq);
+  free(s->x);
+  free(s->h);
+  free(s->tmp);
+  free(s->qa);
+  free(s->q);
+  free(s->kv);
+  free(s->attn);
+  free(s->g);
+  free(s->u);
+}
+
+static ina_status_t step_alloc(step_t *s) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = s->e->cfg;
+  const size_t T = (size_t)(s->T > 0 ? s->T : 1);
+  int64_t inter = c->intermediate_size;
+  if ((int64_t)c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1) > inter)
+    inter = (int64_t)c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1);
+#define ALLOC(field, count) \
+  s->field = malloc(T * (size_t)(count) * sizeof *s->field); \
+  INA_CHECK_ALLOC(s->field)
+  ALLOC(positions, 1);
+  ALLOC(token_seq, 1);
+  ALLOC(x, c->hidden_size);
+  ALLOC(h, c->hidden_size);
+  ALLOC(tmp, c->hidden_size);
+  ALLOC(qa, c->q_lora_rank > 0 ? c->q_lora_rank : 1);
+  ALLOC(q, (int64_t)c->num_heads * ina_cfg_qk_head_dim(c));
+  ALLOC(kv, c->kv_lora_rank + c->qk_rope_head_dim);
+  ALLOC(attn, (int64_t)c->num_heads * c->v_head_dim);
+  ALLOC(g, inter);
+  ALLOC(u, inter);
+#undef ALLOC
+fail:
+  return st;
+}
+
+/* ---- attention -------------------------------------------------------------------- */
+
+/* Copy the latent cache entries [0, L) of a sequence into dense rows. */
+static void gather_entries(ina_engine_t *e, int32_t layer, const ina_kv_seq_t *seq, int64_t L,
+                           float *out) {
+  const int32_t page_size = ina_page_pool_page_size(e->kv);
+  const int32_t entry = ina_page_pool_entry_elems(e->kv);
+  for (int64_t t = 0; t < L; t++) {
+    int32_t page, slot;
+    ina_kv_seq_locate(seq, page_size, t, &page, &slot);
+    memcpy(out + t * entry, ina_page_pool_entry(e->kv, layer, page, slot), (size_t)entry * sizeof(float));
+  }
+}
+
+/* Expanded MLA for one sequence: K and V of the whole context from the latent cache
+ * through kv_b_proj, then causal attention of the new tokens (qk 192 / v 128 on V3). */
+static ina_status_t attend_expanded(step_t *s, int32_t layer, int32_t i) {
+  ina_status_t st = INA_OK;
+  ina_engine_t *e = s->e;
+  const ina_model_config_t *c = e->cfg;
+  const ina_layer_weights_t *L = &e->w->layers[layer];
+  const ina_kv_seq_t *seq = s->b->seqs[i];
+  const int64_t kv_len = seq->num_tokens;
+  const int32_t q0 = s->b->qo_indptr[i], n = s->b->qo_indptr[i + 1] - q0;
+  const int32_t H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
+  const int32_t nope = c->qk_nope_head_dim, V = c->v_head_dim, QK = nope + R;
+  float *entries = NULL, *latent = NULL, *kvb = NULL, *k = NULL, *v = NULL;
+  entries = malloc((size_t)kv_len * (size_t)(C + R) * sizeof(float));
+  latent = malloc((size_t)kv_len * (size_t)C * sizeof(float));
+  kvb = malloc((size_t)kv_len * (size_t)H * (size_t)(nope + V) * sizeof(float));
+  k = malloc((size_t)kv_len * (size_t)H * (size_t)QK * sizeof(float));
+  v = malloc((size_t)kv_len * (size_t)H * (size_t)V * sizeof(float));
+  INA_CHECK_ALLOC(entries);
+  INA_CHECK_ALLOC(latent);
+  INA_CHECK_ALLOC(kvb);
+  INA_CHECK_ALLOC(k);
+  INA_CHECK_ALLOC(v);
+  gather_entries(e, layer, seq, kv_len, entries);
+  for (int64_t t = 0; t < kv_len; t++) memcpy(latent + t * C, entries + t * (C + R), (size_t)C * sizeof(float));
+  INA_CHECK(ina_cpu_linear(e->pool, &L->kv_b_proj, latent, kv_len, kvb));
+  for (int64_t t = 0; t < kv_len; t++) {
+    for (int32_t h = 0; h < H; h++) {
+      const float *src = kvb + (t * H + h) * (nope + V);
+      memcpy(k + (t * H + h) * QK, src, (size_t)nope * sizeof(float));
+      memcpy(k + (t * H + h) * QK + nope, entries + t * (C + R) + C, (size_t)R * sizeof(float));
+      memcpy(v + (t * H + h) * V, src + nope, (size_t)V * sizeof(float));
+    }
+  }
+  {
+    ina_prefill_ref_params_t p = {n, (int32_t)kv_len, H, QK, V, e->softmax_scale,
+                                  s->q + (int64_t)q0 * H * QK, k, v, s->attn + (int64_t)q0 * H * V, NULL};
+    INA_CHECK(ina_attention_prefill_ref(&p, e->pool));
+  }
+fail:
+  free(entries);
+  free(latent);
+  free(kvb);
+  free(k);
+  free(v);
+  return st;
+}
+
+/* Absorption: q_abs[t, h] = W_UK[h]^T q_nope[t, h] and out[t, h] = W_UV[h] o_latent[t, h],
+ * with W_UK / W_UV the key and value rows of kv_b_proj for head h. One head per item, so
+ * each weight row is converted once for all tokens. */
+typedef struct absorb_job {
+  const ina_linear_t *kv_b;
+  const ina_model_config_t *c;
+  const int32_t *tokens; /* rows of the step that take part */
+  int32_t count;
+  const float *q;   /* step q [T, H, QK] */
+  float *q_abs;     /* [count, H, C] */
+  const float *o_latent; /* [count, H, C] */
+  float *attn;      /* step attn [T, H, V] */
+  float *scratch;   /* [workers, C] */
+} absorb_job_t;
+
+static void absorb_q_heads(void *ctx, int64_t begin, int64_t end, int worker) {
+  const absorb_job_t *j = ctx;
+  const int32_t C = j->c->kv_lora_rank, nope = j->c->qk_nope_head_dim, V = j->c->v_head_dim;
+  const int32_t H = j->c->num_heads, QK = nope + j->c->qk_rope_head_dim;
+  float *row = j->scratch + (size_t)worker * (size_t)C;
+  for (int64_t h = begin; h < end; h++) {
+    for (int32_t i = 0; i < j->count; i++) memset(j->q_abs + ((int64_t)i * H + h) * C, 0, (size_t)C * sizeof(float));
+    for (int32_t d = 0; d < nope; d++) {
+      ina_cpu_linear_row(j->kv_b, h * (nope + V) + d, row);
+      for (int32_t i = 0; i < j->count; i++) {
+        const float qd = j->q[((int64_t)j->tokens[i] * H + h) * QK + d];
+        ina_cpu_axpy(qd, row, j->q_abs + ((int64_t)i * H + h) * C, C);
+      }
+    }
+  }
+}
+
+static void absorb_v_heads(void *ctx, int64_t begin, int64_t end, int worker) {
+  const absorb_job_t *j = ctx;
+  const int32_t C = j->c->kv_lora_rank, nope = j->c->qk_nope_head_dim, V = j->c->v_head_dim;
+  const int32_t H = j->c->num_heads;
+  float *row = j->scratch + (size_t)worker * (size_t)C;
+  for (int64_t h = begin; h < end; h++) {
+    for (int32_t d = 0; d < V; d++) {
+      ina_cpu_linear_row(j->kv_b, h * (nope + V) + nope + d, row);
+      for (int32_t i = 0; i < j->count; i++)
+        j->attn[((int64_t)j->tokens[i] * H + h) * V + d] =
+            ina_cpu_dot(j->o_latent + ((int64_t)i * H + h) * C, row, C);
+    }
+  }
+}
+
+/* Absorbed MLA over the paged latent cache for the sequences in `seq_ids`. */
+static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq_ids, int32_t nseq) {
+  ina_status_t st = INA_OK;
+  ina_engine_t *e = s->e;
+  const ina_model_config_t *c = e->cfg;
+  const int32_t H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
+  const int32_t QK = c->qk_nope_head_dim + R;
+  const int32_t workers = ina_threadpool_size(e->pool);
+  ina_page_table_t table = INA_PAGE_TABLE_INIT;
+  const ina_kv_seq_t **seqs = NULL;
+  int32_t *qo = NULL, *kv_len = NULL, *tokens = NULL;
+  float *q_abs = NULL, *q_pe = NULL, *o_latent = NULL, *scratch = NULL;
+  int32_t count = 0;
+  for (int32_t k = 0; k < nseq; k++) count += s->b->qo_indptr[seq_ids[k] + 1] - s->b->qo_indptr[seq_ids[k]];
+  seqs = malloc((size_t)nseq * sizeof *seqs);
+  qo = malloc((size_t)(nseq + 1) * sizeof *qo);
+  kv_len = malloc((size_t)nseq * sizeof *kv_len);
+  tokens = malloc((size_t)count * sizeof *tokens);
+  q_abs = malloc((size_t)count * H * C * sizeof(float));
+  q_pe = malloc((size_t)count * H * R * sizeof(float) + 1);
+  o_latent = malloc((size_t)count * H * C * sizeof(float));
+  scratch = malloc((size_t)workers * C * sizeof(float));
+  INA_CHECK_ALLOC(seqs);
+  INA_CHECK_ALLOC(qo);
+  INA_CHECK_ALLOC(kv_len);
+  INA_CHECK_ALLOC(tokens);
+  INA_CHECK_ALLOC(q_abs);
+  INA_CHECK_ALLOC(q_pe);
+  INA_CHECK_ALLOC(o_latent);
+  INA_CHECK_ALLOC(scratch);
+  qo[0] = 0;
+  for (int32_t k = 0; k < nseq; k++) {
+    const int32_t i = seq_ids[k];
+    seqs[k] = s->b->seqs[i];
+    kv_len[k] = (int32_t)s->b->seqs[i]->num_tokens;
+    qo[k + 1] = qo[k];
+    for (int32_t t = s->b->qo_indptr[i]; t < s->b->qo_indptr[i + 1]; t++) {
+      tokens[qo[k + 1]] = t;
+      for (int32_t h = 0; h < H; h++)
+        memcpy(q_pe + ((int64_t)qo[k + 1] * H + h) * R, s->q + ((int64_t)t * H + h) * QK + c->qk_nope_head_dim,
+               (size_t)R * sizeof(float));
+      qo[k + 1]++;
+    }
+  }
+  INA_CHECK(ina_page_table_build(&table, seqs, nseq, ina_page_pool_page_size(e->kv)));
+  {
+    absorb_job_t job = {&e->w->layers[layer].kv_b_proj, c, tokens, count, s->q, q_abs, o_latent, s->attn, scratch};
+    ina_parallel_for(e->pool, H, 1, absorb_q_heads, &job);
+    ina_tensor_t cache = ina_page_pool_layer(e->kv, layer);
+    ina_mla_ref_params_t p = {nseq, H, C, R, e->softmax_scale, qo, kv_len, table.indptr, table.indices,
+                              ina_page_pool_page_size(e->kv), q_abs, q_pe, cache.data, cache.dtype,
+                              C + R, o_latent, NULL};
+    INA_CHECK(ina_mla_attention_ref(&p, e->pool));
+    ina_parallel_for(e->pool, H, 1, absorb_v_heads, &job);
+  }
+fail:
+  ina_page_table_release(&table);
+  free(seqs);
+  free(qo);
+  free(kv_len);
+  free(tokens);
+  free(q_abs);
+  free(q_pe);
+  free(o_latent);
+  free(scratch);
+  return st;
+}
+
+/* ---- one layer -------------------------------------------------------------------- */
+
+static ina_status_t attention_block(step_t *s, int32_t layer) {
+  ina_status_t st = INA_OK;
+  ina_engine_t *e = s->e;
+  const ina_model_config_t *c = e->cfg;
+  const ina_layer_weights_t *L = &e->w->layers[layer];
+  const int64_t T = s->T, Hd = c->hidden_size;
+  const int32_t H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
+  const int32_t QK = c->qk_nope_head_dim + R;
+  const int pairs = c->rope_layout == INA_ROPE_PAIRS;
+  int32_t *absorbed = NULL;
+  int32_t nabsorbed = 0;
+
+  ina_cpu_rmsnorm(s->x, &L->input_norm, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
+  if (c->q_lora_rank > 0) {
+    INA_CHECK(ina_cpu_linear(e->pool, &L->q_a_proj, s->h, T, s->qa));
+    ina_cpu_rmsnorm(s->qa, &L->q_a_norm, T, c->q_lora_rank, (float)c->rms_norm_eps, c->q_lora_rank, s->qa,
+                    c->q_lora_rank);
+    INA_CHECK(ina_cpu_linear(e->pool, &L->q_b_proj, s->qa, T, s->q));
+  } else {
+    INA_CHECK(ina_cpu_linear(e->pool, &L->q_proj, s->h, T, s->q));
+  }
+  INA_CHECK(ina_cpu_linear(e->pool, &L->kv_a_proj, s->h, T, s->kv));
+  for (int64_t t = 0; t < T; t++) {
+    float *kv = s->kv + t * (C + R);
+    ina_cpu_rmsnorm(kv, &L->kv_a_norm, 1, C, (float)c->rms_norm_eps, C, kv, C);
+    ina_cpu_rope(kv + C, R, s->positions[t], e->inv_freq, e->attention_factor, pairs);
+    for (int32_t h = 0; h < H; h++)
+      ina_cpu_rope(s->q + (t * H + h) * QK + c->qk_nope_head_dim, R, s->positions[t], e->inv_freq,
+                   e->attention_factor, pairs);
+    /* append the token's latent entry to the paged cache */
+    int32_t page, slot;
+    ina_kv_seq_locate(s->b->seqs[s->token_seq[t]], ina_page_pool_page_size(e->kv), s->positions[t],
+                      &page, &slot);
+    memcpy(ina_page_pool_entry(e->kv, layer, page, slot), kv, (size_t)(C + R) * sizeof(float));
+  }
+  absorbed = malloc((size_t)(s->b->batch > 0 ? s->b->batch : 1) * sizeof *absorbed);
+  INA_CHECK_ALLOC(absorbed);
+  for (int32_t i = 0; i < s->b->batch; i++) {
+    const int32_t n = s->b->qo_indptr[i + 1] - s->b->qo_indptr[i];
+    if (n == 0) continue;
+    if (n == 1 && !e->expanded_decode)
+      absorbed[nabsorbed++] = i;
+    else
+      INA_CHECK(attend_expanded(s, layer, i));
+  }
+  if (nabsorbed > 0) INA_CHECK(attend_absorbed(s, layer, absorbed, nabsorbed));
+  INA_CHECK(ina_cpu_linear(e->pool, &L->o_proj, s->attn, T, s->tmp));
+  for (int64_t i = 0; i < T * Hd; i++) s->x[i] += s->tmp[i];
+fail:
+  free(absorbed);
+  return st;
+}
+
+/* out = down(SiLU(gate(in)) * up(in)) for `rows` rows. */
+static ina_status_t mlp(step_t *s, const ina_mlp_weights_t *m, const float *in, int64_t rows, float *out) {
+  ina_status_t st = INA_OK;
+  const int64_t inter = m->gate.weight.shape[0];
+  INA_CHECK(ina_cpu_linear(s->e->pool, &m->gate, in, rows, s->g));
+  INA_CHECK(ina_cpu_linear(s->e->pool, &m->up, in, rows, s->u));
+  ina_cpu_silu_mul(s->g, s->u, rows * inter, s->g);
+  INA_CHECK(ina_cpu_linear(s->e->pool, &m->down, s->g, rows, out));
+fail:
+  return st;
+}
+
+static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
+  ina_status_t st = INA_OK;
+  ina_engine_t *e = s->e;
+  const ina_model_config_t *c = e->cfg;
+  const ina_layer_weights_t *L = &e->w->layers[layer];
+  const int64_t T = s->T, Hd = c->hidden_size;
+  const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok;
+  float *logits = NULL, *weights = NULL, *bias = NULL, *xe = NULL, *ye = NULL;
+  int32_t *ids = NULL, *rows = NULL;
+  float *rw = NULL;
+  logits = malloc((size_t)T * E * sizeof(float));
+  weights = malloc((size_t)T * K * sizeof(float));
+  ids = malloc((size_t)T * K * sizeof(int32_t));
+  rows = malloc((size_t)T * sizeof(int32_t));
+  rw = malloc((size_t)T * sizeof(float));
+  xe = malloc((size_t)T * Hd * sizeof(float));
+  ye = malloc((size_t)T * Hd * sizeof(float));
+  INA_CHECK_ALLOC(logits);
+  INA_CHECK_ALLOC(weights);
+  INA_CHECK_ALLOC(ids);
+  INA_CHECK_ALLOC(rows);
+  INA_CHECK_ALLOC(rw);
+  INA_CHECK_ALLOC(xe);
+  INA_CHECK_ALLOC(ye);
+  {
+    /* The router runs in fp32, as HF's F.linear on float32 weights. */
+    ina_linear_t router = {L->router, {0}, {0}, 0, 0};
+    INA_CHECK(ina_cpu_linear(e->pool, &router, s->h, T, logits));
+  }
+  if (!ina_tensor_is_empty(&L->router_bias)) {
+    bias = malloc((size_t)E * sizeof(float));
+    INA_CHECK_ALLOC(bias);
+    ina_to_f32(L->router_bias.data, L->router_bias.dtype, bias, (size_t)E);
+  }
+  {
+    ina_router_config_t rc = INA_ROUTER_CONFIG_INIT;
+    rc.method = c->scoring == INA_SCORING_SIGMOID_NOAUX_TC      ? INA_ROUTER_SIGMOID_NOAUX_TC
+                : c->scoring == INA_SCORING_SOFTMAX_GROUP_GREEDY ? INA_ROUTER_SOFTMAX_GROUP_GREEDY
+                                                                 : INA_ROUTER_SOFTMAX_GREEDY;
+    rc.num_experts = E;
+    rc.top_k = K;
+    rc.n_group = c->n_group;
+    rc.topk_group = c->topk_group;
+    rc.norm_topk_prob = c->norm_topk_prob;
+    rc.routed_scaling_factor = (float)c->routed_scaling_factor;
+    INA_CHECK(ina_router_ref(&rc, logits, bias, T, ids, weights));
+  }
+  memset(out, 0, (size_t)T * Hd * sizeof(float));
+  /* Experts in index order, each over the tokens routed to it (HF's loop order). */
+  for (int32_t x = 0; x < E; x++) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < T; t++)
+      for (int32_t k = 0; k < K; k++)
+        if (ids[t * K + k] == x) {
+          rows[n] = (int32_t)t;
+          rw[n] = weights[t * K + k];
+          memcpy(xe + n * Hd, s->h + t * Hd, (size_t)Hd * sizeof(float));
+          n++;
+        }
+    if (n == 0) continue;
+    INA_CHECK(mlp(s, &L->experts[x - e->w->expert_begin], xe, n, ye));
+    for (int64_t r = 0; r < n; r++) {
+      float *dst = out + (int64_t)rows[r] * Hd;
+      const float *src = ye + r * Hd;
+      for (int64_t d = 0; d < Hd; d++) dst[d] += src[d] * rw[r];
+    }
+  }
+  if (L->has_shared) {
+    INA_CHECK(mlp(s, &L->mlp, s->h, T, ye));
+    for (int64_t i = 0; i < T * Hd; i++) out[i] += ye[i];
+  }
+fail:
+  free(logits);
+  free(weights);
+  free(bias);
+  free(ids);
+  free(rows);
+  free(rw);
+  free(xe);
+  free(ye);
+  return st;
+}
+
+static ina_status_t mlp_block(step_t *s, int32_t layer) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = s->e->cfg;
+  const ina_layer_weights_t *L = &s->e->w->layers[layer];
+  const int64_t T = s->T, Hd = c->hidden_size;
+  ina_cpu_rmsnorm(s->x, &L->post_attention_norm, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
+  if (L->is_moe)
+    INA_CHECK(moe_block(s, layer, s->tmp));
+  else
+    INA_CHECK(mlp(s, &L->mlp, s->h, T, s->tmp));
+  for (int64_t i = 0; i < T * Hd; i++) s->x[i] += s->tmp[i];
+fail:
+  return st;
+}
+
+/* ---- the step --------------------------------------------------------------------- */
+
+static ina_status_t validate_batch(const ina_engine_t *e, const ina_batch_t *b) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(b && b->batch >= 0 && b->qo_indptr && (b->batch == 0 || b->seqs), INA_ERR_INVALID_ARGUMENT,
+              "forward: invalid batch");
+  INA_REQUIRE(b->qo_indptr[0] == 0, INA_ERR_INVALID_ARGUMENT, "forward: qo_indptr[0] must be 0");
+  for (int32_t i = 0; i < b->batch; i++) {
+    INA_REQUIRE(b->qo_indptr[i + 1] >= b->qo_indptr[i], INA_ERR_INVALID_ARGUMENT,
+                "forward: qo_indptr decreases at sequence %d", i);
+    INA_REQUIRE(b->seqs[i] != NULL, INA_ERR_INVALID_ARGUMENT, "forward: sequence %d is NULL", i);
+    if (!b->all_logits)
+      INA_REQUIRE(b->qo_indptr[i + 1] > b->qo_indptr[i], INA_ERR_INVALID_ARGUMENT,
+                  "forward: sequence %d has no new token to take logits from", i);
+  }
+  for (int32_t t = 0; t < b->qo_indptr[b->batch]; t++)
+    INA_REQUIRE(b->tokens[t] >= 0 && b->tokens[t] < e->cfg->vocab_size, INA_ERR_INVALID_ARGUMENT,
+                "forward: token id %d at position %d is outside the vocabulary [0, %d)", b->tokens[t],
+                t, e->cfg->vocab_size);
+fail:
+  return st;
+}
+
+/* Grow every sequence by its new tokens, all or nothing. */
+static ina_status_t append_all(ina_engine_t *e, const ina_batch_t *b) {
+  ina_status_t st = INA_OK;
+  int32_t i = 0;
+  for (; i < b->batch; i++)
+    INA_CHECK(ina_kv_seq_append(e->kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]));
+  return INA_OK;
+fail:
+  while (--i >= 0) ina_kv_seq_truncate(e->kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]);
+  return st;
+}
+
+ina_status_t ina_engine_forward(ina_engine_t *e, const ina_batch_t *b, float *logits) {
+  ina_status_t st = INA_OK;
+  step_t s;
+  memset(&s, 0, sizeof s);
+  float *final = NULL;
+  int appended = 0;
+  INA_CHECK(validate_batch(e, b));
+  const ina_model_config_t *c = e->cfg;
+  s.e = e;
+  s.b = b;
+  s.T = b->qo_indptr[b->batch];
+  INA_CHECK(step_alloc(&s));
+  for (int32_t i = 0; i < b->batch; i++)
+    for (int32_t t = b->qo_indptr[i]; t < b->qo_indptr[i + 1]; t++) {
+      s.token_seq[t] = i;
+      s.positions[t] = b->seqs[i]->num_tokens + (t - b->qo_indptr[i]);
+    }
+  INA_CHECK(append_all(e, b));
+  appended = 1;
+  for (int64_t t = 0; t < s.T; t++) ina_cpu_tensor_row(&e->w->embed, b->tokens[t], s.x + t * c->hidden_size);
+  for (int32_t l = 0; l < c->num_layers; l++) {
+    INA_CHECK(attention_block(&s, l));
+    INA_CHECK(mlp_block(&s, l));
+  }
+  {
+    const int64_t rows = b->all_logits ? s.T : b->batch;
+    final = malloc((size_t)(rows > 0 ? rows : 1) * (size_t)c->hidden_size * sizeof(float));
+    INA_CHECK_ALLOC(final);
+    for (int64_t r = 0; r < rows; r++) {
+      const int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
+      ina_cpu_rmsnorm(s.x + t * c->hidden_size, &e->w->final_norm, 1, c->hidden_size, (float)c->rms_norm_eps,
+                      c->hidden_size, final + r * c->hidden_size, c->hidden_size);
+    }
+    INA_CHECK(ina_cpu_linear(e->pool, &e->w->lm_head, final, rows, logits));
+  }
+  free(final);
+  step_free(&s);
+  return INA_OK;
+fail:
+  if (appended)
+    for (int32_t i = 0; i < b->batch; i++) ina_kv_seq_truncate(e->kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]);
+  free(final);
+  step_free(&s);
+  return st;
+}

@@ -1,0 +1,78 @@
+#define INA_LOG_SUBSYS "model"
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/check.h"
+#include "core/log.h"
+
+struct ina_model {
+  ina_weights_t weights;
+  char source[256];
+};
+
+static int is_directory(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options, ina_model_t **out) {
+  ina_status_t st = INA_OK;
+  ina_model_t *m = NULL;
+  const ina_model_options_t defaults = INA_MODEL_OPTIONS_INIT;
+  INA_REQUIRE(out != NULL && spec != NULL, INA_ERR_INVALID_ARGUMENT, "model: NULL argument");
+  *out = NULL;
+  if (!options) options = &defaults;
+  INA_REQUIRE(options->struct_size >= sizeof(ina_model_options_t) && options->version >= 1,
+              INA_ERR_INVALID_ARGUMENT, "model options: use INA_MODEL_OPTIONS_INIT");
+  m = calloc(1, sizeof *m);
+  INA_CHECK_ALLOC(m);
+  snprintf(m->source, sizeof m->source, "%s", spec);
+  if (is_directory(spec)) {
+    INA_LOG_I(INA_LOG_SUBSYS, "loading checkpoint %s", spec);
+    INA_CHECK(ina_weights_load(spec, &options->shard, &m->weights));
+  } else {
+    const char *name = strncmp(spec, "random:", 7) == 0 ? spec + 7 : spec;
+    ina_model_config_t cfg;
+    if (ina_model_config_builtin(name, &cfg) != INA_OK) {
+      st = INA_ERR_NOT_FOUND;
+      ina_error(INA_LOG_SUBSYS,
+                "model '%s' is neither a checkpoint directory nor a built-in model (tiny, "
+                "random:tiny, random:v2-lite, random:v3-layers)", spec);
+      goto fail;
+    }
+    INA_LOG_I(INA_LOG_SUBSYS, "building random weights for '%s' (seed %llu, %s)", name,
+              (unsigned long long)options->seed, ina_dtype_name(options->dtype));
+    INA_CHECK(ina_weights_random(&cfg, options->seed, options->dtype, &options->shard, &m->weights));
+  }
+  *out = m;
+  return INA_OK;
+fail:
+  ina_model_destroy(m);
+  return st;
+}
+
+void ina_model_destroy(ina_model_t *m) {
+  if (!m) return;
+  ina_weights_release(&m->weights);
+  free(m);
+}
+
+const ina_model_config_t *ina_model_config(const ina_model_t *m) { return &m->weights.config; }
+const ina_weights_t *ina_model_weights(const ina_model_t *m) { return &m->weights; }
+
+int64_t ina_model_weight_bytes(const ina_model_t *m) {
+  ina_weight_spec_t *specs = NULL;
+  int32_t count = 0;
+  int64_t bytes = 0;
+  if (ina_weight_specs((ina_weights_t *)&m->weights, &specs, &count) != INA_OK) return -1;
+  for (int32_t i = 0; i < count; i++) {
+    bytes += (int64_t)ina_tensor_nbytes(specs[i].tensor);
+    if (specs[i].linear) bytes += (int64_t)ina_tensor_nbytes(&specs[i].linear->scale_inv);
+  }
+  free(specs);
+  return bytes;
+}

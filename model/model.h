@@ -1,0 +1,86 @@
+/* A DeepSeek-V2/V3 model and the engine that runs it.
+ *
+ * ina_model_t holds the configuration and weights (from a Hugging Face checkpoint
+ * directory, or seeded random weights of a built-in configuration). ina_engine_t holds
+ * what running needs: the paged latent KV cache, a thread pool, RoPE tables. A model can
+ * back several engines; it must outlive them.
+ *
+ * One call of ina_engine_forward runs one step over a batch of sequences, each adding
+ * its own number of new tokens (a whole prompt, a prefill chunk, or one decode token):
+ * continuous batching mixes them freely. Sequences with one new token and a cached
+ * context use absorbed MLA over the latent cache; the others use the expanded form.
+ *
+ * Ownership: create/destroy pairs; a failed create sets *out = NULL; destroy(NULL) is a
+ * no-op. Thread safety: one thread drives an engine at a time. */
+#ifndef INA_MODEL_MODEL_H
+#define INA_MODEL_MODEL_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "kvcache/kv_seq.h"
+#include "kvcache/page_pool.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ina_model ina_model_t;
+
+typedef struct ina_model_options {
+  size_t struct_size;
+  uint32_t version;
+  uint64_t seed;      /* random weights */
+  ina_dtype_t dtype;  /* random weights: f32, bf16 (default) or fp8_e4m3 */
+  ina_shard_t shard;  /* experts held by this rank */
+} ina_model_options_t;
+
+#define INA_MODEL_OPTIONS_INIT \
+  {sizeof(ina_model_options_t), 1, 0, INA_DTYPE_BF16, INA_SHARD_INIT}
+
+/* `spec` is a checkpoint directory, a built-in name ("tiny"), or "random:NAME". */
+ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options, ina_model_t **out);
+void ina_model_destroy(ina_model_t *model);
+const ina_model_config_t *ina_model_config(const ina_model_t *model);
+const ina_weights_t *ina_model_weights(const ina_model_t *model);
+/* Bytes of weight data held (stored dtypes). */
+int64_t ina_model_weight_bytes(const ina_model_t *model);
+
+typedef struct ina_engine ina_engine_t;
+
+typedef struct ina_engine_options {
+  size_t struct_size;
+  uint32_t version;
+  int32_t page_size;   /* tokens per KV page (default 16) */
+  int64_t max_tokens;  /* KV capacity in tokens over all sequences (default 65536) */
+  int32_t num_threads; /* <= 0: INA_NUM_THREADS or all CPUs */
+  int expanded_decode; /* 1: decode with the expanded form too (for testing absorption) */
+} ina_engine_options_t;
+
+#define INA_ENGINE_OPTIONS_INIT {sizeof(ina_engine_options_t), 1, 16, 65536, 0, 0}
+
+ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
+                               ina_engine_t **out);
+void ina_engine_destroy(ina_engine_t *engine);
+ina_page_pool_t *ina_engine_page_pool(ina_engine_t *engine);
+const ina_model_config_t *ina_engine_config(const ina_engine_t *engine);
+
+typedef struct ina_batch {
+  int32_t batch;
+  ina_kv_seq_t *const *seqs;  /* [batch]; grown by this step's tokens */
+  const int32_t *qo_indptr;   /* [batch + 1]: new tokens of sequence i are tokens[qo_indptr[i]..) */
+  const int32_t *tokens;      /* [qo_indptr[batch]] */
+  int all_logits;             /* 1: logits of every new token; 0: of each sequence's last token */
+} ina_batch_t;
+
+/* Run one step. logits: [qo_indptr[batch], vocab] when all_logits, else [batch, vocab].
+ * Token ids outside [0, vocab) give INA_ERR_INVALID_ARGUMENT; INA_ERR_OUT_OF_PAGES leaves
+ * every sequence as it was. */
+ina_status_t ina_engine_forward(ina_engine_t *engine, const ina_batch_t *batch, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Regenerates tests/golden/fixtures/: tiny DeepSeek-V2/V3 checkpoints and HF logits.
+
+    python3 tests/golden/make_fixtures.py [--only NAME ...] [--out DIR]
+
+Each fixture is a small model with seeded random weights, saved the way
+transformers saves it (or, for FP8, the way the DeepSeek-V3 release stores it),
+plus Hugging Face's float32 logits for four prompts; README.md describes the
+files. Every fixture is checked on the way out:
+  * the plain-numpy forward of numpy_reference.py must match HF to 1e-5,
+  * no routing decision and no greedy token may be a near tie (otherwise a
+    correct engine could pick a different expert or token); a prompt that
+    comes too close is redrawn from the next seed.
+The run is deterministic: the same transformers/torch versions rewrite
+byte-identical files.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_logits  # noqa: E402
+import numpy_reference  # noqa: E402
+
+PROMPT_LENGTHS = (1, 5, 9, 13)
+MAX_NEW_TOKENS = 6
+ROUTING_MARGIN = 1e-4  # smallest score gap at any expert/group choice
+ARGMAX_MARGIN = 1e-3   # smallest top1 - top2 logit gap where a token is chosen
+NUMPY_TOLERANCE = 1e-5
+FP8_BLOCK = 128
+FP8_MAX = 448.0
+
+YARN_V3 = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+           "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+V3_BASE = dict(
+    vocab_size=192, hidden_size=48, intermediate_size=96, moe_intermediate_size=16,
+    num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=3,
+    q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+    first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+    max_position_embeddings=256, rope_parameters=dict(YARN_V3, rope_theta=10000.0),
+    rope_interleave=True, tie_word_embeddings=False, rms_norm_eps=1e-6,
+    # Not read by transformers' DeepSeek-V3 (it always routes this way), kept as in the release.
+    scoring_func="sigmoid", topk_method="noaux_tc",
+)
+
+
+def v3(**changes):
+    return dict(V3_BASE, **changes)
+
+
+FIXTURES = [
+    {
+        "name": "v3_sigmoid",
+        "doc": "V3 with q LoRA, odd head count, YaRN (mscale = mscale_all_dim), interleaved rope, "
+               "grouped sigmoid routing with correction bias; rms_norm_eps 1e-5 so the fixed 1e-6 of "
+               "q_a/kv_a_layernorm is visible",
+        "model_type": "deepseek_v3", "storage": "f32", "seed": 1,
+        "config": v3(rms_norm_eps=1e-5),
+    },
+    {
+        "name": "v3_noqlora_tied",
+        "doc": "V3 without q LoRA, plain rope (no scaling) non-interleaved, tied embeddings, "
+               "norm_topk_prob false, 2 shared experts, top-3 from 1 of 2 groups, every layer MoE",
+        "model_type": "deepseek_v3", "storage": "f32", "seed": 2,
+        "config": v3(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=4, q_lora_rank=None, rope_parameters={"rope_type": "default",
+                     "rope_theta": 10000.0}, rope_interleave=False, tie_word_embeddings=True,
+                     norm_topk_prob=False, n_shared_experts=2, num_experts_per_tok=3, n_group=2,
+                     topk_group=1, first_k_dense_replace=0, routed_scaling_factor=1.5),
+    },
+    {
+        "name": "v3_yarn_plain",
+        "doc": "V3 YaRN without mscale keys (attention_factor = 0.1 ln(factor) + 1 on cos/sin, "
+               "softmax scale untouched), non-interleaved rope, rope_theta 50000",
+        "model_type": "deepseek_v3", "storage": "f32", "seed": 3,
+        "config": v3(rope_parameters={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+                                      "rope_theta": 50000.0},
+                     rope_interleave=False, num_attention_heads=5, num_key_value_heads=5, vocab_size=160),
+    },
+    {
+        "name": "v2_softmax",
+        "doc": "V2-Lite style: no q LoRA, softmax greedy top-k, 2 shared experts, YaRN with "
+               "mscale = mscale_all_dim = 0.707; rms_norm_eps 1e-5",
+        "model_type": "deepseek_v2", "storage": "f32", "seed": 4,
+        "config": dict(
+            vocab_size=192, hidden_size=48, intermediate_size=96, moe_intermediate_size=16,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+            q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2, first_k_dense_replace=1,
+            topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0,
+            max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
+                             "rope_theta": 10000.0},
+            # Not read by transformers' DeepSeek-V2, kept as in the release.
+            moe_layer_freq=1, scoring_func="softmax",
+        ),
+    },
+    {
+        "name": "v2_group",
+        "doc": "V2 (236B style): q LoRA, group_limited_greedy (max per group, masked to 0), "
+               "routed_scaling_factor 16, YaRN with mscale 0.707 != mscale_all_dim 1.0",
+        "model_type": "deepseek_v2", "storage": "f32", "seed": 5,
+        "config": dict(
+            vocab_size=192, hidden_size=48, intermediate_size=96, moe_intermediate_size=16,
+            num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=3,
+            q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=1,
+            first_k_dense_replace=1, topk_method="group_limited_greedy", norm_topk_prob=False,
+            routed_scaling_factor=16.0, max_position_embeddings=512, rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64,
+                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0,
+                             "rope_theta": 10000.0},
+            moe_layer_freq=1, scoring_func="softmax",
+        ),
+    },
+    {
+        "name": "v2_norm_topk_ignored",
+        "doc": "V2 with norm_topk_prob true, which transformers' V2 router ignores (no renormalization, "
+               "scaling always applied); plain rope; tied embeddings",
+        "model_type": "deepseek_v2", "storage": "f32", "seed": 6,
+        "config": dict(
+            vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+            q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+            topk_method="greedy", norm_topk_prob=True, routed_scaling_factor=2.0,
+            max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    },
+    {
+        "name": "v3_bf16",
+        "doc": "like v3_sigmoid, stored in bf16 (e_score_correction_bias stays f32); "
+               "logits from HF float32 on the bf16 values",
+        "model_type": "deepseek_v3", "storage": "bf16", "seed": 7,
+        "config": v3(),
+    },
+    {
+        "name": "v3_fp8",
+        "doc": "V3 release format: float8_e4m3fn Linear weights with f32 weight_scale_inv per 128x128 "
+               "block (ragged edges: hidden 160, kv_lora_rank 144, intermediate 192), other tensors bf16, "
+               "release-style config.json (rope_scaling + rope_theta, quantization_config); "
+               "logits from HF float32 on the dequantized weights",
+        "model_type": "deepseek_v3", "storage": "fp8", "seed": 8,
+        "config": v3(vocab_size=128, hidden_size=160, intermediate_size=192, moe_intermediate_size=32,
+                     num_hidden_layers=2, q_lora_rank=96, kv_lora_rank=144),
+    },
+]
+
+
+# ----------------------------------------------------------------------------
+# weights
+
+
+def init_std(name, shape, cfg):
+    """Standard deviation of each tensor's random init.
+
+    Projections get 1/sqrt(fan_in), so every sub-layer sees and produces
+    unit-scale activations and each one moves the logits. Three tensors are
+    made small on purpose: the (untied) embeddings and the down-projections
+    into the q and kv latents, so that the inputs of input_layernorm (layer 0),
+    q_a_layernorm and kv_a_layernorm have a mean square near 1e-3 and the
+    RMSNorm epsilon changes the output well above the test tolerance.
+    """
+    fan_in = shape[-1]
+    if name.endswith("embed_tokens.weight"):
+        # Tied embeddings double as the LM head, which needs the larger scale.
+        return 2.0 / math.sqrt(fan_in) if cfg.tie_word_embeddings else 0.03
+    if name.endswith("q_a_proj.weight") or name.endswith("kv_a_proj_with_mqa.weight"):
+        return math.sqrt(1e-3 / fan_in)
+    if name.endswith("mlp.gate.weight"):
+        return 1.5 / math.sqrt(fan_in)  # router logits of order 1: decisive but not one-hot
+    if name.endswith("lm_head.weight"):
+        return 2.0 / math.sqrt(fan_in)
+    return 1.0 / math.sqrt(fan_in)
+
+
+@torch.no_grad()
+def init_weights(model, seed):
+    """Fills every parameter and buffer of the HF model from a numpy RNG (torch-version independent)."""
+    cfg = model.config
+    rng = np.random.default_rng(seed)
+    tensors = dict(model.named_parameters())
+    tensors.update({n: b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")})
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        shape = tuple(tensor.shape)
+        if name.endswith("e_score_correction_bias"):
+            values = rng.normal(0.0, 0.1, shape)
+        elif tensor.dim() == 1:  # RMSNorm weights
+            values = rng.normal(1.0, 0.15, shape)
+        else:
+            values = rng.normal(0.0, init_std(name, shape, cfg), shape)
+        if name.endswith("kv_a_proj_with_mqa.weight"):
+            # Its last qk_rope_head_dim rows make k_pe, which is not normalized:
+            # they keep unit scale so that rope matters; only the latent rows are small.
+            rope_rows = cfg.qk_rope_head_dim
+            values[-rope_rows:] = rng.normal(0.0, 1.0 / math.sqrt(shape[-1]), (rope_rows, shape[-1]))
+        tensor.copy_(torch.from_numpy(values.astype(np.float32)))
+
+
+def round_to_bf16(model):
+    """Rounds every floating tensor except e_score_correction_bias to bf16 (kept f32, as in the release)."""
+    with torch.no_grad():
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            if tensor.is_floating_point() and not name.endswith("e_score_correction_bias"):
+                tensor.copy_(tensor.to(torch.bfloat16).float())
+
+
+# ----------------------------------------------------------------------------
+# checkpoint writers
+
+
+def build_model(fixture):
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    classes = {"deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
+               "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}
+    config_cls, model_cls = classes[fixture["model_type"]]
+    config = config_cls(**fixture["config"])
+    torch.manual_seed(fixture["seed"])
+    model = model_cls(config).float().eval()
+    init_weights(model, fixture["seed"])
+    if fixture["storage"] in ("bf16", "fp8"):
+        round_to_bf16(model)  # fp8 keeps its unquantized tensors in bf16
+    return model
+
+
+def save_f32_or_bf16(model, out_dir, storage):
+    if storage == "bf16":
+        model = model.to(torch.bfloat16)
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                module.e_score_correction_bias = module.e_score_correction_bias.float()
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def is_fp8_quantized(name):
+    """Which tensors the DeepSeek-V3 release stores in FP8: every Linear weight except the router."""
+    if not name.endswith(".weight") or ".layers." not in name:
+        return False
+    if "layernorm" in name or name.endswith("mlp.gate.weight"):
+        return False
+    return True
+
+
+def quantize_block_fp8(weight):
+    """weight f32 [rows, cols] -> (float8_e4m3fn q, f32 scale_inv [ceil(rows/128), ceil(cols/128)])."""
+    rows, cols = weight.shape
+    br, bc = math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK)
+    scale_inv = torch.empty(br, bc, dtype=torch.float32)
+    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    for i in range(br):
+        for j in range(bc):
+            rs = slice(i * FP8_BLOCK, (i + 1) * FP8_BLOCK)
+            cs = slice(j * FP8_BLOCK, (j + 1) * FP8_BLOCK)
+            block = weight[rs, cs]
+            amax = block.abs().max().clamp(min=1e-12)
+            scale_inv[i, j] = amax / FP8_MAX
+            q[rs, cs] = (block / scale_inv[i, j]).to(torch.float8_e4m3fn)
+    return q, scale_inv
+
+
+def save_fp8(model, out_dir):
+    """Writes the DeepSeek-V3 release layout: fp8 + weight_scale_inv, bf16 rest, release-style config."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model.save_pretrained(scratch, safe_serialization=True)  # HF names (per-expert), f32
+        with open(os.path.join(scratch, "config.json")) as f:
+            config = json.load(f)
+        tensors = {}
+        with safe_open(os.path.join(scratch, "model.safetensors"), framework="pt") as f:
+            for name in sorted(f.keys()):
+                tensor = f.get_tensor(name)
+                if is_fp8_quantized(name):
+                    q, scale_inv = quantize_block_fp8(tensor)
+                    tensors[name] = q
+                    tensors[name + "_scale_inv"] = scale_inv
+                elif name.endswith("e_score_correction_bias"):
+                    tensors[name] = tensor.float()
+                else:
+                    tensors[name] = tensor.to(torch.bfloat16)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+
+    # Release-style config.json: rope_scaling with "type" and a top-level rope_theta
+    # instead of the rope_parameters that transformers writes.
+    rope = dict(config.pop("rope_parameters"))
+    config["rope_theta"] = rope.pop("rope_theta")
+    rope.pop("rope_type", None)
+    config["rope_scaling"] = dict(rope, type="yarn")
+    config.pop("dtype", None)
+    config["torch_dtype"] = "bfloat16"
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(dict(sorted(config.items())), f, indent=2)
+        f.write("\n")
+
+
+# ----------------------------------------------------------------------------
+# expected outputs
+
+
+def draw_prompt(vocab, length, seed, index, attempt):
+    rng = np.random.default_rng([seed, index, attempt])
+    return rng.integers(0, vocab, size=length).tolist()
+
+
+def make_fixture(fixture, out_root):
+    out_dir = os.path.join(out_root, fixture["name"])
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    model = build_model(fixture)
+    if fixture["storage"] == "fp8":
+        save_fp8(model, out_dir)
+    else:
+        save_f32_or_bf16(model, out_dir, fixture["storage"])
+
+    # References come from the saved files, loaded the way any checkpoint would be.
+    reference = hf_logits.load_model(out_dir)
+    checkpoint = numpy_reference.load_checkpoint(out_dir)
+    vocab = reference.config.vocab_size
+    prompts, generated, logits_list, report = [], [], [], []
+    for index, length in enumerate(PROMPT_LENGTHS):
+        for attempt in range(50):
+            prompt = draw_prompt(vocab, length, fixture["seed"], index, attempt)
+            logits, tokens, checks = hf_logits.run_prompt(reference, prompt, MAX_NEW_TOKENS)
+            ref_logits, margins = numpy_reference.forward(out_dir, prompt + tokens[:-1], checkpoint)
+            decided = np.sort(logits[length - 1:], axis=-1)
+            argmax_margin = float(np.min(decided[:, -1] - decided[:, -2]))
+            err = numpy_reference.rel_l2(ref_logits, logits.astype(np.float64))
+            if err > NUMPY_TOLERANCE:
+                raise RuntimeError(f"{fixture['name']}: numpy reference differs from HF: rel_l2 {err:.3e}")
+            if margins["routing"] >= ROUTING_MARGIN and argmax_margin >= ARGMAX_MARGIN:
+                break
+        else:
+            raise RuntimeError(f"{fixture['name']}: prompt {index}: no draw without a near tie")
+        prompts.append(prompt)
+        generated.append(tokens)
+        logits_list.append(logits)
+        report.append((err, margins["routing"], argmax_margin, checks["decode_vs_full_forward_rel_l2"]))
+        np.save(os.path.join(out_dir, f"logits_{index}.npy"), logits)
+
+    expected = {"prompts": prompts, "generated": generated, "max_new_tokens": MAX_NEW_TOKENS}
+    with open(os.path.join(out_dir, "expected.json"), "w") as f:
+        json.dump(expected, f)
+        f.write("\n")
+    return report
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures"))
+    parser.add_argument("--only", nargs="*", help="fixture names to rebuild (default: all)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # fixed reduction order: identical files on every run
+    names = {f["name"] for f in FIXTURES}
+    for name in args.only or []:
+        if name not in names:
+            parser.error(f"unknown fixture {name}; known: {', '.join(sorted(names))}")
+    for fixture in FIXTURES:
+        if args.only and fixture["name"] not in args.only:
+            continue
+        report = make_fixture(fixture, args.out)
+        size = sum(os.path.getsize(os.path.join(args.out, fixture["name"], n))
+                   for n in os.listdir(os.path.join(args.out, fixture["name"])))
+        print(f"{fixture['name']}: {size / 1024:.0f} KiB")
+        for p, (err, routing, argmax, decode) in enumerate(report):
+            print(f"  prompt {p}: numpy vs HF rel_l2 {err:.2e}, routing margin {routing:.1e}, "
+                  f"argmax margin {argmax:.1e}, HF decode vs full forward {decode:.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

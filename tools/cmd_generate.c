@@ -1,0 +1,204 @@
+/* ina generate: run prompts through a model and print the generated ids. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/npy.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "tools/cli.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: ina generate --model DIR|tiny|random:NAME --prompt-ids 1,2,3 [options]\n"
+          "\n"
+          "Runs the prompts as one batch (prefill, then batched decode) on the CPU and prints\n"
+          "each prompt's generated token ids, then prefill and decode tokens/s.\n"
+          "\n"
+          "  --model M            checkpoint directory (config.json + *.safetensors), a built-in\n"
+          "                       model with seeded random weights (tiny, random:tiny,\n"
+          "                       random:v2-lite, random:v3-layers)\n"
+          "  --prompt-ids IDS     comma-separated token ids; repeat for a batch of prompts\n"
+          "  --max-new-tokens N   tokens to generate per prompt (default 16)\n"
+          "  --temperature T      0 = greedy (default 0)\n"
+          "  --top-k K            keep the K most likely tokens (0 = off, default)\n"
+          "  --top-p P            nucleus sampling mass in (0, 1] (default 1)\n"
+          "  --seed S             sampling seed (default 0)\n"
+          "  --ignore-eos         keep generating past the end-of-sequence id\n"
+          "  --dump-logits FILE   write float32 .npy logits [prompt_len + N - 1, vocab] of every\n"
+          "                       processed position; with several prompts FILE_0.npy, FILE_1.npy...\n"
+          "  --model-seed S       seed of random weights (default 0)\n"
+          "  --dtype D            random weights' dtype: bf16 (default), f32, fp8\n"
+          "  --page-size N        KV cache page size in tokens (default 16)\n"
+          "  --threads N          CPU threads (default: INA_NUM_THREADS or all CPUs)\n"
+          "  -h, --help           this help\n");
+}
+
+typedef struct prompts {
+  int32_t **ids;
+  int32_t *lens;
+  int32_t count;
+} prompts_t;
+
+static int add_prompt(prompts_t *p, const char *text) {
+  int32_t *ids, n;
+  if (cli_parse_ids("--prompt-ids", text, &ids, &n)) return 1;
+  int32_t **ni = realloc(p->ids, (size_t)(p->count + 1) * sizeof *ni);
+  if (ni) p->ids = ni;
+  int32_t *nl = realloc(p->lens, (size_t)(p->count + 1) * sizeof *nl);
+  if (nl) p->lens = nl;
+  if (!ni || !nl) {
+    free(ids);
+    return 1;
+  }
+  p->ids[p->count] = ids;
+  p->lens[p->count++] = n;
+  return 0;
+}
+
+/* FILE for one prompt; FILE_i.npy (before a .npy suffix) for several. */
+static void dump_path(const char *base, int32_t i, int32_t count, char *out, size_t size) {
+  if (count == 1) {
+    snprintf(out, size, "%s", base);
+    return;
+  }
+  size_t n = strlen(base);
+  if (n > 4 && strcmp(base + n - 4, ".npy") == 0) n -= 4;
+  snprintf(out, size, "%.*s_%d.npy", (int)n, base, i);
+}
+
+int cmd_generate(int argc, char **argv) {
+  enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS };
+  static const struct option opts[] = {
+      {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
+      {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
+      {"top-k", required_argument, 0, O_TOPK},        {"top-p", required_argument, 0, O_TOPP},
+      {"seed", required_argument, 0, O_SEED},         {"ignore-eos", no_argument, 0, O_EOS},
+      {"dump-logits", required_argument, 0, O_DUMP},  {"model-seed", required_argument, 0, O_MSEED},
+      {"dtype", required_argument, 0, O_DTYPE},       {"page-size", required_argument, 0, O_PAGE},
+      {"threads", required_argument, 0, O_THREADS},   {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  const char *model_spec = NULL, *dump = NULL;
+  prompts_t prompts = {NULL, NULL, 0};
+  int64_t max_new = 16, top_k = 0, seed = 0, page_size = 16, threads = 0;
+  double temperature = 0, top_p = 1;
+  int ignore_eos = 0, rc = 1;
+  ina_model_options_t mopts = INA_MODEL_OPTIONS_INIT;
+  ina_engine_options_t eopts = INA_ENGINE_OPTIONS_INIT;
+  ina_model_t *model = NULL;
+  ina_engine_t *engine = NULL;
+  ina_generate_request_t *reqs = NULL;
+  int64_t v;
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (c) {
+    case O_MODEL: model_spec = optarg; break;
+    case O_PROMPT: if (add_prompt(&prompts, optarg)) goto done; break;
+    case O_MAXNEW: if (cli_parse_int("--max-new-tokens", optarg, 0, 1 << 20, &max_new)) goto done; break;
+    case O_TEMP: if (cli_parse_float("--temperature", optarg, 0, 1e6, &temperature)) goto done; break;
+    case O_TOPK: if (cli_parse_int("--top-k", optarg, 0, INT32_MAX, &top_k)) goto done; break;
+    case O_TOPP: if (cli_parse_float("--top-p", optarg, 1e-9, 1, &top_p)) goto done; break;
+    case O_SEED: if (cli_parse_int("--seed", optarg, 0, INT64_MAX, &seed)) goto done; break;
+    case O_EOS: ignore_eos = 1; break;
+    case O_DUMP: dump = optarg; break;
+    case O_MSEED:
+      if (cli_parse_int("--model-seed", optarg, 0, INT64_MAX, &v)) goto done;
+      mopts.seed = (uint64_t)v;
+      break;
+    case O_DTYPE: if (cli_parse_weight_dtype("--dtype", optarg, &mopts.dtype)) goto done; break;
+    case O_PAGE: if (cli_parse_int("--page-size", optarg, 1, 1 << 20, &page_size)) goto done; break;
+    case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 4096, &threads)) goto done; break;
+    case 'h': usage(stdout); rc = 0; goto done;
+    default: usage(stderr); rc = 2; goto done;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "ina generate: unexpected argument '%s'\n", argv[optind]);
+    rc = 2;
+    goto done;
+  }
+  if (!model_spec || prompts.count == 0) {
+    fprintf(stderr, "ina generate: --model and at least one --prompt-ids are required\n\n");
+    usage(stderr);
+    rc = 2;
+    goto done;
+  }
+  if (ina_model_open(model_spec, &mopts, &model) != INA_OK) {
+    fprintf(stderr, "ina generate: cannot open model: %s\n", ina_last_error());
+    goto done;
+  }
+  const ina_model_config_t *cfg = ina_model_config(model);
+  int64_t total = 0;
+  for (int32_t i = 0; i < prompts.count; i++) total += prompts.lens[i] + max_new;
+  eopts.page_size = (int32_t)page_size;
+  eopts.max_tokens = total + (int64_t)prompts.count * page_size;
+  eopts.num_threads = (int32_t)threads;
+  if (ina_engine_create(model, &eopts, &engine) != INA_OK) {
+    fprintf(stderr, "ina generate: %s\n", ina_last_error());
+    goto done;
+  }
+  reqs = calloc((size_t)prompts.count, sizeof *reqs);
+  if (!reqs) goto done;
+  for (int32_t i = 0; i < prompts.count; i++) {
+    ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
+    sp.temperature = (float)temperature;
+    sp.top_k = (int32_t)top_k;
+    sp.top_p = (float)top_p;
+    sp.seed = (uint64_t)seed + (uint64_t)i;
+    reqs[i].prompt = prompts.ids[i];
+    reqs[i].prompt_len = prompts.lens[i];
+    reqs[i].max_new_tokens = (int32_t)max_new;
+    reqs[i].sampling = sp;
+    reqs[i].ignore_eos = ignore_eos;
+    reqs[i].output = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t));
+    if (!reqs[i].output) goto done;
+    if (dump) {
+      reqs[i].logits = malloc((size_t)(prompts.lens[i] + max_new) * (size_t)cfg->vocab_size * sizeof(float));
+      if (!reqs[i].logits) goto done;
+    }
+  }
+  ina_generate_stats_t stats;
+  if (ina_generate(engine, reqs, prompts.count, &stats) != INA_OK) {
+    fprintf(stderr, "ina generate: %s\n", ina_last_error());
+    goto done;
+  }
+  for (int32_t i = 0; i < prompts.count; i++) {
+    printf("prompt %d:", i);
+    for (int32_t k = 0; k < reqs[i].num_generated; k++) printf("%s%d", k ? "," : " ", reqs[i].output[k]);
+    printf("\n");
+    if (dump) {
+      char path[4096];
+      int64_t shape[2] = {reqs[i].prompt_len + reqs[i].num_generated - 1, cfg->vocab_size};
+      if (reqs[i].num_generated == 0) shape[0] = reqs[i].prompt_len;
+      dump_path(dump, i, prompts.count, path, sizeof path);
+      if (ina_npy_write(path, INA_DTYPE_F32, 2, shape, reqs[i].logits) != INA_OK) {
+        fprintf(stderr, "ina generate: %s\n", ina_last_error());
+        goto done;
+      }
+      fprintf(stderr, "logits [%lld, %lld] written to %s\n", (long long)shape[0], (long long)shape[1], path);
+    }
+  }
+  printf("prefill: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)stats.prefill_tokens,
+         stats.prefill_seconds, stats.prefill_seconds > 0 ? stats.prefill_tokens / stats.prefill_seconds : 0);
+  printf("decode: %lld tokens in %d steps, %.3f s (%.1f tokens/s, batch %d)\n",
+         (long long)stats.decode_tokens, stats.decode_steps, stats.decode_seconds,
+         stats.decode_seconds > 0 ? stats.decode_tokens / stats.decode_seconds : 0, prompts.count);
+  rc = 0;
+done:
+  if (reqs)
+    for (int32_t i = 0; i < prompts.count; i++) {
+      free(reqs[i].output);
+      free(reqs[i].logits);
+    }
+  free(reqs);
+  for (int32_t i = 0; i < prompts.count; i++) free(prompts.ids[i]);
+  free(prompts.ids);
+  free(prompts.lens);
+  ina_engine_destroy(engine);
+  ina_model_destroy(model);
+  return rc;
+}

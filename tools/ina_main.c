@@ -1,0 +1,33 @@
+/* `ina`: the command line of the inference node agent project. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cli.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: ina <command> [options]\n"
+          "\n"
+          "commands:\n"
+          "  generate     generate token ids from a model (checkpoint dir, tiny, random:NAME)\n"
+          "  model init   write a built-in configuration with seeded random weights as a\n"
+          "               Hugging Face checkpoint\n"
+          "  model info   print a model's configuration and size\n"
+          "\n"
+          "Run `ina <command> --help` for a command's options.\n"
+          "Logging: INA_LOG=info (or warn, debug, trace; per part: INA_LOG=warn,model=debug).\n"
+          "Threads: INA_NUM_THREADS (default: all CPUs).\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+      strcmp(argv[1], "help") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 1, argv + 1);
+  if (strcmp(argv[1], "model") == 0) return cmd_model(argc - 1, argv + 1);
+  fprintf(stderr, "ina: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}
