@@ -18,7 +18,8 @@
 #define NAME_FMT "%.200s"
 
 typedef struct {
-  char *file_name; /* plain name inside the directory */
+  const char *file_name; /* plain name inside the directory */
+  char *owned_name;      /* file_name when this struct owns it (not borrowed from the index) */
   ina_safetensors_t *st; /* NULL until first needed (index mode) */
 } shard_t;
 
@@ -29,9 +30,9 @@ typedef struct {
 
 struct ina_checkpoint {
   char *dir;
-  json_t *index;         /* kept alive: tensor names point into it (index mode) */
-  char *index_path;      /* NULL unless the directory has an index */
-  shard_t *shards;       /* sorted by file name */
+  json_t *index;    /* kept alive: tensor names point into it (index mode) */
+  char *index_path; /* NULL unless the directory has an index */
+  shard_t *shards;  /* sorted by file name */
   size_t nshards;
   tensor_ref_t *tensors; /* index order or file order */
   size_t ntensors;
@@ -101,7 +102,7 @@ fail:
 
 /* A shard name from the weight map must name a file directly inside the directory. */
 static int is_plain_file_name(const char *s) {
-  return s[0] != '\0' && strchr(s, '/') == NULL && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+  return s[0] != '\0' && strchr(s, '/') == NULL && strstr(s, "..") == NULL && strcmp(s, ".") != 0;
 }
 
 /* The shard of a file name; the shard list is sorted and holds every name asked for. */
@@ -148,12 +149,13 @@ static ina_status_t open_indexed(ina_checkpoint_t *ck) {
   INA_CHECK_ALLOC(ck->shards);
   for (i = 0; i < n; i++)
     if (ck->nshards == 0 || strcmp(ck->shards[ck->nshards - 1].file_name, files[i]) != 0)
-      ck->shards[ck->nshards++].file_name = (char *)files[i]; /* borrowed from the JSON */
+      ck->shards[ck->nshards++].file_name = files[i]; /* borrowed from the index JSON */
 
   ck->tensors = calloc(n + 1, sizeof *ck->tensors);
   INA_CHECK_ALLOC(ck->tensors);
-  json_object_foreach(map, key, value)
+  json_object_foreach(map, key, value) {
     ck->tensors[ck->ntensors++] = (tensor_ref_t){key, find_shard(ck, json_string_value(value))};
+  }
   INA_CHECK(build_name_index(ck));
 fail:
   free(files);
@@ -169,7 +171,8 @@ static ina_status_t list_shard_tensors(ina_checkpoint_t *ck) {
   INA_CHECK_ALLOC(ck->tensors);
   for (size_t s = 0; s < ck->nshards; s++)
     for (size_t i = 0; i < ina_safetensors_count(ck->shards[s].st); i++)
-      ck->tensors[ck->ntensors++] = (tensor_ref_t){ina_safetensors_at(ck->shards[s].st, i)->name, s};
+      ck->tensors[ck->ntensors++] =
+          (tensor_ref_t){ina_safetensors_at(ck->shards[s].st, i)->name, s};
   INA_CHECK(build_name_index(ck));
   return INA_OK;
 fail:
@@ -204,9 +207,10 @@ static ina_status_t scan_directory(ina_checkpoint_t *ck) {
       INA_CHECK_ALLOC(grown);
       ck->shards = grown;
     }
-    ck->shards[ck->nshards].st = NULL;
-    ck->shards[ck->nshards].file_name = strdup(de->d_name);
-    INA_CHECK_ALLOC(ck->shards[ck->nshards].file_name);
+    shard_t *shard = &ck->shards[ck->nshards];
+    *shard = (shard_t){NULL, strdup(de->d_name), NULL};
+    INA_CHECK_ALLOC(shard->owned_name);
+    shard->file_name = shard->owned_name;
     ck->nshards++;
   }
   if (ck->nshards) qsort(ck->shards, ck->nshards, sizeof *ck->shards, cmp_shard);
@@ -242,8 +246,9 @@ ina_status_t ina_checkpoint_open(const char *dir, ina_checkpoint_t **out) {
     if (is_regular_file(single)) {
       ck->shards = calloc(1, sizeof *ck->shards);
       INA_CHECK_ALLOC(ck->shards);
-      ck->shards[0].file_name = strdup(SINGLE_FILE);
-      INA_CHECK_ALLOC(ck->shards[0].file_name);
+      ck->shards[0].owned_name = strdup(SINGLE_FILE);
+      INA_CHECK_ALLOC(ck->shards[0].owned_name);
+      ck->shards[0].file_name = ck->shards[0].owned_name;
       ck->nshards = 1;
     } else {
       INA_CHECK(scan_directory(ck));
@@ -265,7 +270,7 @@ void ina_checkpoint_close(ina_checkpoint_t *ck) {
   if (!ck) return;
   for (size_t i = 0; i < ck->nshards; i++) {
     ina_safetensors_close(ck->shards[i].st);
-    if (!ck->index) free(ck->shards[i].file_name); /* index mode borrows from the JSON */
+    free(ck->shards[i].owned_name);
   }
   free(ck->shards);
   free(ck->tensors);
@@ -292,7 +297,15 @@ ina_status_t ina_checkpoint_get(ina_checkpoint_t *ck, const char *name, ina_tens
   INA_REQUIRE(ref != NULL, INA_ERR_NOT_FOUND, "checkpoint %s: no tensor '" NAME_FMT "'", ck->dir,
               name);
   shard_t *shard = &ck->shards[ref->shard];
-  if (!shard->st) INA_CHECK(open_shard(ck, ref->shard));
+  if (!shard->st) {
+    ina_status_t open_st = open_shard(ck, ref->shard);
+    if (open_st != INA_OK) {
+      /* Say which tensor needed the shard, keeping the reason the reader gave. */
+      char reason[600];
+      snprintf(reason, sizeof reason, "%s", ina_last_error());
+      INA_REQUIRE(0, open_st, "checkpoint %s: tensor '" NAME_FMT "': %s", ck->dir, name, reason);
+    }
+  }
   const ina_st_entry_t *e = ina_safetensors_find(shard->st, name);
   INA_REQUIRE(e != NULL, INA_ERR_FORMAT,
               "checkpoint %s: index maps tensor '" NAME_FMT "' to %s, which has no such tensor",

@@ -50,8 +50,8 @@ fail:
 
 /* Looks key up in obj. Returns INA_ERR_NOT_FOUND without a message when the key is absent
  * (or null and null_is_absent), so the *_opt getters can fall back quietly. */
-static ina_status_t lookup(const json_t *obj, const char *key, const char *where, int null_is_absent,
-                           const json_t **value) {
+static ina_status_t lookup(const json_t *obj, const char *key, const char *where,
+                           int null_is_absent, const json_t **value) {
   ina_status_t st = INA_OK;
   *value = NULL;
   where = where ? where : "JSON";
@@ -113,22 +113,22 @@ static ina_status_t convert_string(const json_t *v, const char *key, const char 
 }
 
 /* The eight getters differ only in the conversion and in how absence is treated. */
-#define DEFINE_GETTERS(suffix, ctype, convert)                                              \
-  ina_status_t ina_json_get_##suffix(const json_t *obj, const char *key, const char *where,   \
-                                     ctype *out) {                                          \
-    const json_t *v;                                                                        \
-    ina_status_t st = lookup_required(obj, key, where, &v);                                 \
-    if (st != INA_OK) return st;                                                            \
-    return convert(v, key, where, out);                                                     \
-  }                                                                                         \
-  ina_status_t ina_json_get_##suffix##_opt(const json_t *obj, const char *key,                \
-                                           const char *where, ctype dflt, ctype *out) {     \
-    const json_t *v;                                                                        \
-    *out = dflt;                                                                            \
-    ina_status_t st = lookup(obj, key, where, 1, &v);                                       \
-    if (st == INA_ERR_NOT_FOUND) return INA_OK;                                             \
-    if (st != INA_OK) return st;                                                            \
-    return convert(v, key, where, out);                                                     \
+#define DEFINE_GETTERS(suffix, ctype, convert)                                                    \
+  ina_status_t ina_json_get_##suffix(const json_t *obj, const char *key, const char *where,       \
+                                     ctype *out) {                                                \
+    const json_t *v;                                                                              \
+    ina_status_t st = lookup_required(obj, key, where, &v);                                       \
+    if (st != INA_OK) return st;                                                                  \
+    return convert(v, key, where, out);                                                           \
+  }                                                                                               \
+  ina_status_t ina_json_get_##suffix##_opt(const json_t *obj, const char *key, const char *where, \
+                                           ctype dflt, ctype *out) {                              \
+    const json_t *v;                                                                              \
+    *out = dflt;                                                                                  \
+    ina_status_t st = lookup(obj, key, where, 1, &v);                                             \
+    if (st == INA_ERR_NOT_FOUND) return INA_OK;                                                   \
+    if (st != INA_OK) return st;                                                                  \
+    return convert(v, key, where, out);                                                           \
   }
 
 DEFINE_GETTERS(int, int64_t, convert_int)

@@ -65,8 +65,8 @@ ina_status_t ina_npy_write(const char *path, ina_dtype_t dtype, int ndim, const 
 
   /* Room for the dict with INA_MAX_DIMS 20-digit dims, plus padding to 64. */
   char header[256 + NPY_ALIGN];
-  int len = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                     descr);
+  int len =
+      snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
   uint64_t nbytes = 0;
   for (int i = 0; i < ndim; i++)
     INA_REQUIRE(shape[i] >= 0, INA_ERR_INVALID_ARGUMENT, "file %s: negative dimension %lld", path,
@@ -130,8 +130,7 @@ typedef struct {
 } scan_t;
 
 static void skip_space(scan_t *s) {
-  while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
-    s->p++;
+  while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r')) s->p++;
 }
 
 static int accept_char(scan_t *s, char c) {
@@ -155,13 +154,13 @@ static const char *here(const scan_t *s, char *buf, size_t size) {
   return buf;
 }
 
-#define SCAN_FAIL(s, ...)                                                                    \
-  do {                                                                                       \
-    char near_[24];                                                                          \
-    char what_[160];                                                                         \
-    snprintf(what_, sizeof what_, __VA_ARGS__);                                              \
-    INA_REQUIRE(0, INA_ERR_FORMAT, "file %s: npy header: %s at '%s'", (s)->path, what_,      \
-                here((s), near_, sizeof near_));                                             \
+#define SCAN_FAIL(s, ...)                                                               \
+  do {                                                                                  \
+    char near_[24];                                                                     \
+    char what_[160];                                                                    \
+    snprintf(what_, sizeof what_, __VA_ARGS__);                                         \
+    INA_REQUIRE(0, INA_ERR_FORMAT, "file %s: npy header: %s at '%s'", (s)->path, what_, \
+                here((s), near_, sizeof near_));                                        \
   } while (0)
 
 /* A quoted string without escapes ('...' or "..."), copied into out. */
@@ -225,8 +224,8 @@ static ina_status_t scan_shape(scan_t *s, int *ndim, int64_t *shape) {
   if (!accept_char(s, '(')) SCAN_FAIL(s, "expected '(' opening the shape");
   while (!accept_char(s, ')')) {
     if (n == INA_MAX_DIMS) {
-      INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "file %s: npy shape has more than %d dimensions",
-                  s->path, INA_MAX_DIMS);
+      INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "file %s: npy shape has more than %d dimensions", s->path,
+                  INA_MAX_DIMS);
     }
     INA_CHECK(scan_dim(s, &shape[n++]));
     trailing_comma = accept_char(s, ',');
@@ -279,7 +278,9 @@ static ina_status_t parse_header(const char *path, const char *text, size_t len,
   if (s.p != s.end) SCAN_FAIL(&s, "trailing characters after the dict");
   INA_REQUIRE(seen_descr && seen_order && seen_shape, INA_ERR_FORMAT,
               "file %s: npy header lacks '%s'", path,
-              !seen_descr ? "descr" : !seen_order ? "fortran_order" : "shape");
+              !seen_descr   ? "descr"
+              : !seen_order ? "fortran_order"
+                            : "shape");
   if (strcmp(descr, "<f4") == 0)
     h->dtype = INA_DTYPE_F32;
   else if (strcmp(descr, "<i4") == 0)
@@ -287,8 +288,8 @@ static ina_status_t parse_header(const char *path, const char *text, size_t len,
   else if (strcmp(descr, "<i8") == 0)
     h->dtype = INA_DTYPE_I64;
   else
-    INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "file %s: npy dtype '%s' is not one of <f4, <i4, <i8",
-                path, descr);
+    INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "file %s: npy dtype '%s' is not one of <f4, <i4, <i8", path,
+                descr);
   INA_REQUIRE(!fortran, INA_ERR_UNSUPPORTED, "file %s: Fortran-order npy arrays are not supported",
               path);
   return INA_OK;
@@ -320,8 +321,8 @@ ina_status_t ina_npy_read(const char *path, ina_tensor_t *out) {
   INA_REQUIRE(file_size >= 10 && fread(prefix, 1, 10, f) == 10, INA_ERR_FORMAT,
               "file %s: %llu bytes, too short for an npy header", path,
               (unsigned long long)file_size);
-  INA_REQUIRE(memcmp(prefix, NPY_MAGIC, 6) == 0, INA_ERR_FORMAT, "file %s: not an npy file (bad magic)",
-              path);
+  INA_REQUIRE(memcmp(prefix, NPY_MAGIC, 6) == 0, INA_ERR_FORMAT,
+              "file %s: not an npy file (bad magic)", path);
   int major = prefix[6], minor = prefix[7];
   INA_REQUIRE((major == 1 || major == 2) && minor == 0, INA_ERR_UNSUPPORTED,
               "file %s: npy format version %d.%d is not supported (1.0 and 2.0 are)", path, major,
@@ -332,9 +333,10 @@ ina_status_t ina_npy_read(const char *path, ina_tensor_t *out) {
     INA_REQUIRE(file_size >= 12 && fread(prefix + 10, 1, 2, f) == 2, INA_ERR_FORMAT,
                 "file %s: too short for an npy 2.0 header", path);
   uint64_t header_len = load_le(prefix + 8, major == 1 ? 2 : 4);
-  INA_REQUIRE(header_len > 0 && header_len <= NPY_MAX_HEADER && header_len <= file_size - prefix_len,
-              INA_ERR_FORMAT, "file %s: npy header length %llu does not fit the %llu-byte file", path,
-              (unsigned long long)header_len, (unsigned long long)file_size);
+  INA_REQUIRE(
+      header_len > 0 && header_len <= NPY_MAX_HEADER && header_len <= file_size - prefix_len,
+      INA_ERR_FORMAT, "file %s: npy header length %llu does not fit the %llu-byte file", path,
+      (unsigned long long)header_len, (unsigned long long)file_size);
 
   text = malloc((size_t)header_len + 1);
   INA_CHECK_ALLOC(text);

@@ -35,9 +35,9 @@ struct ina_safetensors {
   ina_st_entry_t *entries; /* data-offset order, i.e. the order of the file */
   size_t count;
   const ina_st_entry_t **by_name; /* the entries sorted by name, for binary search */
-  char **metadata;         /* key0, value0, key1, value1, ... */
+  char **metadata;                /* key0, value0, key1, value1, ... */
   size_t metadata_pairs;
-  char *strings;           /* one block holding every name, key and value above */
+  char *strings; /* one block holding every name, key and value above */
 };
 
 /* ---- reading ------------------------------------------------------------------- */
@@ -112,8 +112,9 @@ static ina_status_t parse_entry(const char *path, const char *name, const json_t
   INA_REQUIRE(json_is_string(dtype), INA_ERR_FORMAT,
               "file %s: tensor '" NAME_FMT "': \"dtype\" is %s", path, name,
               dtype ? "not a string" : "missing");
-  INA_REQUIRE(dtype_from_name(json_string_value(dtype), &e->dtype), INA_ERR_UNSUPPORTED, "file %s: tensor '" NAME_FMT "': unsupported dtype '%.40s'",
-              path, name, json_string_value(dtype));
+  INA_REQUIRE(dtype_from_name(json_string_value(dtype), &e->dtype), INA_ERR_UNSUPPORTED,
+              "file %s: tensor '" NAME_FMT "': unsupported dtype '%.40s'", path, name,
+              json_string_value(dtype));
 
   const json_t *shape = json_object_get(desc, "shape");
   size_t ndim = 0;
@@ -123,8 +124,8 @@ static ina_status_t parse_entry(const char *path, const char *name, const json_t
               "file %s: tensor '" NAME_FMT "': \"shape\" is not an array of non-negative integers",
               path, name);
   INA_REQUIRE(ndim <= INA_MAX_DIMS, INA_ERR_UNSUPPORTED,
-              "file %s: tensor '" NAME_FMT "': %zu dimensions, at most %d are supported", path, name,
-              ndim, INA_MAX_DIMS);
+              "file %s: tensor '" NAME_FMT "': %zu dimensions, at most %d are supported", path,
+              name, ndim, INA_MAX_DIMS);
   e->ndim = (int)ndim;
   uint64_t nbytes = 0;
   INA_REQUIRE(shape_nbytes(e->dtype, e->ndim, e->shape, &nbytes), INA_ERR_FORMAT,
@@ -143,10 +144,12 @@ static ina_status_t parse_entry(const char *path, const char *name, const json_t
               "file %s: tensor '" NAME_FMT "': data_offsets [%lld, %lld] begin after end", path,
               name, (long long)off[0], (long long)off[1]);
   INA_REQUIRE((uint64_t)off[1] <= data_size, INA_ERR_FORMAT,
-              "file %s: tensor '" NAME_FMT "': data_offsets end %lld beyond the data section (%llu bytes)",
+              "file %s: tensor '" NAME_FMT
+              "': data_offsets end %lld beyond the data section (%llu bytes)",
               path, name, (long long)off[1], (unsigned long long)data_size);
   INA_REQUIRE((uint64_t)(off[1] - off[0]) == nbytes, INA_ERR_FORMAT,
-              "file %s: tensor '" NAME_FMT "': data_offsets span %lld bytes, shape and dtype %s need %llu",
+              "file %s: tensor '" NAME_FMT
+              "': data_offsets span %lld bytes, shape and dtype %s need %llu",
               path, name, (long long)(off[1] - off[0]), ina_dtype_safetensors_name(e->dtype),
               (unsigned long long)nbytes);
   e->nbytes = (size_t)nbytes;
@@ -161,11 +164,11 @@ static ina_status_t check_metadata(const char *path, const json_t *meta) {
   ina_status_t st = INA_OK;
   const char *key;
   const json_t *value;
-  INA_REQUIRE(json_is_object(meta), INA_ERR_FORMAT, "file %s: \"" METADATA_KEY "\" is not an object",
-              path);
+  INA_REQUIRE(json_is_object(meta), INA_ERR_FORMAT,
+              "file %s: \"" METADATA_KEY "\" is not an object", path);
   json_object_foreach((json_t *)meta, key, value)
-    INA_REQUIRE(json_is_string(value), INA_ERR_FORMAT,
-                "file %s: \"" METADATA_KEY "\" key '" NAME_FMT "' is not a string", path, key);
+      INA_REQUIRE(json_is_string(value), INA_ERR_FORMAT,
+                  "file %s: \"" METADATA_KEY "\" key '" NAME_FMT "' is not a string", path, key);
   return INA_OK;
 fail:
   return st;
@@ -181,7 +184,8 @@ static int cmp_by_offset(const void *a, const void *b) {
 }
 
 static int cmp_by_name(const void *a, const void *b) {
-  return strcmp((*(const ina_st_entry_t *const *)a)->name, (*(const ina_st_entry_t *const *)b)->name);
+  return strcmp((*(const ina_st_entry_t *const *)a)->name,
+                (*(const ina_st_entry_t *const *)b)->name);
 }
 
 /* Validates every header entry and builds the entry table and the name index. */
@@ -202,8 +206,8 @@ static ina_status_t build_entries(ina_safetensors_t *sf, const json_t *header,
     count++;
   }
   if (meta) {
-    json_object_foreach((json_t *)meta, key, value)
-      string_bytes += strlen(key) + 1 + strlen(json_string_value(value)) + 1;
+    json_object_foreach((json_t *)meta, key, value) string_bytes +=
+        strlen(key) + 1 + strlen(json_string_value(value)) + 1;
   }
   sf->strings = malloc(string_bytes);
   INA_CHECK_ALLOC(sf->strings);
@@ -420,9 +424,9 @@ static ina_status_t build_header(const char *path, const ina_st_write_entry_t *e
     INA_CHECK(check_write_entry(path, e, &nbytes));
     INA_REQUIRE(json_object_get(root, e->name) == NULL, INA_ERR_INVALID_ARGUMENT,
                 "file %s: tensor '" NAME_FMT "' given twice", path, e->name);
-    json_t *desc = json_pack("{s:s, s:[], s:[I, I]}", "dtype", ina_dtype_safetensors_name(e->dtype),
-                             "shape", "data_offsets", (json_int_t)offset,
-                             (json_int_t)(offset + nbytes));
+    json_t *desc =
+        json_pack("{s:s, s:[], s:[I, I]}", "dtype", ina_dtype_safetensors_name(e->dtype), "shape",
+                  "data_offsets", (json_int_t)offset, (json_int_t)(offset + nbytes));
     INA_CHECK_ALLOC(desc);
     /* set_new takes the reference even when it fails (invalid UTF-8 name). */
     INA_REQUIRE(json_object_set_new(root, e->name, desc) == 0, INA_ERR_INVALID_ARGUMENT,

@@ -246,7 +246,8 @@ int ina_threadpool_size(const ina_threadpool_t *pool) { return pool ? pool->size
 
 /* Publishes the job now described in the pool, waking sleeping workers as needed. */
 static void publish_job(struct ina_threadpool *pool, uint64_t helpers) {
-  pool->generation++;
+  /* Generation 0 means "no job yet" to a fresh worker; skip it when the counter wraps. */
+  if (++pool->generation == 0) pool->generation = 1;
   uint64_t s = ((uint64_t)pool->generation << 32) | (helpers << STATE_WANTED_SHIFT);
   pthread_mutex_lock(&pool->lock);
   atomic_store_explicit(&pool->state, s, memory_order_release);

@@ -227,11 +227,14 @@ fail:
 
 ina_status_t ina_model_config_validate(const ina_model_config_t *c, const char *where) {
   ina_status_t st = INA_OK;
-#define POSITIVE(f) INA_REQUIRE(c->f > 0, INA_ERR_FORMAT, "%s: %s must be positive (got %lld)", where, #f, (long long)c->f)
+/* messages use the config.json key names */
+#define POSITIVE_KEY(f, key) \
+  INA_REQUIRE(c->f > 0, INA_ERR_FORMAT, "%s: %s must be positive (got %lld)", where, key, (long long)c->f)
+#define POSITIVE(f) POSITIVE_KEY(f, #f)
   POSITIVE(vocab_size);
   POSITIVE(hidden_size);
-  POSITIVE(num_layers);
-  POSITIVE(num_heads);
+  POSITIVE_KEY(num_layers, "num_hidden_layers");
+  POSITIVE_KEY(num_heads, "num_attention_heads");
   POSITIVE(kv_lora_rank);
   POSITIVE(qk_nope_head_dim);
   POSITIVE(qk_rope_head_dim);
@@ -265,6 +268,7 @@ ina_status_t ina_model_config_validate(const ina_model_config_t *c, const char *
     INA_REQUIRE(c->yarn_factor > 0 && c->yarn_original_max_position > 0, INA_ERR_FORMAT,
                 "%s: yarn rope needs a positive factor and original_max_position_embeddings", where);
 #undef POSITIVE
+#undef POSITIVE_KEY
 fail:
   return st;
 }

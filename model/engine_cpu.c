@@ -15,6 +15,10 @@
 #include "model/model.h"
 #include "moe_ep/router.h"
 
+/* HF (and DeepSeek's own code) build q_a_layernorm and kv_a_layernorm without an eps
+ * argument, so the latent norms always use the RMSNorm default, not rms_norm_eps. */
+#define LATENT_NORM_EPS 1e-6f
+
 struct ina_engine {
   const ina_model_t *model;
   const ina_model_config_t *cfg;
@@ -334,7 +338,7 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
   ina_cpu_rmsnorm(s->x, &L->input_norm, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
   if (c->q_lora_rank > 0) {
     INA_CHECK(ina_cpu_linear(e->pool, &L->q_a_proj, s->h, T, s->qa));
-    ina_cpu_rmsnorm(s->qa, &L->q_a_norm, T, c->q_lora_rank, (float)c->rms_norm_eps, c->q_lora_rank, s->qa,
+    ina_cpu_rmsnorm(s->qa, &L->q_a_norm, T, c->q_lora_rank, LATENT_NORM_EPS, c->q_lora_rank, s->qa,
                     c->q_lora_rank);
     INA_CHECK(ina_cpu_linear(e->pool, &L->q_b_proj, s->qa, T, s->q));
   } else {
@@ -343,7 +347,7 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
   INA_CHECK(ina_cpu_linear(e->pool, &L->kv_a_proj, s->h, T, s->kv));
   for (int64_t t = 0; t < T; t++) {
     float *kv = s->kv + t * (C + R);
-    ina_cpu_rmsnorm(kv, &L->kv_a_norm, 1, C, (float)c->rms_norm_eps, C, kv, C);
+    ina_cpu_rmsnorm(kv, &L->kv_a_norm, 1, C, LATENT_NORM_EPS, C, kv, C);
     ina_cpu_rope(kv + C, R, s->positions[t], e->inv_freq, e->attention_factor, pairs);
     for (int32_t h = 0; h < H; h++)
       ina_cpu_rope(s->q + (t * H + h) * QK + c->qk_nope_head_dim, R, s->positions[t], e->inv_freq,

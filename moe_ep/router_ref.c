@@ -135,7 +135,7 @@ static void mask_dropped_groups(const ina_router_config_t *c, const float *group
 /* Per-call scratch, sized by the config. */
 typedef struct router_scratch {
   float *scores;       /* [num_experts] sigmoid or softmax */
-  float *choice;       /* [num_experts] scores used for selection, masked */
+  float *choice;       /* [num_experts] NOAUX_TC: scores + bias, masked; selects */
   float *group_score;  /* [n_group] */
   int32_t *group_rank; /* [n_group] */
   unsigned char *group_kept; /* [n_group] */
@@ -219,8 +219,10 @@ ina_status_t ina_router_ref(const ina_router_config_t *cfg, const float *logits,
   const size_t groups = is_group_method(cfg->method) ? (size_t)cfg->n_group : 1;
   w.scores = malloc(n * sizeof(float));
   INA_CHECK_ALLOC(w.scores);
-  w.choice = malloc(n * sizeof(float));
-  INA_CHECK_ALLOC(w.choice);
+  if (noaux) { /* the softmax methods select on (and mask) the scores themselves */
+    w.choice = malloc(n * sizeof(float));
+    INA_CHECK_ALLOC(w.choice);
+  }
   w.group_score = malloc(groups * sizeof(float));
   INA_CHECK_ALLOC(w.group_score);
   w.group_rank = malloc(groups * sizeof(int32_t));

@@ -47,7 +47,8 @@ BF16_LOWS = [0x7FFF, 0x8000, 0x8001]
 # ties with an even / odd kept bit, 0x0FFF, 0x1001, 0x2FFF, 0x3001 their neighbours. For
 # subnormal results the midpoint lies in the upper 16 bits, and 0x0000 (exact tie),
 # 0x0001 and 0x8000 (sticky bits just above) and 0xFFFF (just below the next pattern)
-# decide them.
+# decide them. The rest mix both cases (0x2000: exact with an odd kept bit; 0x1FFF,
+# 0x7FFF, 0x8001, 0xBFFF, 0xF000: clearly above or below a midpoint, or an odd tie).
 F16_LOWS = [0x0000, 0x0001, 0x0FFF, 0x1000, 0x1001, 0x1FFF, 0x2000, 0x2FFF,
             0x3000, 0x3001, 0x7FFF, 0x8000, 0x8001, 0xBFFF, 0xF000, 0xFFFF]
 

@@ -88,6 +88,17 @@ FIXTURES = [
                      rope_interleave=False, num_attention_heads=5, num_key_value_heads=5, vocab_size=160),
     },
     {
+        "name": "v3_mscale",
+        "doc": "V3 YaRN with mscale 1.0 != mscale_all_dim 0.707 (attention_factor != 1 on cos/sin, "
+               "softmax scale times get_mscale(factor, mscale_all_dim)^2), interleaved rope",
+        "model_type": "deepseek_v3", "storage": "f32", "seed": 9,
+        "config": v3(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=4, q_lora_rank=24, max_position_embeddings=128,
+                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707,
+                                      "rope_theta": 10000.0}),
+    },
+    {
         "name": "v2_softmax",
         "doc": "V2-Lite style: no q LoRA, softmax greedy top-k, 2 shared experts, YaRN with "
                "mscale = mscale_all_dim = 0.707; rms_norm_eps 1e-5",
@@ -298,11 +309,13 @@ def save_fp8(model, out_dir):
 
     # Release-style config.json: rope_scaling with "type" and a top-level rope_theta
     # instead of the rope_parameters that transformers writes.
+    # The release also lacks the derived keys head_dim (= qk_rope_head_dim) and qk_head_dim.
     rope = dict(config.pop("rope_parameters"))
     config["rope_theta"] = rope.pop("rope_theta")
-    rope.pop("rope_type", None)
-    config["rope_scaling"] = dict(rope, type="yarn")
-    config.pop("dtype", None)
+    rope["type"] = rope.pop("rope_type")
+    config["rope_scaling"] = rope
+    for derived in ("dtype", "head_dim", "qk_head_dim"):
+        config.pop(derived, None)
     config["torch_dtype"] = "bfloat16"
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                      "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
@@ -334,7 +347,7 @@ def make_fixture(fixture, out_root):
     reference = hf_logits.load_model(out_dir)
     checkpoint = numpy_reference.load_checkpoint(out_dir)
     vocab = reference.config.vocab_size
-    prompts, generated, logits_list, report = [], [], [], []
+    prompts, generated, report = [], [], []
     for index, length in enumerate(PROMPT_LENGTHS):
         for attempt in range(50):
             prompt = draw_prompt(vocab, length, fixture["seed"], index, attempt)
@@ -351,7 +364,6 @@ def make_fixture(fixture, out_root):
             raise RuntimeError(f"{fixture['name']}: prompt {index}: no draw without a near tie")
         prompts.append(prompt)
         generated.append(tokens)
-        logits_list.append(logits)
         report.append((err, margins["routing"], argmax_margin, checks["decode_vs_full_forward_rel_l2"]))
         np.save(os.path.join(out_dir, f"logits_{index}.npy"), logits)
 
@@ -378,7 +390,7 @@ def main():
         report = make_fixture(fixture, args.out)
         size = sum(os.path.getsize(os.path.join(args.out, fixture["name"], n))
                    for n in os.listdir(os.path.join(args.out, fixture["name"])))
-        print(f"{fixture['name']}: {size / 1024:.0f} KiB")
+        print(f"{fixture['name']}: {size / 1024:.0f} KiB: {fixture['doc']}")
         for p, (err, routing, argmax, decode) in enumerate(report):
             print(f"  prompt {p}: numpy vs HF rel_l2 {err:.2e}, routing margin {routing:.1e}, "
                   f"argmax margin {argmax:.1e}, HF decode vs full forward {decode:.1e}")

@@ -370,7 +370,7 @@ def forward(model_dir, token_ids, checkpoint=None):
         else:
             x = x + mlp(h, w, p + "mlp.")
     x = rms_norm(x, w["model.norm.weight"], cfg.rms_eps)
-    head = w["model.embed_tokens.weight"] if cfg.tie or "lm_head.weight" not in w else w["lm_head.weight"]
+    head = w["model.embed_tokens.weight"] if cfg.tie else w["lm_head.weight"]
     logits = linear(x, head)
     top2 = np.sort(logits, axis=-1)[:, -2:]
     margins = {

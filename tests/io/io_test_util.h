@@ -80,17 +80,17 @@ static inline int io_file_exists(const char *path) { return access(path, F_OK) =
 
 /* Checks that a call failed with `want`, and that the recorded message names `must_name`
  * (a path) and, when given, `also_name` (a tensor or key). */
-#define CHECK_FAILS_WITH(got, want, must_name, also_name)                                 \
-  do {                                                                                   \
-    ina_status_t got_ = (got);                                                           \
-    const char *also_ = (also_name);                                                     \
-    CHECKF(got_ == (want), "status %s, wanted %s (message: %s)", ina_status_string(got_), \
-           ina_status_string(want), ina_last_error());                                   \
-    CHECKF(strstr(ina_last_error(), (must_name)) != NULL, "message '%s' lacks '%s'",     \
-           ina_last_error(), (must_name));                                               \
-    if (also_)                                                                           \
-      CHECKF(strstr(ina_last_error(), also_) != NULL, "message '%s' lacks '%s'",         \
-             ina_last_error(), also_);                                                   \
+#define CHECK_FAILS_WITH(got, want, must_name, also_name)                                          \
+  do {                                                                                             \
+    ina_status_t got_ = (got);                                                                     \
+    const char *also_ = (also_name);                                                               \
+    CHECKF(got_ == (want), "status %s, wanted %s (message: %s)", ina_status_string(got_),          \
+           ina_status_string(want), ina_last_error());                                             \
+    CHECKF(strstr(ina_last_error(), (must_name)) != NULL, "message '%s' lacks '%s'",               \
+           ina_last_error(), (must_name));                                                         \
+    if (also_)                                                                                     \
+      CHECKF(strstr(ina_last_error(), also_) != NULL, "message '%s' lacks '%s'", ina_last_error(), \
+             also_);                                                                               \
   } while (0)
 
 #endif

@@ -20,11 +20,14 @@ typedef struct {
 static tensor_t g_tensors[NT];
 
 static void make_tensors(test_rng_t *rng) {
-  static const char *names[NT] = {
-      "model.embed_tokens.weight",          "model.layers.0.input_layernorm.weight",
-      "model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.gate.weight",
-      "model.layers.1.self_attn.kv_a_proj_with_mqa.weight", "model.layers.1.mlp.experts.0.up_proj.weight",
-      "model.norm.weight",                   "lm_head.weight"};
+  static const char *names[NT] = {"model.embed_tokens.weight",
+                                  "model.layers.0.input_layernorm.weight",
+                                  "model.layers.0.self_attn.q_proj.weight",
+                                  "model.layers.0.mlp.gate.weight",
+                                  "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+                                  "model.layers.1.mlp.experts.0.up_proj.weight",
+                                  "model.norm.weight",
+                                  "lm_head.weight"};
   for (int i = 0; i < NT; i++) {
     tensor_t *t = &g_tensors[i];
     snprintf(t->name, sizeof t->name, "%s", names[i]);
@@ -87,7 +90,8 @@ static const char *SHARD2 = "model-00002-of-00002.safetensors";
 
 static void write_index(const char *dir, const int *order) {
   char text[4096], path[512];
-  int len = snprintf(text, sizeof text, "{\"metadata\": {\"total_size\": 1234},\n \"weight_map\": {");
+  int len =
+      snprintf(text, sizeof text, "{\"metadata\": {\"total_size\": 1234},\n \"weight_map\": {");
   for (int k = 0; k < NT; k++)
     len += snprintf(text + len, sizeof text - (size_t)len, "%s\n  \"%s\": \"%s\"", k ? "," : "",
                     g_tensors[order[k]].name, order[k] < 5 ? SHARD1 : SHARD2);
@@ -133,7 +137,8 @@ static void test_indexed(const char *root, test_rng_t *rng) {
   CHECK(shard2_bytes != NULL && remove(shard2) == 0);
   check_view(ck, 0);
   ina_tensor_t v;
-  CHECK_FAILS_WITH(ina_checkpoint_get(ck, g_tensors[6].name, &v), INA_ERR_IO, SHARD2, NULL);
+  CHECK_FAILS_WITH(ina_checkpoint_get(ck, g_tensors[6].name, &v), INA_ERR_IO, SHARD2,
+                   g_tensors[6].name);
   CHECK(ina_tensor_is_empty(&v));
   CHECK(io_write_file(shard2, shard2_bytes, shard2_size));
   free(shard2_bytes);
@@ -154,16 +159,18 @@ static void test_indexed(const char *root, test_rng_t *rng) {
 static void test_bad_indexes(const char *root) {
   static const struct {
     const char *what, *index;
-    ina_status_t at_open;  /* status of ina_checkpoint_open */
+    ina_status_t at_open; /* status of ina_checkpoint_open */
     const char *in_message;
   } cases[] = {
       {"not JSON", "{\"weight_map\": ", INA_ERR_FORMAT, "index.json"},
       {"no weight_map", "{\"metadata\": {}}", INA_ERR_FORMAT, "weight_map"},
-      {"weight_map an array", "{\"weight_map\": [\"a.safetensors\"]}", INA_ERR_FORMAT, "weight_map"},
+      {"weight_map an array", "{\"weight_map\": [\"a.safetensors\"]}", INA_ERR_FORMAT,
+       "weight_map"},
       {"file name a number", "{\"weight_map\": {\"w.num\": 3}}", INA_ERR_FORMAT, "w.num"},
       {"parent directory", "{\"weight_map\": {\"w.up\": \"../model.safetensors\"}}", INA_ERR_FORMAT,
        "../model.safetensors"},
       {"dot-dot", "{\"weight_map\": {\"w.dd\": \"..\"}}", INA_ERR_FORMAT, "w.dd"},
+      {"dot", "{\"weight_map\": {\"w.dot\": \".\"}}", INA_ERR_FORMAT, "w.dot"},
       {"subdirectory", "{\"weight_map\": {\"w.sub\": \"sub/x.safetensors\"}}", INA_ERR_FORMAT,
        "sub/x.safetensors"},
       {"absolute path", "{\"weight_map\": {\"w.abs\": \"/etc/passwd\"}}", INA_ERR_FORMAT, "w.abs"},
@@ -175,7 +182,8 @@ static void test_bad_indexes(const char *root) {
     char name[32], dir[512], path[512];
     snprintf(name, sizeof name, "badindex%zu", k);
     subdir(dir, sizeof dir, root, name);
-    CHECK(io_write_text(io_join(path, sizeof path, dir, "model.safetensors.index.json"), cases[k].index));
+    CHECK(io_write_text(io_join(path, sizeof path, dir, "model.safetensors.index.json"),
+                        cases[k].index));
     ina_checkpoint_t *ck = (ina_checkpoint_t *)&ck;
     int failed_before = test_checks_failed_;
     ina_clear_error();
@@ -201,7 +209,8 @@ static void test_bad_indexes(const char *root) {
   CHECK(ina_checkpoint_count(ck) == 3 && ina_checkpoint_has(ck, g_tensors[1].name));
   check_view(ck, 0);
   ina_tensor_t v;
-  CHECK_FAILS_WITH(ina_checkpoint_get(ck, g_tensors[1].name, &v), INA_ERR_IO, "gone.safetensors", NULL);
+  CHECK_FAILS_WITH(ina_checkpoint_get(ck, g_tensors[1].name, &v), INA_ERR_IO, "gone.safetensors",
+                   g_tensors[1].name);
   /* The index claims a tensor the shard does not hold. */
   CHECK_FAILS_WITH(ina_checkpoint_get(ck, "lost.tensor", &v), INA_ERR_FORMAT, "present.safetensors",
                    "lost.tensor");
@@ -231,7 +240,8 @@ static void test_single_file(const char *root) {
   char bad[512], path[512];
   subdir(bad, sizeof bad, root, "single_bad");
   static const char broken[] = "\x10\0\0\0\0\0\0\0{not json}      ";
-  CHECK(io_write_file(io_join(path, sizeof path, bad, "model.safetensors"), broken, sizeof broken - 1));
+  CHECK(io_write_file(io_join(path, sizeof path, bad, "model.safetensors"), broken,
+                      sizeof broken - 1));
   ck = (ina_checkpoint_t *)&ck;
   CHECK_FAILS_WITH(ina_checkpoint_open(bad, &ck), INA_ERR_FORMAT, path, NULL);
   CHECK(ck == NULL);
@@ -282,7 +292,8 @@ static void test_not_a_checkpoint(const char *root) {
   CHECK(io_write_text(io_join(path, sizeof path, dir, "config.json"), "{}"));
   CHECK(io_write_text(io_join(path, sizeof path, dir, "weights.safetensors.bak"), "x"));
   ina_checkpoint_t *ck = (ina_checkpoint_t *)&ck;
-  CHECK_FAILS_WITH(ina_checkpoint_open(dir, &ck), INA_ERR_NOT_FOUND, dir, "no safetensors files in");
+  CHECK_FAILS_WITH(ina_checkpoint_open(dir, &ck), INA_ERR_NOT_FOUND, dir,
+                   "no safetensors files in");
   CHECK(ck == NULL);
 
   io_join(path, sizeof path, root, "no_such_dir");

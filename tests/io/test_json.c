@@ -48,7 +48,8 @@ static void test_getters(const char *dir) {
   CHECK_FAILS_WITH(ina_json_get_bool(cfg, "hidden_size", path, &b), INA_ERR_FORMAT, path,
                    "expected a boolean, got integer");
   CHECK_FAILS_WITH(ina_json_get_string(cfg, "list", path, &s), INA_ERR_FORMAT, path, "got array");
-  CHECK_FAILS_WITH(ina_json_get_int(cfg, "q_lora_rank", path, &i), INA_ERR_FORMAT, path, "got null");
+  CHECK_FAILS_WITH(ina_json_get_int(cfg, "q_lora_rank", path, &i), INA_ERR_FORMAT, path,
+                   "got null");
   /* Looking up in something that is not an object. */
   CHECK_FAILS_WITH(ina_json_get_int(json_object_get(cfg, "list"), "x", path, &i), INA_ERR_FORMAT,
                    path, "'x'");

@@ -27,7 +27,9 @@ static void round_trip(const char *path, ina_dtype_t dtype, int ndim, const int6
     CHECK(file[10 + hlen - 1] == '\n');
     char expect[128];
     int len = snprintf(expect, sizeof expect, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                       dtype == INA_DTYPE_F32 ? "<f4" : dtype == INA_DTYPE_I32 ? "<i4" : "<i8");
+                       dtype == INA_DTYPE_F32   ? "<f4"
+                       : dtype == INA_DTYPE_I32 ? "<i4"
+                                                : "<i8");
     for (int d = 0; d < ndim; d++)
       len += snprintf(expect + len, sizeof expect - (size_t)len, "%s%lld%s", d ? ", " : "",
                       (long long)shape[d], ndim == 1 ? "," : "");
@@ -98,11 +100,27 @@ static void test_accepted_headers(const char *dir) {
     int64_t shape[2];
     ina_dtype_t dtype;
   } cases[] = {
-      {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }\n", 1, 2, {2, 3}, INA_DTYPE_F32},
-      {"{'descr': '<i8', 'fortran_order': False, 'shape': (2, 3,), }      \n", 1, 2, {2, 3}, INA_DTYPE_I64},
-      {"{\"shape\": (5,), \"descr\": \"<i4\", \"fortran_order\": False}\n", 2, 1, {5, 0}, INA_DTYPE_I32},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }\n",
+       1,
+       2,
+       {2, 3},
+       INA_DTYPE_F32},
+      {"{'descr': '<i8', 'fortran_order': False, 'shape': (2, 3,), }      \n",
+       1,
+       2,
+       {2, 3},
+       INA_DTYPE_I64},
+      {"{\"shape\": (5,), \"descr\": \"<i4\", \"fortran_order\": False}\n",
+       2,
+       1,
+       {5, 0},
+       INA_DTYPE_I32},
       {"{'descr':'<f4','fortran_order':False,'shape':()}", 1, 0, {0, 0}, INA_DTYPE_F32},
-      {"{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }\n", 1, 2, {0, 4}, INA_DTYPE_F32},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }\n",
+       1,
+       2,
+       {0, 4},
+       INA_DTYPE_F32},
   };
   char path[512];
   io_join(path, sizeof path, dir, "accepted.npy");
@@ -130,35 +148,67 @@ static void test_malformed(const char *dir) {
     long forced_hlen;
     ina_status_t want;
   } cases[] = {
-      {"version 3.0", 3, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, -1, INA_ERR_UNSUPPORTED},
-      {"version 1.1", 1, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, -1, INA_ERR_UNSUPPORTED},
-      {"header length 0", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, 0, INA_ERR_FORMAT},
-      {"header past the end", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, 60000, INA_ERR_FORMAT},
-      {"huge v2 header", 2, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, 0x7fffffff, INA_ERR_FORMAT},
-      {"data too short", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 7, -1, INA_ERR_FORMAT},
-      {"data too long", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 9, -1, INA_ERR_FORMAT},
-      {"f8", 1, 0, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }\n", 16, -1, INA_ERR_UNSUPPORTED},
-      {"big endian", 1, 0, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }\n", 8, -1, INA_ERR_UNSUPPORTED},
-      {"structured", 1, 0, "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,), }\n", 8, -1, INA_ERR_FORMAT},
-      {"fortran", 1, 0, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }\n", 16, -1, INA_ERR_UNSUPPORTED},
-      {"order not a bool", 1, 0, "{'descr': '<f4', 'fortran_order': 0, 'shape': (2,), }\n", 8, -1, INA_ERR_FORMAT},
-      {"negative dim", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }\n", 8, -1, INA_ERR_FORMAT},
-      {"int not tuple", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2), }\n", 8, -1, INA_ERR_FORMAT},
-      {"list shape", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': [2], }\n", 8, -1, INA_ERR_FORMAT},
-      {"six dims", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 2), }\n", 8, -1, INA_ERR_UNSUPPORTED},
-      {"dim overflow", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }\n", 8, -1, INA_ERR_FORMAT},
-      {"numel overflow", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }\n", 8, -1, INA_ERR_FORMAT},
-      {"missing shape", 1, 0, "{'descr': '<f4', 'fortran_order': False, }\n", 8, -1, INA_ERR_FORMAT},
+      {"version 3.0", 3, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, -1,
+       INA_ERR_UNSUPPORTED},
+      {"version 1.1", 1, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, -1,
+       INA_ERR_UNSUPPORTED},
+      {"header length 0", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, 0,
+       INA_ERR_FORMAT},
+      {"header past the end", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n",
+       8, 60000, INA_ERR_FORMAT},
+      {"huge v2 header", 2, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8,
+       0x7fffffff, INA_ERR_FORMAT},
+      {"data too short", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 7, -1,
+       INA_ERR_FORMAT},
+      {"data too long", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 9, -1,
+       INA_ERR_FORMAT},
+      {"f8", 1, 0, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }\n", 16, -1,
+       INA_ERR_UNSUPPORTED},
+      {"big endian", 1, 0, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }\n", 8, -1,
+       INA_ERR_UNSUPPORTED},
+      {"structured", 1, 0, "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,), }\n",
+       8, -1, INA_ERR_FORMAT},
+      {"fortran", 1, 0, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }\n", 16, -1,
+       INA_ERR_UNSUPPORTED},
+      {"order not a bool", 1, 0, "{'descr': '<f4', 'fortran_order': 0, 'shape': (2,), }\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"negative dim", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"int not tuple", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2), }\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"list shape", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': [2], }\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"six dims", 1, 0,
+       "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 2), }\n", 8, -1,
+       INA_ERR_UNSUPPORTED},
+      {"dim overflow", 1, 0,
+       "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"numel overflow", 1, 0,
+       "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"missing shape", 1, 0, "{'descr': '<f4', 'fortran_order': False, }\n", 8, -1,
+       INA_ERR_FORMAT},
       {"missing descr", 1, 0, "{'fortran_order': False, 'shape': (2,), }\n", 8, -1, INA_ERR_FORMAT},
-      {"extra key", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}\n", 8, -1, INA_ERR_FORMAT},
-      {"repeated key", 1, 0, "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}\n", 8, -1, INA_ERR_FORMAT},
-      {"unterminated string", 1, 0, "{'descr: '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, -1, INA_ERR_FORMAT},
-      {"escaped string", 1, 0, "{'de\\scr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8, -1, INA_ERR_FORMAT},
-      {"no braces", 1, 0, "'descr': '<f4', 'fortran_order': False, 'shape': (2,)\n", 8, -1, INA_ERR_FORMAT},
-      {"unclosed dict", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), \n", 8, -1, INA_ERR_FORMAT},
-      {"unclosed tuple", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, }\n", 8, -1, INA_ERR_FORMAT},
-      {"missing comma", 1, 0, "{'descr': '<f4' 'fortran_order': False, 'shape': (2,), }\n", 8, -1, INA_ERR_FORMAT},
-      {"trailing text", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } x\n", 8, -1, INA_ERR_FORMAT},
+      {"extra key", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}\n", 8,
+       -1, INA_ERR_FORMAT},
+      {"repeated key", 1, 0,
+       "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"unterminated string", 1, 0, "{'descr: '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8,
+       -1, INA_ERR_FORMAT},
+      {"escaped string", 1, 0, "{'de\\scr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", 8,
+       -1, INA_ERR_FORMAT},
+      {"no braces", 1, 0, "'descr': '<f4', 'fortran_order': False, 'shape': (2,)\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"unclosed dict", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), \n", 8, -1,
+       INA_ERR_FORMAT},
+      {"unclosed tuple", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, }\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"missing comma", 1, 0, "{'descr': '<f4' 'fortran_order': False, 'shape': (2,), }\n", 8, -1,
+       INA_ERR_FORMAT},
+      {"trailing text", 1, 0, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } x\n", 8,
+       -1, INA_ERR_FORMAT},
       {"empty header", 1, 0, "          \n", 8, -1, INA_ERR_FORMAT},
   };
   char path[512];
@@ -222,6 +272,8 @@ static void test_random_flips(const char *dir, test_rng_t *rng) {
     int flips = (int)test_rng_int(rng, 1, 3);
     for (int f = 0; f < flips; f++)
       copy[test_rng_int(rng, 0, 127)] ^= (unsigned char)test_rng_int(rng, 1, 255);
+    /* A new file each time: truncating the old one in place is slow on some filesystems. */
+    remove(path);
     CHECK(io_write_file(path, copy, n));
     ina_tensor_t t;
     ina_clear_error();
@@ -244,11 +296,15 @@ static void test_write_errors(const char *dir) {
   int64_t shape[1] = {4};
   float data[4] = {1, 2, 3, 4};
   io_join(path, sizeof path, dir, "w.npy");
-  CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_BF16, 1, shape, data), INA_ERR_UNSUPPORTED, path, NULL);
-  CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_F32, 6, shape, data), INA_ERR_INVALID_ARGUMENT, path, NULL);
-  CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_F32, 1, shape, NULL), INA_ERR_INVALID_ARGUMENT, path, NULL);
+  CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_BF16, 1, shape, data), INA_ERR_UNSUPPORTED, path,
+                   NULL);
+  CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_F32, 6, shape, data), INA_ERR_INVALID_ARGUMENT,
+                   path, NULL);
+  CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_F32, 1, shape, NULL), INA_ERR_INVALID_ARGUMENT,
+                   path, NULL);
   int64_t negative[1] = {-4};
-  CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_F32, 1, negative, data), INA_ERR_INVALID_ARGUMENT, path, NULL);
+  CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_F32, 1, negative, data), INA_ERR_INVALID_ARGUMENT,
+                   path, NULL);
   CHECK(!io_file_exists(path));
   io_join(path, sizeof path, dir, "no/such/dir/w.npy");
   CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_F32, 1, shape, data), INA_ERR_IO, path, NULL);

@@ -13,22 +13,29 @@ typedef struct {
   size_t nbytes;
 } sample_t;
 
-/* A tensor of random shape (rank 0..5, sometimes with a zero dim) and random bytes. */
-static void make_sample(test_rng_t *rng, sample_t *s, const char *name, ina_dtype_t dtype,
-                        int ndim, int allow_zero) {
+/* A tensor of the given shape filled with random bytes. */
+static void make_sample(test_rng_t *rng, sample_t *s, const char *name, ina_dtype_t dtype, int ndim,
+                        const int64_t *shape) {
   snprintf(s->name, sizeof s->name, "%s", name);
   s->w.name = s->name;
   s->w.dtype = dtype;
   s->w.ndim = ndim;
   size_t numel = 1;
   for (int d = 0; d < ndim; d++) {
-    s->w.shape[d] = allow_zero && test_rng_int(rng, 0, 5) == 0 ? 0 : test_rng_int(rng, 1, ndim >= 4 ? 4 : 9);
-    numel *= (size_t)s->w.shape[d];
+    s->w.shape[d] = shape[d];
+    numel *= (size_t)shape[d];
   }
   s->nbytes = numel * ina_dtype_size(dtype);
   s->bytes = malloc(s->nbytes + 1);
   for (size_t i = 0; i < s->nbytes; i++) s->bytes[i] = (unsigned char)test_rng_next(rng);
   s->w.data = s->nbytes ? s->bytes : NULL; /* an empty tensor may come without data */
+}
+
+/* A random shape of the given rank; with allow_zero, now and then a zero dim. */
+static void random_shape(test_rng_t *rng, int ndim, int allow_zero, int64_t *shape) {
+  for (int d = 0; d < ndim; d++)
+    shape[d] =
+        allow_zero && test_rng_int(rng, 0, 5) == 0 ? 0 : test_rng_int(rng, 1, ndim >= 4 ? 4 : 9);
 }
 
 /* The entry read back matches the sample in name, dtype, shape and every byte. */
@@ -80,24 +87,29 @@ static void check_layout(const char *path, const sample_t *samples, size_t n) {
 }
 
 static void test_every_dtype_and_rank(const char *dir, test_rng_t *rng) {
-  enum { PER = 3 };
-  sample_t samples[INA_DTYPE_COUNT * (INA_MAX_DIMS + 1) * PER];
+  enum { PER = 3, FIXED = 3 };
+  sample_t samples[INA_DTYPE_COUNT * ((INA_MAX_DIMS + 1) * PER + FIXED)];
   size_t n = 0;
-  for (int dt = 0; dt < INA_DTYPE_COUNT; dt++)
-    for (int ndim = 0; ndim <= INA_MAX_DIMS; ndim++)
+  for (int dt = 0; dt < INA_DTYPE_COUNT; dt++) {
+    const char *dname = ina_dtype_name((ina_dtype_t)dt);
+    char name[64];
+    int64_t shape[INA_MAX_DIMS];
+    for (int ndim = 0; ndim <= INA_MAX_DIMS; ndim++) {
       for (int k = 0; k < PER; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "model.layers.%d.%s.r%d", k, ina_dtype_name((ina_dtype_t)dt), ndim);
-        make_sample(rng, &samples[n++], name, (ina_dtype_t)dt, ndim, k == PER - 1);
+        snprintf(name, sizeof name, "model.layers.%d.%s.r%d", k, dname, ndim);
+        random_shape(rng, ndim, k == PER - 1, shape);
+        make_sample(rng, &samples[n++], name, (ina_dtype_t)dt, ndim, shape);
       }
-  /* Fixed edge cases: a zero-size tensor of each kind and a 5-D one with dims of 1. */
-  samples[0].w.ndim = 1;
-  samples[0].w.shape[0] = 0;
-  samples[0].nbytes = 0;
-  samples[0].w.data = NULL;
-  sample_t *five = &samples[INA_MAX_DIMS * PER];
-  for (int d = 0; d < INA_MAX_DIMS; d++) five->w.shape[d] = d == 2 ? 3 : 1;
-  five->nbytes = 3 * ina_dtype_size(five->w.dtype);
+    }
+    /* Fixed edge cases: zero-size tensors and a 5-D one with dims of 1. */
+    static const int64_t empty1[1] = {0}, empty3[3] = {2, 0, 3}, ones5[5] = {1, 1, 3, 1, 1};
+    snprintf(name, sizeof name, "fixed.%s.empty1", dname);
+    make_sample(rng, &samples[n++], name, (ina_dtype_t)dt, 1, empty1);
+    snprintf(name, sizeof name, "fixed.%s.empty3", dname);
+    make_sample(rng, &samples[n++], name, (ina_dtype_t)dt, 3, empty3);
+    snprintf(name, sizeof name, "fixed.%s.ones5", dname);
+    make_sample(rng, &samples[n++], name, (ina_dtype_t)dt, 5, ones5);
+  }
 
   ina_st_write_entry_t w[sizeof samples / sizeof samples[0]];
   for (size_t i = 0; i < n; i++) w[i] = samples[i].w;
@@ -151,9 +163,13 @@ static void test_many_tensors(const char *dir, test_rng_t *rng) {
   ina_st_write_entry_t *w = calloc(N, sizeof *w);
   for (int i = 0; i < N; i++) {
     char name[64];
-    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", i / 256, i % 256);
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", i / 256,
+             i % 256);
+    int64_t shape[2] = {0, 0};
+    int ndim = (int)test_rng_int(rng, 0, 2);
+    random_shape(rng, ndim, 1, shape);
     make_sample(rng, &samples[i], name, (ina_dtype_t)test_rng_int(rng, 0, INA_DTYPE_COUNT - 1),
-                (int)test_rng_int(rng, 0, 2), 1);
+                ndim, shape);
   }
   for (int i = N - 1; i > 0; i--) { /* shuffle */
     int j = (int)test_rng_int(rng, 0, i);
@@ -173,7 +189,8 @@ static void test_many_tensors(const char *dir, test_rng_t *rng) {
   if (st) {
     CHECK(ina_safetensors_count(st) == N);
     int bad = 0;
-    for (int i = 0; i < N; i++) bad += !entry_matches(ina_safetensors_find(st, samples[i].name), &samples[i]);
+    for (int i = 0; i < N; i++)
+      bad += !entry_matches(ina_safetensors_find(st, samples[i].name), &samples[i]);
     CHECKF(bad == 0, "%d of %d tensors not found intact", bad, N);
     CHECK(ina_safetensors_find(st, "model.layers.0.mlp.experts.256.down_proj.weight") == NULL);
     CHECK(ina_safetensors_metadata(st, "format") == NULL);
@@ -187,10 +204,11 @@ static void test_many_tensors(const char *dir, test_rng_t *rng) {
 /* A file as Python's safetensors or another tool may write it: metadata first, entries
  * out of offset order, a header length that is not a multiple of 8. */
 static void test_foreign_layout(const char *dir) {
-  const char *header = "{\"__metadata__\":{\"format\":\"pt\"},"
-                       "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
-                       "\"a\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]},"
-                       "\"e\":{\"dtype\":\"BF16\",\"shape\":[0,4],\"data_offsets\":[16,16]}}";
+  const char *header =
+      "{\"__metadata__\":{\"format\":\"pt\"},"
+      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+      "\"a\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]},"
+      "\"e\":{\"dtype\":\"BF16\",\"shape\":[0,4],\"data_offsets\":[16,16]}}";
   size_t hlen = strlen(header);
   unsigned char buf[512];
   for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
@@ -261,9 +279,11 @@ static void test_writer_rejects(const char *dir) {
     CHECK(!io_file_exists(path) && !io_file_exists(tmp));
   }
   const char *bad_meta[] = {"k", NULL, NULL};
-  CHECK_FAILS_WITH(ina_safetensors_write(path, &good, 1, bad_meta), INA_ERR_INVALID_ARGUMENT, path, "'k'");
+  CHECK_FAILS_WITH(ina_safetensors_write(path, &good, 1, bad_meta), INA_ERR_INVALID_ARGUMENT, path,
+                   "'k'");
   const char *dup_meta[] = {"k", "1", "k", "2", NULL};
-  CHECK_FAILS_WITH(ina_safetensors_write(path, &good, 1, dup_meta), INA_ERR_INVALID_ARGUMENT, path, "'k'");
+  CHECK_FAILS_WITH(ina_safetensors_write(path, &good, 1, dup_meta), INA_ERR_INVALID_ARGUMENT, path,
+                   "'k'");
   CHECK(!io_file_exists(path) && !io_file_exists(tmp));
 
   /* An unwritable place: I/O error naming the file. */

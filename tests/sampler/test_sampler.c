@@ -75,9 +75,9 @@ static void reference_probs(const float *x, int32_t n, const ina_sampling_params
     for (int32_t i = 0; i < n; i++) probs[i] = i == best;
     return;
   }
-  double *z = malloc((size_t)n * sizeof(double));
+  double *z = calloc((size_t)n, sizeof(double));
   unsigned char *removed = calloc((size_t)n, 1);
-  ranked_t *r = malloc((size_t)n * sizeof(ranked_t));
+  ranked_t *r = calloc((size_t)n, sizeof(ranked_t));
   for (int32_t i = 0; i < n; i++) z[i] = (double)x[i] / p->temperature;
   if (p->top_k > 0 && p->top_k < n) { /* scores < topk(scores, k).values[-1] go */
     for (int32_t i = 0; i < n; i++) r[i] = (ranked_t){z[i], i};
@@ -557,6 +557,19 @@ static void test_edge_cases(void) {
   p4.top_p = 0.8f;
   probs_of(&p4, halves, 3, pr);
   CHECK(fabsf(pr[0] - 0.5f) < 1e-6f && fabsf(pr[2] - 0.25f) < 1e-6f);
+
+  /* Four equal tokens: the cumulative sums hit 1 - top_p exactly, and a token whose
+   * sum equals it goes (cumsum <= 1 - top_p), so top_p = j/4 keeps exactly j tokens,
+   * the lowest ids. */
+  const float flat[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+  for (int j = 1; j <= 4; j++) {
+    ina_sampling_params_t quarter = make_params(1.0f, 0, 0.25f * (float)j, 11);
+    probs_of(&quarter, flat, 4, pr);
+    for (int i = 0; i < 4; i++) {
+      CHECKF(pr[i] == (i < j ? 1.0f / (float)j : 0.0f), "top_p %g: token %d prob %g",
+             0.25 * j, i, (double)pr[i]);
+    }
+  }
 
   /* -inf logits are never drawn. */
   const float forbidden[5] = {-INFINITY, 0.0f, -INFINITY, 0.5f, -INFINITY};

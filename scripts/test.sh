@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up, build and run every test: the normal build (CUDA code included where nvcc
+# exists; GPU tests report skipped without a GPU), then the CPU tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+jobs=$(nproc)
+
+"$root/scripts/setup.sh" "$root/build"
+ctest --test-dir "$root/build" --output-on-failure -j"$jobs"
+
+"$root/scripts/setup.sh" "$root/build-asan" -DINA_CUDA=OFF -DINA_SANITIZE=ON
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$root/build-asan" -L cpu --output-on-failure -j"$jobs"

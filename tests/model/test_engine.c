@@ -1,0 +1,246 @@
+/* The CPU engine against itself: the invariances a correct forward pass must have.
+ * Absorbed decode equals expanded attention; page size, batching, chunked prefill and
+ * prefix sharing do not change logits; running out of pages or a bad token id changes
+ * nothing. (Agreement with Hugging Face is test_golden's job.) */
+#include <string.h>
+
+#include "core/log.h"
+#include "../test_util.h"
+#include "model_test_util.h"
+
+static ina_model_t *open_random(const char *name, ina_dtype_t dtype, uint64_t seed) {
+  ina_model_options_t o = INA_MODEL_OPTIONS_INIT;
+  ina_model_t *m = NULL;
+  o.dtype = dtype;
+  o.seed = seed;
+  CHECK_OK(ina_model_open(name, &o, &m));
+  return m;
+}
+
+static void random_prompt(test_rng_t *rng, int32_t vocab, int32_t *p, int32_t n) {
+  for (int32_t i = 0; i < n; i++) p[i] = (int32_t)test_rng_int(rng, 0, vocab - 1);
+}
+
+static void test_absorbed_equals_expanded(ina_model_t *m, test_rng_t *rng) {
+  const int32_t vocab = ina_model_config(m)->vocab_size;
+  int32_t prompt[9];
+  random_prompt(rng, vocab, prompt, 9);
+  ina_engine_t *absorbed = make_engine(m, 16, 4096, 0), *expanded = make_engine(m, 16, 4096, 1);
+  CHECK(absorbed && expanded);
+  float *a = run_greedy(absorbed, prompt, 9, 8, NULL), *b = run_greedy(expanded, prompt, 9, 8, NULL);
+  CHECK(a && b);
+  if (a && b) {
+    double err = test_rel_l2(a, b, (size_t)16 * vocab);
+    CHECKF(err <= 1e-5, "absorbed vs expanded decode: rel l2 %.3g", err);
+  }
+  free(a);
+  free(b);
+  ina_engine_destroy(absorbed);
+  ina_engine_destroy(expanded);
+}
+
+static void test_page_sizes(ina_model_t *m, test_rng_t *rng) {
+  const int32_t vocab = ina_model_config(m)->vocab_size;
+  int32_t prompt[13];
+  random_prompt(rng, vocab, prompt, 13);
+  const int32_t sizes[] = {1, 3, 16, 64};
+  float *ref = NULL;
+  for (int i = 0; i < 4; i++) {
+    ina_engine_t *e = make_engine(m, sizes[i], 4096, 0);
+    CHECK(e != NULL);
+    float *l = e ? run_greedy(e, prompt, 13, 6, NULL) : NULL;
+    CHECK(l != NULL);
+    if (i == 0) {
+      ref = l;
+    } else if (l && ref) {
+      double err = test_rel_l2(l, ref, (size_t)18 * vocab);
+      CHECKF(err <= 1e-6, "page size %d vs 1: rel l2 %.3g", sizes[i], err);
+      free(l);
+    }
+    ina_engine_destroy(e);
+  }
+  free(ref);
+}
+
+/* A ragged batch (prefill of three prompts at once, then batched decode) gives each
+ * sequence the logits it gets alone. */
+static void test_batch_invariance(ina_model_t *m, test_rng_t *rng) {
+  const int32_t vocab = ina_model_config(m)->vocab_size;
+  const int32_t lens[3] = {1, 7, 4}, new_tokens = 5;
+  int32_t prompts[3][7];
+  ina_generate_request_t r[3];
+  float *alone[3];
+  ina_engine_t *e = make_engine(m, 4, 4096, 0);
+  CHECK(e != NULL);
+  if (!e) return;
+  memset(r, 0, sizeof r);
+  for (int i = 0; i < 3; i++) {
+    random_prompt(rng, vocab, prompts[i], lens[i]);
+    alone[i] = run_greedy(e, prompts[i], lens[i], new_tokens, NULL);
+    ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
+    r[i].prompt = prompts[i];
+    r[i].prompt_len = lens[i];
+    r[i].max_new_tokens = new_tokens;
+    r[i].sampling = sp;
+    r[i].ignore_eos = 1;
+    r[i].output = malloc(new_tokens * sizeof(int32_t));
+    r[i].logits = malloc((size_t)(lens[i] + new_tokens) * vocab * sizeof(float));
+  }
+  CHECK_OK(ina_generate(e, r, 3, NULL));
+  for (int i = 0; i < 3; i++) {
+    double err = test_rel_l2(r[i].logits, alone[i], (size_t)(lens[i] + new_tokens - 1) * vocab);
+    CHECKF(err <= 1e-5, "sequence %d in a batch vs alone: rel l2 %.3g", i, err);
+    free(alone[i]);
+    free(r[i].output);
+    free(r[i].logits);
+  }
+  CHECK(ina_page_pool_free_pages(ina_engine_page_pool(e)) == ina_page_pool_num_pages(ina_engine_page_pool(e)));
+  ina_engine_destroy(e);
+}
+
+/* Feeding a prompt in chunks (chunked prefill over the cached prefix) gives the same
+ * logits as one prefill, and so does a forked sequence sharing the prefix's pages. */
+static void test_chunks_and_prefix_sharing(ina_model_t *m, test_rng_t *rng) {
+  const int32_t vocab = ina_model_config(m)->vocab_size, n = 11;
+  int32_t prompt[11];
+  random_prompt(rng, vocab, prompt, n);
+  ina_engine_t *e = make_engine(m, 4, 4096, 0);
+  CHECK(e != NULL);
+  if (!e) return;
+  ina_page_pool_t *pool = ina_engine_page_pool(e);
+  float *whole = malloc((size_t)n * vocab * sizeof(float));
+  float *chunked = malloc((size_t)n * vocab * sizeof(float));
+  ina_kv_seq_t a = INA_KV_SEQ_INIT, b = INA_KV_SEQ_INIT;
+  ina_kv_seq_t *pa = &a, *pb = &b;
+  int32_t qo[2] = {0, n};
+  ina_batch_t batch = {1, &pa, qo, prompt, 1};
+  CHECK_OK(ina_engine_forward(e, &batch, whole));
+  /* chunks of 3, 1, 5, 2 */
+  const int32_t chunks[] = {3, 1, 5, 2};
+  int32_t done = 0;
+  for (int k = 0; k < 4; k++) {
+    int32_t cq[2] = {0, chunks[k]};
+    ina_batch_t cb = {1, &pb, cq, prompt + done, 1};
+    CHECK_OK(ina_engine_forward(e, &cb, chunked + (size_t)done * vocab));
+    done += chunks[k];
+  }
+  double err = test_rel_l2(chunked, whole, (size_t)n * vocab);
+  CHECKF(err <= 1e-5, "chunked prefill vs whole: rel l2 %.3g", err);
+  /* Fork a after 6 tokens (mid page) and recompute the rest on the fork. */
+  ina_kv_seq_t f = INA_KV_SEQ_INIT, *pf = &f;
+  CHECK_OK(ina_kv_seq_fork(pool, &a, 6, &f));
+  int32_t fq[2] = {0, n - 6};
+  ina_batch_t fb = {1, &pf, fq, prompt + 6, 1};
+  float *forked = malloc((size_t)(n - 6) * vocab * sizeof(float));
+  CHECK_OK(ina_engine_forward(e, &fb, forked));
+  err = test_rel_l2(forked, whole + (size_t)6 * vocab, (size_t)(n - 6) * vocab);
+  CHECKF(err <= 1e-5, "forked prefix vs whole: rel l2 %.3g", err);
+  /* and the parent still decodes as before the fork wrote into its copy */
+  int32_t next = prompt[0], dq[2] = {0, 1};
+  float *pa_logits = malloc((size_t)vocab * sizeof(float)), *pb_logits = malloc((size_t)vocab * sizeof(float));
+  ina_batch_t da = {1, &pa, dq, &next, 0}, db = {1, &pb, dq, &next, 0};
+  CHECK_OK(ina_engine_forward(e, &da, pa_logits));
+  CHECK_OK(ina_engine_forward(e, &db, pb_logits));
+  err = test_rel_l2(pa_logits, pb_logits, (size_t)vocab);
+  CHECKF(err <= 1e-5, "parent after fork vs independent sequence: rel l2 %.3g", err);
+  ina_kv_seq_release(pool, &a);
+  ina_kv_seq_release(pool, &b);
+  ina_kv_seq_release(pool, &f);
+  CHECK(ina_page_pool_free_pages(pool) == ina_page_pool_num_pages(pool));
+  free(whole);
+  free(chunked);
+  free(forked);
+  free(pa_logits);
+  free(pb_logits);
+  ina_engine_destroy(e);
+}
+
+static void test_errors_change_nothing(ina_model_t *m) {
+  const int32_t vocab = ina_model_config(m)->vocab_size;
+  ina_engine_t *e = make_engine(m, 4, 16, 0); /* 4 pages */
+  CHECK(e != NULL);
+  if (!e) return;
+  ina_page_pool_t *pool = ina_engine_page_pool(e);
+  ina_kv_seq_t a = INA_KV_SEQ_INIT, b = INA_KV_SEQ_INIT;
+  ina_kv_seq_t *seqs[2] = {&a, &b};
+  int32_t tokens[20];
+  for (int i = 0; i < 20; i++) tokens[i] = i % vocab;
+  float *logits = malloc((size_t)20 * vocab * sizeof(float));
+  int32_t qo_ok[2] = {0, 5};
+  ina_batch_t ok = {1, seqs, qo_ok, tokens, 0};
+  CHECK_OK(ina_engine_forward(e, &ok, logits));
+  const int32_t free_before = ina_page_pool_free_pages(pool);
+  /* a needs 1 more page for 4 tokens, b needs 3 for 12: 4 > 2 free */
+  int32_t qo_big[3] = {0, 4, 16};
+  ina_batch_t big = {2, seqs, qo_big, tokens, 0};
+  ina_log_set_quiet_errors(1);
+  CHECK(ina_engine_forward(e, &big, logits) == INA_ERR_OUT_OF_PAGES);
+  CHECK(a.num_tokens == 5 && b.num_tokens == 0);
+  CHECK(ina_page_pool_free_pages(pool) == free_before);
+  int32_t bad[1] = {vocab};
+  int32_t qo1[2] = {0, 1};
+  ina_batch_t bad_batch = {1, seqs, qo1, bad, 0};
+  CHECK(ina_engine_forward(e, &bad_batch, logits) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(ina_last_error(), "outside the vocabulary") != NULL);
+  CHECK(a.num_tokens == 5);
+  ina_log_set_quiet_errors(0);
+  /* the engine still serves: decode one token on a */
+  ina_batch_t one = {1, seqs, qo1, tokens, 0};
+  CHECK_OK(ina_engine_forward(e, &one, logits));
+  CHECK(a.num_tokens == 6);
+  ina_kv_seq_release(pool, &a);
+  ina_kv_seq_release(pool, &b);
+  free(logits);
+  ina_engine_destroy(e);
+}
+
+/* Random weights depend only on the seed: the in-memory model equals the one written
+ * by `ina model init` and loaded back, for f32, bf16 and fp8 storage. */
+static void test_random_roundtrip(void) {
+  const ina_dtype_t dtypes[] = {INA_DTYPE_F32, INA_DTYPE_BF16, INA_DTYPE_FP8_E4M3};
+  char dir[] = "/tmp/ina_test_engine_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  for (int i = 0; i < 3; i++) {
+    ina_model_t *mem = open_random("random:tiny", dtypes[i], 7);
+    ina_weights_t w;
+    ina_model_config_t cfg;
+    CHECK_OK(ina_model_config_builtin("tiny", &cfg));
+    CHECK_OK(ina_weights_random(&cfg, 7, dtypes[i], NULL, &w));
+    CHECK_OK(ina_weights_save(&w, dir));
+    ina_weights_release(&w);
+    ina_model_t *disk = NULL;
+    CHECK_OK(ina_model_open(dir, NULL, &disk));
+    CHECK(disk && ina_model_config(disk)->fp8_block_scaled == (dtypes[i] == INA_DTYPE_FP8_E4M3));
+    CHECK(ina_model_weight_bytes(disk) == ina_model_weight_bytes(mem));
+    int32_t prompt[5] = {5, 900, 17, 3, 256};
+    ina_engine_t *e1 = make_engine(mem, 16, 1024, 0), *e2 = disk ? make_engine(disk, 16, 1024, 0) : NULL;
+    float *a = e1 ? run_greedy(e1, prompt, 5, 4, NULL) : NULL;
+    float *b = e2 ? run_greedy(e2, prompt, 5, 4, NULL) : NULL;
+    CHECK(a && b);
+    if (a && b) CHECKF(memcmp(a, b, (size_t)8 * 1024 * sizeof(float)) == 0, "dtype %s: logits differ", ina_dtype_name(dtypes[i]));
+    free(a);
+    free(b);
+    ina_engine_destroy(e1);
+    ina_engine_destroy(e2);
+    ina_model_destroy(disk);
+    ina_model_destroy(mem);
+  }
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+}
+
+int main(void) {
+  test_rng_t rng = {test_seed("test_engine")};
+  ina_model_t *tiny = open_random("tiny", INA_DTYPE_F32, 1);
+  if (tiny) {
+    test_absorbed_equals_expanded(tiny, &rng);
+    test_page_sizes(tiny, &rng);
+    test_batch_invariance(tiny, &rng);
+    test_chunks_and_prefix_sharing(tiny, &rng);
+    test_errors_change_nothing(tiny);
+  }
+  ina_model_destroy(tiny);
+  test_random_roundtrip();
+  return test_finish("test_engine");
+}
