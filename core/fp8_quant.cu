@@ -11,9 +11,10 @@
  *                   the block amax, so the input is read once.
  *
  * Bit-exactness with ina_fp8_quantize_blocks: bf16 -> f32 is exact, max is
- * order-independent, the scale and the quotient are IEEE divisions (nvcc's default
- * -prec-div=true, no flush-to-zero), and cvt.rn.satfinite.e4m3x2.f32 rounds to nearest
- * even and clamps to +-448 exactly as the reference does. */
+ * order-independent, the scale is the reference's IEEE division, the quotient follows
+ * core/fp8_quant_rule.h (a reciprocal and one correcting FMA instead of a division per
+ * value, proven to give the reference's byte), and cvt.rn.satfinite.e4m3x2.f32 rounds
+ * to nearest even and clamps to +-448 exactly as the reference does. */
 #define INA_LOG_SUBSYS "fp8"
 #include "core/fp8_quant.h"
 
@@ -21,7 +22,7 @@
 #include <limits.h>
 
 #include "core/cuda_check.h"
-#include "core/dtype.h"
+#include "core/fp8_quant_rule.h"
 
 namespace {
 
@@ -83,29 +84,37 @@ __device__ __forceinline__ float half_warp_amax(float a) {
   return a;
 }
 
-/* The reference's scale rule, including its guard for an amax so small that
- * amax / 448 underflows to zero (unreachable from bf16 inputs, kept for exactness). */
-__device__ __forceinline__ float scale_inv_of(float amax) {
-  float scale = amax / INA_FP8_E4M3_MAX;
-  if (amax == 0.0f) scale = 1.0f;
-  else if (scale == 0.0f) scale = __uint_as_float(1u);
-  return scale;
+/* How one block's values are divided by its scale: fp8_quant_rule.h. */
+struct BlockScale {
+  float scale_inv, recip;
+  int use_reciprocal;
+};
+
+__device__ __forceinline__ BlockScale block_scale(float amax) {
+  BlockScale b;
+  b.scale_inv = ina_fp8_rule_scale_inv(amax);
+  b.recip = ina_fp8_rule_reciprocal(b.scale_inv);
+  b.use_reciprocal = ina_fp8_rule_use_reciprocal(amax);
+  return b;
 }
 
-__device__ __forceinline__ uint32_t quantize_pair(uint32_t w, float scale) {
-  /* Divide, not multiply by a reciprocal: the reference computes x / scale_inv. */
-  float2 f = make_float2(bf16_lo(w) / scale, bf16_hi(w) / scale);
-  return __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+/* kReciprocal is the block's use_reciprocal, hoisted out of the per-value code. */
+template <bool kReciprocal>
+__device__ __forceinline__ uint32_t quantize_pair(uint32_t w, const BlockScale &b) {
+  const float lo = ina_fp8_rule_quotient(bf16_lo(w), b.scale_inv, b.recip, kReciprocal);
+  const float hi = ina_fp8_rule_quotient(bf16_hi(w), b.scale_inv, b.recip, kReciprocal);
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 
 /* Quantizes and stores columns [c, c + 8) of `row`; kVector as for load_lane, plus q's
  * row start 8-byte aligned. */
-template <bool kVector>
-__device__ __forceinline__ void store_lane(uint8_t *__restrict__ row, int64_t c, int64_t cols,
-                                           const Lane8 &v, float scale) {
+template <bool kVector, bool kReciprocal>
+__device__ __forceinline__ void store_lane_with(uint8_t *__restrict__ row, int64_t c,
+                                                int64_t cols, const Lane8 &v,
+                                                const BlockScale &scale) {
   uint32_t p[4];
 #pragma unroll
-  for (int i = 0; i < 4; i++) p[i] = quantize_pair(v.w[i], scale);
+  for (int i = 0; i < 4; i++) p[i] = quantize_pair<kReciprocal>(v.w[i], scale);
   if (kVector) {
     if (c < cols)
       *reinterpret_cast<uint2 *>(row + c) = make_uint2(p[0] | (p[1] << 16), p[2] | (p[3] << 16));
@@ -116,6 +125,13 @@ __device__ __forceinline__ void store_lane(uint8_t *__restrict__ row, int64_t c,
       if (c + 2 * i + 1 < cols) row[c + 2 * i + 1] = (uint8_t)(p[i] >> 8);
     }
   }
+}
+
+template <bool kVector>
+__device__ __forceinline__ void store_lane(uint8_t *__restrict__ row, int64_t c, int64_t cols,
+                                           const Lane8 &v, const BlockScale &scale) {
+  if (scale.use_reciprocal) store_lane_with<kVector, true>(row, c, cols, v, scale);
+  else store_lane_with<kVector, false>(row, c, cols, v, scale);
 }
 
 /* 1x128 blocks. Block b (row b / nbc, block column b % nbc) is also the index of its
@@ -138,17 +154,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int u = 0; u < kUnits; u++) {
-    const float scale = scale_inv_of(half_warp_amax(lane_amax(v[u])));
+    const BlockScale scale = block_scale(half_warp_amax(lane_amax(v[u])));
     if (block[u] < nblocks) {
       store_lane<kVector>(q + row[u] * cols, col[u], cols, v[u], scale);
-      if (lane == 0) scale_inv[block[u]] = scale;
+      if (lane == 0) scale_inv[block[u]] = scale.scale_inv;
     }
   }
 }
 
-/* 128x128 blocks: CTA blockIdx.x quantizes block (blockIdx.x / nbc, blockIdx.x % nbc). */
+/* 128x128 blocks: CTA blockIdx.x quantizes block (blockIdx.x / nbc, blockIdx.x % nbc).
+ * Three CTAs per SM (the register cap) keep 96 KiB of loads in flight per SM. */
 template <bool kVector>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)
     quantize_128x128_kernel(const uint16_t *__restrict__ x, int64_t rows, int64_t cols,
                             int64_t nbc, uint8_t *__restrict__ q, float *__restrict__ scale_inv) {
   __shared__ float warp_amax[kThreads / 32];
@@ -172,8 +189,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < kThreads / 32; w++) amax = fmaxf(amax, warp_amax[w]);
-  const float scale = scale_inv_of(amax);
-  if (threadIdx.x == 0) scale_inv[blockIdx.x] = scale;
+  const BlockScale scale = block_scale(amax);
+  if (threadIdx.x == 0) scale_inv[blockIdx.x] = scale.scale_inv;
 #pragma unroll
   for (int p = 0; p < kPasses128; p++) {
     const int64_t r = block_row * 128 + p * kSegmentsPerPass + segment;

@@ -21,6 +21,8 @@
 #include <float.h>
 #include <math.h>
 
+#include "core/dtype.h"
+
 #ifdef __CUDACC__
 #define INA_FP8_RULE_FN static inline __host__ __device__
 #else
@@ -45,10 +47,15 @@
 /* scale_inv of a block with this amax, exactly as the reference: amax / 448, 1 for an
  * all-zero block, the smallest subnormal if amax / 448 underflows to zero. */
 INA_FP8_RULE_FN float ina_fp8_rule_scale_inv(float amax) {
-  float scale_inv = INA_FP8_RULE_DIV(amax, 448.0f);
+  float scale_inv = INA_FP8_RULE_DIV(amax, INA_FP8_E4M3_MAX);
   if (amax == 0.0f) scale_inv = 1.0f;
   else if (scale_inv == 0.0f) scale_inv = 0x1p-149f;
   return scale_inv;
+}
+
+/* The correctly rounded reciprocal the quotient below expects. */
+INA_FP8_RULE_FN float ina_fp8_rule_reciprocal(float scale_inv) {
+  return INA_FP8_RULE_DIV(1.0f, scale_inv);
 }
 
 /* Whether a block with this amax may use the reciprocal path. */

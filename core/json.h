@@ -1,10 +1,9 @@
 /* Small typed accessors over jansson for reading configuration files, with errors that
  * name the file and the key. `where` is a label for messages (usually the file path).
  *
- * The getters return INA_ERR_NOT_FOUND when the key is absent (no error message is
- * recorded for the *_opt variants, which then leave *out at the given default) and
- * INA_ERR_FORMAT when the value has the wrong type. JSON null counts as absent for the
- * *_opt variants.
+ * The plain getters return INA_ERR_NOT_FOUND (with a message) when the key is absent.
+ * The *_opt getters return INA_OK with *out set to the default when the key is absent or
+ * JSON null. A value of the wrong type is INA_ERR_FORMAT for both.
  * Thread safety: as jansson (read-only access to a json_t is thread-safe). */
 #ifndef INA_CORE_JSON_H
 #define INA_CORE_JSON_H

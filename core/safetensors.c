@@ -424,6 +424,9 @@ static ina_status_t build_header(const char *path, const ina_st_write_entry_t *e
     INA_CHECK(check_write_entry(path, e, &nbytes));
     INA_REQUIRE(json_object_get(root, e->name) == NULL, INA_ERR_INVALID_ARGUMENT,
                 "file %s: tensor '" NAME_FMT "' given twice", path, e->name);
+    INA_REQUIRE(nbytes <= (uint64_t)INT64_MAX - offset, INA_ERR_INVALID_ARGUMENT,
+                "file %s: tensor '" NAME_FMT "': the data section would exceed 2^63 bytes", path,
+                e->name);
     json_t *desc =
         json_pack("{s:s, s:[], s:[I, I]}", "dtype", ina_dtype_safetensors_name(e->dtype), "shape",
                   "data_offsets", (json_int_t)offset, (json_int_t)(offset + nbytes));

@@ -183,6 +183,15 @@ ina_status_t ina_model_config_load(const char *path, ina_model_config_t *c) {
   INA_CHECK(get_i32(root, "intermediate_size", path, &c->intermediate_size));
   INA_CHECK(get_i32(root, "num_hidden_layers", path, &c->num_layers));
   INA_CHECK(get_i32(root, "num_attention_heads", path, &c->num_heads));
+  {
+    /* MLA has one latent per token, shared by all heads: a separate KV head count
+     * means nothing here and transformers breaks on any value but the head count. */
+    int32_t kv_heads;
+    INA_CHECK(get_i32_opt(root, "num_key_value_heads", path, c->num_heads, &kv_heads));
+    INA_REQUIRE(kv_heads == c->num_heads, INA_ERR_UNSUPPORTED,
+                "%s: num_key_value_heads (%d) must equal num_attention_heads (%d) for MLA", path,
+                kv_heads, c->num_heads);
+  }
   INA_CHECK(get_i32_opt(root, "q_lora_rank", path, 0, &c->q_lora_rank));
   INA_CHECK(get_i32(root, "kv_lora_rank", path, &c->kv_lora_rank));
   INA_CHECK(get_i32(root, "qk_nope_head_dim", path, &c->qk_nope_head_dim));

@@ -200,7 +200,11 @@ def init_std(name, shape, cfg):
 
 @torch.no_grad()
 def init_weights(model, seed):
-    """Fills every parameter and buffer of the HF model from a numpy RNG (torch-version independent)."""
+    """Fills every parameter and the correction bias from a seeded numpy RNG.
+
+    The draws follow the sorted in-memory tensor names and shapes, so they are
+    reproducible for a given transformers version (torch's RNG is not used).
+    """
     cfg = model.config
     rng = np.random.default_rng(seed)
     tensors = dict(model.named_parameters())
@@ -223,11 +227,10 @@ def init_weights(model, seed):
 
 
 def round_to_bf16(model):
-    """Rounds every floating tensor except e_score_correction_bias to bf16 (kept f32, as in the release)."""
+    """Rounds every weight to bf16 values; e_score_correction_bias (a buffer) stays f32, as in the release."""
     with torch.no_grad():
-        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-            if tensor.is_floating_point() and not name.endswith("e_score_correction_bias"):
-                tensor.copy_(tensor.to(torch.bfloat16).float())
+        for tensor in model.parameters():
+            tensor.copy_(tensor.to(torch.bfloat16).float())
 
 
 # ----------------------------------------------------------------------------

@@ -134,6 +134,7 @@ static void test_errors(void) {
   expect_override_error("quantization_config", "{\"quant_method\": \"gptq\"}", INA_ERR_UNSUPPORTED, "gptq");
   expect_override_error("quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [128]}",
                INA_ERR_FORMAT, "weight_block_size");
+  expect_override_error("num_key_value_heads", "1", INA_ERR_UNSUPPORTED, "num_key_value_heads");
   expect_override_error("num_experts_per_tok", "9", INA_ERR_FORMAT, "num_experts_per_tok");
   ina_model_config_t c;
   CHECK(ina_model_config_load("/nonexistent/config.json", &c) != INA_OK);
