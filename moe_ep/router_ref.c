@@ -122,9 +122,9 @@ static void softmax_f32(const float *x, int32_t n, float *out) {
 static void mask_dropped_groups(const ina_router_config_t *c, const float *group_score,
                                 int32_t *group_rank, unsigned char *group_kept,
                                 float *choice, float fill) {
-  int32_t group_size = c->num_experts / c->n_group;
+  const int32_t group_size = c->num_experts / c->n_group;
   top_k_desc(group_score, c->n_group, c->topk_group, group_rank);
-  memset(group_kept, 0, (size_t)c->n_group);
+  for (int32_t g = 0; g < c->n_group; g++) group_kept[g] = 0;
   for (int32_t j = 0; j < c->topk_group; j++) group_kept[group_rank[j]] = 1;
   for (int32_t g = 0; g < c->n_group; g++) {
     if (group_kept[g]) continue;
@@ -176,7 +176,7 @@ static void route_softmax(const ina_router_config_t *c, const float *logits,
     const int32_t group_size = n / c->n_group;
     for (int32_t g = 0; g < c->n_group; g++) {
       const float *grp = w->scores + (size_t)g * group_size;
-      int32_t best;
+      int32_t best = 0;
       top_k_desc(grp, group_size, 1, &best);
       w->group_score[g] = grp[best];
     }

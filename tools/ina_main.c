@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/log.h"
 #include "tools/cli.h"
 
 static void usage(FILE *f) {
@@ -20,6 +21,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  /* Commands print the library's last error themselves, once, with their context. */
+  ina_log_set_quiet_errors(1);
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
       strcmp(argv[1], "help") == 0) {
     usage(argc < 2 ? stderr : stdout);

@@ -1,0 +1,668 @@
+#!/usr/bin/env python3
+"""Property test: any small DeepSeek-V2/V3 checkpoint saved by transformers runs in ina like in HF.
+
+    python3 tests/golden/check_random_configs.py --ina build/tools/ina --count 30 --seed 1 [--keep DIR]
+
+Each trial draws a random configuration inside the features ina supports
+(V2 or V3; q LoRA or not; odd head counts; 1-4 layers with any mix of dense
+and MoE layers, or none MoE; 2-16 routed experts in groups, 0-2 shared
+experts; V2 greedy or group_limited_greedy; default or YaRN rope with or
+without mscale / mscale_all_dim / beta / truncate / attention_factor keys;
+V3 interleaved or half-split rope; tied embeddings; attention biases; any
+rms_norm_eps, rope_theta, routed_scaling_factor, norm_topk_prob), builds it
+with the transformers classes, fills it with seeded random weights of random
+scale, and saves it with save_pretrained in float32 or bfloat16. The reference
+is hf_logits.py's: HF in float32 (on the stored bf16 values for bf16
+checkpoints), one forward over prompt + generated[:-1] for 1-3 random prompts
+of 1-12 tokens and 4 greedy tokens that never stop at EOS. ina runs the same
+directory with --ignore-eos --dump-logits; a trial passes when every prompt's
+relative L2 error is within the bound (1e-4 for float32 weights, 2e-2 for
+bf16) and the greedy tokens are identical.
+
+A near tie in the HF run (top-2 logit gap below 1e-3 at a generated token, or
+a gap below 1e-4 between the last chosen and the first rejected expert or
+group at any routing decision, recorded by hooks on the routers) would let a
+correct engine pick another token or expert, so such a prompt is redrawn, and
+after too many redraws the weights are. Configurations and weights come from
+numpy generators seeded with (seed, trial[, attempt]), so `--seed S --trial T`
+repeats one trial exactly.
+
+Prints one line per trial and a final `N passed, M failed`; exits 1 on any
+failure. A failing trial's checkpoint, HF reference (hf_P.npy, hf.json) and
+ina output stay on disk, with the commands that reproduce the comparison.
+"""
+
+import argparse
+import copy
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import warnings  # noqa: E402
+
+warnings.filterwarnings("ignore")  # transformers/torch chatter (zero-element tensors, rope factor notes)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_logits  # noqa: E402
+
+MAX_NEW_TOKENS = 4
+ARGMAX_MARGIN = 1e-3   # smallest top1 - top2 HF logit gap where a greedy token is chosen
+ROUTING_MARGIN = 1e-4  # smallest gap between the last chosen and first rejected expert / group
+PROMPT_DRAWS = 8       # redraws of one prompt before the weights are redrawn
+WEIGHT_DRAWS = 6       # redraws of the weights before a trial is given up as untestable
+RELOAD_TOLERANCE = 1e-6
+FAIL_ROOT = "/tmp/ina_random_configs"
+
+# ----------------------------------------------------------------------------
+# configurations
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _loguniform(rng, low, high):
+    return float(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+
+def sample_rope(rng, max_position):
+    theta = float(rng.choice([10000.0, _loguniform(rng, 100.0, 1e6)]))
+    if rng.random() < 0.4:
+        return {"rope_type": "default", "rope_theta": theta}
+    rope = {"rope_type": "yarn", "rope_theta": theta}
+    # factor is required by HF's yarn; 1.0 (no scaling, mscale terms vanish) is an edge case.
+    rope["factor"] = 1.0 if rng.random() < 0.12 else round(float(rng.uniform(1.0, 40.0)), 3)
+    if rng.random() < 0.75:  # absent: HF falls back to max_position_embeddings
+        rope["original_max_position_embeddings"] = int(rng.integers(4, 4097))
+    mscale_choices = [0.707, 1.0, round(float(rng.uniform(0.1, 2.0)), 4), 0.0]
+    presence = rng.choice(["none", "mscale", "all_dim", "equal", "different"],
+                          p=[0.25, 0.1, 0.15, 0.2, 0.3])
+    if presence in ("mscale", "equal", "different"):
+        rope["mscale"] = float(rng.choice(mscale_choices, p=[0.3, 0.3, 0.35, 0.05]))
+    if presence == "all_dim":
+        rope["mscale_all_dim"] = float(rng.choice(mscale_choices, p=[0.3, 0.3, 0.35, 0.05]))
+    elif presence == "equal":
+        rope["mscale_all_dim"] = rope["mscale"]
+    elif presence == "different":
+        rope["mscale_all_dim"] = round(float(rng.uniform(0.1, 2.0)), 4)
+    if rng.random() < 0.25:
+        rope["beta_fast"] = float(rng.choice([32.0, round(float(rng.uniform(4.0, 64.0)), 2)]))
+        rope["beta_slow"] = float(rng.choice([1.0, round(float(rng.uniform(0.25, 3.0)), 2)]))
+    if rng.random() < 0.2:
+        rope["truncate"] = bool(rng.random() < 0.5)
+    if rng.random() < 0.1:
+        rope["attention_factor"] = round(float(rng.uniform(0.5, 2.0)), 4)
+    return rope
+
+
+def sample_routing(rng, v3, experts):
+    """num_experts_per_tok, n_group, topk_group (and V2's topk_method) that HF and ina accept."""
+    out = {}
+    if v3:
+        groups = [g for g in _divisors(experts) if experts // g >= 2]  # V3 sums the top 2 per group
+        method = "noaux_tc"
+    else:
+        method = str(rng.choice(["greedy", "group_limited_greedy"]))
+        groups = _divisors(experts)
+        out["topk_method"] = method
+    if method == "greedy":
+        out["num_experts_per_tok"] = int(rng.integers(1, experts + 1))
+        if rng.random() < 0.5:  # unused by greedy; present in some releases
+            g = int(rng.choice(groups))
+            out.update(n_group=g, topk_group=int(rng.integers(1, g + 1)))
+        return out
+    g = int(rng.choice(groups))
+    kept = int(rng.integers(1, g + 1))
+    out.update(n_group=g, topk_group=kept,
+               num_experts_per_tok=int(rng.integers(1, kept * (experts // g) + 1)))
+    return out
+
+
+def sample_config(rng):
+    """Returns (model_type, config kwargs, storage options, ina options)."""
+    v3 = bool(rng.random() < 0.5)
+    heads = int(rng.integers(1, 8))
+    if v3:
+        hidden = int(rng.integers(16, 97))
+    else:  # V2's config insists on hidden_size % num_attention_heads == 0
+        hidden = heads * int(rng.integers(max(1, math.ceil(16 / heads)), 96 // heads + 1))
+    layers = int(rng.integers(1, 5))
+    max_position = int(rng.choice([64, 512, 4096, int(rng.integers(16, 8193))]))
+    cfg = dict(
+        vocab_size=int(rng.integers(32, 301)),
+        hidden_size=hidden,
+        intermediate_size=int(rng.integers(16, 129)),
+        moe_intermediate_size=int(rng.integers(8, 49)),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        q_lora_rank=None if rng.random() < 0.4 else int(rng.integers(8, 65)),
+        kv_lora_rank=int(rng.integers(8, 65)),
+        qk_nope_head_dim=int(rng.integers(4, 33)),
+        qk_rope_head_dim=2 * int(rng.integers(1, 9)),
+        v_head_dim=int(rng.integers(4, 33)),
+        n_shared_experts=int(rng.integers(0, 3)),
+        norm_topk_prob=bool(rng.random() < 0.5),
+        routed_scaling_factor=float(rng.choice([1.0, 2.5, round(float(rng.uniform(0.25, 16.0)), 3)])),
+        tie_word_embeddings=bool(rng.random() < 0.35),
+        rms_norm_eps=float(rng.choice([1e-6, 1e-5, _loguniform(rng, 1e-8, 1e-2)])),
+        attention_bias=bool(rng.random() < 0.25),
+        max_position_embeddings=max_position,
+        rope_parameters=sample_rope(rng, max_position),
+    )
+    if v3:
+        cfg["rope_interleave"] = bool(rng.random() < 0.5)
+    else:
+        # HF's V2 rope goes through torch.view_as_complex on slices of the q and kv_a
+        # projections, which fails unless qk_nope + qk_rope and kv_lora_rank + qk_rope are even.
+        cfg["qk_nope_head_dim"] += cfg["qk_nope_head_dim"] % 2
+        cfg["kv_lora_rank"] += cfg["kv_lora_rank"] % 2
+    moe = rng.choice(["moe", "dense_first_k", "no_experts"], p=[0.82, 0.09, 0.09])
+    if moe == "no_experts":
+        # HF cannot build a MoE layer without experts, so every layer is dense.
+        cfg.update(n_routed_experts=0, first_k_dense_replace=layers)
+    else:
+        experts = int(rng.integers(2, 17))
+        cfg["n_routed_experts"] = experts
+        # "moe" keeps at least one MoE layer; "dense_first_k" configures experts but uses none
+        cfg["first_k_dense_replace"] = layers if moe == "dense_first_k" else int(rng.integers(0, layers))
+        cfg.update(sample_routing(rng, v3, experts))
+    storage = {
+        "dtype": str(rng.choice(["f32", "bf16"])),
+        # the DeepSeek releases keep the correction bias in float32 inside bf16 checkpoints
+        "bias_f32": bool(rng.random() < 0.5),
+    }
+    # how ina runs it: KV pages of 1-7 tokens make prompts span pages; several threads split the work
+    engine = {"page_size": int(rng.choice([16, 16, 1, 3, 7])), "threads": int(rng.integers(1, 4))}
+    return ("deepseek_v3" if v3 else "deepseek_v2"), cfg, storage, engine
+
+
+def describe(model_type, cfg, storage):
+    """One short line: the features a failure would point at."""
+    parts = [("v3" if model_type == "deepseek_v3" else "v2") + " " + storage["dtype"]
+             + ("" if storage["dtype"] == "f32" else "(bias f32)" if storage["bias_f32"] else "(bias bf16)")]
+    parts.append(f"L{cfg['num_hidden_layers']} D{cfg['hidden_size']} H{cfg['num_attention_heads']} "
+                 f"q{cfg['q_lora_rank'] or '-'} kv{cfg['kv_lora_rank']} "
+                 f"n{cfg['qk_nope_head_dim']}/r{cfg['qk_rope_head_dim']}/v{cfg['v_head_dim']} "
+                 f"I{cfg['intermediate_size']} V{cfg['vocab_size']}")
+    E = cfg["n_routed_experts"]
+    if E == 0 or cfg["first_k_dense_replace"] >= cfg["num_hidden_layers"]:
+        parts.append("dense")
+    else:
+        method = cfg.get("topk_method", "noaux_tc")
+        groups = f" G{cfg.get('n_group')}/{cfg.get('topk_group')}" if method != "greedy" else ""
+        parts.append(f"E{E} k{cfg['num_experts_per_tok']}{groups} {method} S{cfg['n_shared_experts']} "
+                     f"Im{cfg['moe_intermediate_size']} fk{cfg['first_k_dense_replace']} "
+                     f"norm{int(cfg['norm_topk_prob'])} rsf{cfg['routed_scaling_factor']:g}")
+    rope = cfg["rope_parameters"]
+    text = f"{rope['rope_type']} th{rope['rope_theta']:.4g}"
+    if rope["rope_type"] == "yarn":
+        text += f" f{rope['factor']:g} o{rope.get('original_max_position_embeddings', '-')}"
+        text += f" m{rope.get('mscale', '-')}/{rope.get('mscale_all_dim', '-')}"
+        for key, short in (("beta_fast", "bf"), ("beta_slow", "bs"), ("truncate", "tr"), ("attention_factor", "af")):
+            if key in rope:
+                text += f" {short}{rope[key]}"
+    if model_type == "deepseek_v3":
+        text += " il" if cfg["rope_interleave"] else " half"
+    parts.append(text)
+    flags = [f"eps{cfg['rms_norm_eps']:.1e}"]
+    if cfg["tie_word_embeddings"]:
+        flags.append("tied")
+    if cfg["attention_bias"]:
+        flags.append("attn_bias")
+    if cfg.get("mlp_bias"):
+        flags.append("mlp_bias")
+    parts.append(" ".join(flags))
+    return " | ".join(parts)
+
+
+# ----------------------------------------------------------------------------
+# model and weights
+
+
+def build_model(model_type, cfg):
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    classes = {"deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
+               "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}
+    config_cls, model_cls = classes[model_type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = model_cls(config_cls(**copy.deepcopy(cfg))).float().eval()
+    use_eager_experts(model)
+    return model
+
+
+def use_eager_experts(model):
+    """The per-expert loop of the modeling file instead of the default torch grouped_mm,
+    which on the CPU rejects weights whose rows are not a multiple of 16 bytes (hidden 65, ...)."""
+    model.set_experts_implementation("eager")
+
+
+def sample_scales(rng):
+    """Per-trial init scales: unit-scale activations with random gain, some pathways made small."""
+    return {
+        "gain": float(rng.uniform(0.6, 1.6)),
+        # small embeddings / latent down-projections make rms_norm_eps (and the fixed 1e-6 of
+        # the latent norms) visible; unit ones exercise the usual regime
+        "embed": float(rng.choice([0.03, 0.3, 1.0])),
+        "latent": float(rng.choice([math.sqrt(1e-3), 1.0])),
+        "router": float(rng.uniform(1.0, 3.0)),
+        "head": float(rng.uniform(1.0, 3.0)),
+        "norm_spread": float(rng.uniform(0.05, 0.3)),
+        "score_bias": float(rng.uniform(0.01, 0.1)),
+        "linear_bias": float(rng.uniform(0.05, 0.5)),
+    }
+
+
+def init_std(name, fan_in, tied, scales):
+    if name.endswith("embed_tokens.weight"):
+        # tied embeddings are also the LM head, which needs the head's scale
+        return scales["head"] / math.sqrt(fan_in) if tied else scales["embed"]
+    if name.endswith("q_a_proj.weight") or name.endswith("kv_a_proj_with_mqa.weight"):
+        return scales["latent"] / math.sqrt(fan_in)
+    if name.endswith("mlp.gate.weight"):
+        return scales["router"] / math.sqrt(fan_in)
+    if name.endswith("lm_head.weight"):
+        return scales["head"] / math.sqrt(fan_in)
+    return scales["gain"] / math.sqrt(fan_in)
+
+
+@torch.no_grad()
+def init_weights(model, rng, scales):
+    """Fills every parameter (and the V3 correction bias buffer) from a numpy generator."""
+    cfg = model.config
+    tensors = dict(model.named_parameters())
+    tensors.update({n: b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")})
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        shape = tuple(tensor.shape)
+        if tensor.numel() == 0:  # n_shared_experts = 0 gives [0, D] shared-expert weights
+            continue
+        if name.endswith("e_score_correction_bias"):
+            values = rng.normal(0.0, scales["score_bias"], shape)
+        elif name.endswith(".bias"):
+            values = rng.normal(0.0, scales["linear_bias"], shape)
+        elif tensor.dim() == 1:  # RMSNorm weights
+            values = rng.normal(1.0, scales["norm_spread"], shape)
+        elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            values = rng.normal(0.0, scales["gain"] / math.sqrt(shape[-1]), shape)  # fused [E, out, in]
+        else:
+            values = rng.normal(0.0, init_std(name, shape[-1], cfg.tie_word_embeddings, scales), shape)
+        if name.endswith("kv_a_proj_with_mqa.weight"):
+            # the last qk_rope_head_dim rows make k_pe, which no norm rescales: keep them unit scale
+            rope_rows = cfg.qk_rope_head_dim
+            values[-rope_rows:] = rng.normal(0.0, scales["gain"] / math.sqrt(shape[-1]), (rope_rows, shape[-1]))
+        tensor.copy_(torch.from_numpy(values.astype(np.float32)))
+
+
+@torch.no_grad()
+def round_to_bf16(model, keep_bias_f32):
+    # Weights only: the rope inv_freq buffers are recomputed in float32 on every load.
+    weights = list(model.named_parameters())
+    weights += [(n, b) for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
+    for name, tensor in weights:
+        if keep_bias_f32 and name.endswith("e_score_correction_bias"):
+            continue
+        tensor.copy_(tensor.to(torch.bfloat16).float())
+
+
+def save_checkpoint(model, out_dir, storage):
+    """save_pretrained in float32, or in bfloat16 (optionally keeping the correction bias float32)."""
+    to_save = model
+    if storage["dtype"] == "bf16":
+        to_save = copy.deepcopy(model).to(torch.bfloat16)
+        if storage["bias_f32"]:
+            for module in to_save.modules():
+                if hasattr(module, "e_score_correction_bias"):
+                    module.e_score_correction_bias = module.e_score_correction_bias.float()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        to_save.save_pretrained(out_dir, safe_serialization=True)
+
+
+# ----------------------------------------------------------------------------
+# the HF reference and its margins
+
+
+def _gap(sorted_desc, k):
+    """Per-row gap between choice k-1 and the first rejected one (inf where nothing is rejected)."""
+    if k >= sorted_desc.shape[-1]:
+        return torch.full(sorted_desc.shape[:-1], math.inf, dtype=torch.float64)
+    last, first_out = sorted_desc[..., k - 1].double(), sorted_desc[..., k].double()
+    gap = last - first_out
+    return torch.where(torch.isfinite(first_out), gap, torch.full_like(gap, math.inf))
+
+
+def router_margin(router, logits):
+    """Smallest decision gap of one router call, recomputed the way the router decides (float32)."""
+    logits = logits.float()
+    E, k = logits.shape[-1], router.top_k
+    margins = []
+    if hasattr(router, "e_score_correction_bias"):  # V3: sigmoid + bias, groups by top-2 sum
+        scores = logits.sigmoid() + router.e_score_correction_bias
+        G, Gk = router.num_group, router.topk_group
+        grouped = scores.view(-1, G, E // G)
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+        margins.append(_gap(group_scores.sort(dim=-1, descending=True)[0], Gk))
+        kept = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(Gk, dim=-1)[1], 1.0)
+        mask = kept.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E).bool()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    else:  # V2: softmax, optionally groups by max with the rest masked to 0
+        scores = logits.softmax(dim=-1, dtype=torch.float32)
+        if router.topk_method == "group_limited_greedy":
+            G, Gk = router.num_group, router.topk_group
+            group_scores = scores.view(-1, G, E // G).max(dim=-1).values
+            margins.append(_gap(group_scores.sort(dim=-1, descending=True)[0], Gk))
+            kept = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(Gk, dim=-1)[1], 1.0)
+            mask = kept.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E).bool()
+            scores = scores.masked_fill(~mask, 0.0)
+    margins.append(_gap(scores.sort(dim=-1, descending=True)[0], k))
+    return min(float(m.min()) for m in margins)
+
+
+class RouterMonitor:
+    """Forward hooks on every router: the smallest decision gap seen since the last reset."""
+
+    def __init__(self, model):
+        self.smallest = math.inf
+        self.handles = []
+        for module in model.modules():
+            if type(module).__name__.endswith("TopkRouter"):
+                self.handles.append(module.register_forward_hook(self._record))
+
+    def _record(self, module, inputs, output):
+        self.smallest = min(self.smallest, router_margin(module, output[0]))
+
+    def reset(self):
+        self.smallest = math.inf
+
+    def close(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def argmax_margin(logits, prompt_len):
+    decided = np.sort(logits[prompt_len - 1:].astype(np.float64), axis=-1)
+    return float(np.min(decided[:, -1] - decided[:, -2]))
+
+
+def rel_l2(a, b):
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    norm = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / norm) if norm > 0 else float(np.linalg.norm(a))
+
+
+# ----------------------------------------------------------------------------
+# ina
+
+
+def run_ina(ina, model_dir, prompts, out_prefix, engine):
+    """Runs `ina generate`; returns (command, [logits per prompt] or None, [tokens per prompt] or None, text)."""
+    dump = out_prefix + ".npy"
+    cmd = [ina, "generate", "--model", model_dir]
+    for prompt in prompts:
+        cmd += ["--prompt-ids", ",".join(map(str, prompt))]
+    cmd += ["--max-new-tokens", str(MAX_NEW_TOKENS), "--ignore-eos", "--dump-logits", dump,
+            "--page-size", str(engine["page_size"]), "--threads", str(engine["threads"])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    text = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        return cmd, None, None, text
+    tokens = {}
+    for match in re.finditer(r"^prompt (\d+):([\d,\s]*)$", proc.stdout, re.MULTILINE):
+        tokens[int(match.group(1))] = [int(t) for t in match.group(2).replace(" ", "").split(",") if t]
+    paths = [dump] if len(prompts) == 1 else [f"{out_prefix}_{p}.npy" for p in range(len(prompts))]
+    logits = [np.load(path) if os.path.exists(path) else None for path in paths]
+    return cmd, logits, [tokens.get(p) for p in range(len(prompts))], text
+
+
+# ----------------------------------------------------------------------------
+# one trial
+
+
+class Trial:
+    def __init__(self, seed, index):
+        self.seed, self.index = seed, index
+        rng = np.random.default_rng([seed, index])
+        self.model_type, self.cfg, self.storage, self.engine = sample_config(rng)
+        self.num_prompts = int(rng.integers(1, 4))
+        self.prompt_lengths = [int(rng.integers(1, 13)) for _ in range(self.num_prompts)]
+
+
+def draw_prompt(trial, attempt, p, draw):
+    rng = np.random.default_rng([trial.seed, trial.index, attempt, p, draw, 7])
+    return rng.integers(0, trial.cfg["vocab_size"], size=trial.prompt_lengths[p]).tolist()
+
+
+def hf_reference(trial, model, model_dir, attempt):
+    """Saved checkpoint -> (prompts, logits, tokens, margins) free of near ties, or None."""
+    reference = hf_logits.load_model(model_dir)
+    use_eager_experts(reference)
+    # The reload must reproduce the in-memory model: a key HF failed to load would be
+    # randomly initialized and make ina look wrong.
+    probe = torch.tensor([draw_prompt(trial, attempt, 0, 0)])
+    with torch.no_grad():
+        want = model(probe).logits[0].numpy()
+        got = reference(probe).logits[0].numpy()
+    if rel_l2(got, want) > RELOAD_TOLERANCE:
+        raise RuntimeError(f"HF reload of {model_dir} differs from the saved model: rel_l2 {rel_l2(got, want):.2e}")
+    monitor = RouterMonitor(reference)
+    prompts, logits, tokens, margins = [], [], [], []
+    try:
+        for p in range(trial.num_prompts):
+            for draw in range(PROMPT_DRAWS):
+                prompt = draw_prompt(trial, attempt, p, draw)
+                monitor.reset()
+                try:
+                    out, generated, _ = hf_logits.run_prompt(reference, prompt, MAX_NEW_TOKENS)
+                except RuntimeError:  # generated token not the argmax of its row: an exact tie
+                    continue
+                margin = (argmax_margin(out, len(prompt)), monitor.smallest)
+                if margin[0] >= ARGMAX_MARGIN and margin[1] >= ROUTING_MARGIN:
+                    break
+            else:
+                return None
+            prompts.append(prompt)
+            logits.append(out)
+            tokens.append(generated)
+            margins.append(margin)
+    finally:
+        monitor.close()
+    return prompts, logits, tokens, margins
+
+
+def numpy_diagnosis(model_dir, prompts, hf_out, ina_out):
+    """Where the plain-numpy forward of HF_SEMANTICS.md sits between HF and ina (no biases there)."""
+    import numpy_reference
+
+    lines = []
+    checkpoint = numpy_reference.load_checkpoint(model_dir)
+    for p, (prompt, ref, ours) in enumerate(zip(prompts, hf_out, ina_out)):
+        seq = prompt + [int(t) for t in ref[len(prompt) - 1:].argmax(-1)[:-1]]
+        logits, _ = numpy_reference.forward(model_dir, seq, checkpoint)
+        line = f"    numpy_reference prompt {p}: vs HF {rel_l2(logits, ref):.2e}"
+        if ours is not None and ours.shape == ref.shape:
+            line += f", vs ina {rel_l2(logits, ours):.2e}"
+        lines.append(line)
+    return lines
+
+
+def row_profile(ours, ref, prompt_len):
+    """Relative error per row: tells a prefill bug (rows < prompt_len) from a decode bug."""
+    rows = np.linalg.norm(ours.astype(np.float64) - ref, axis=-1) / np.maximum(np.linalg.norm(ref, axis=-1), 1e-30)
+    return (f"rows 0..{prompt_len - 1} (prefill) max {rows[:prompt_len].max():.1e}, "
+            f"decode rows max {rows[prompt_len:].max() if len(rows) > prompt_len else 0.0:.1e}, "
+            f"first row above 1e-4: {int(np.argmax(rows > 1e-4)) if (rows > 1e-4).any() else '-'}")
+
+
+def run_trial(trial, args, work_root):
+    """Returns a dict: status pass/fail/skip, errors, line, details."""
+    tol = args.tol_f32 if trial.storage["dtype"] == "f32" else args.tol_bf16
+    trial_dir = os.path.join(work_root, f"seed{trial.seed}_trial{trial.index}")
+    model_dir = os.path.join(trial_dir, "model")
+    result = {"status": "skip", "errors": [], "dir": trial_dir, "dtype": trial.storage["dtype"], "details": []}
+    reference = None
+    for attempt in range(WEIGHT_DRAWS):
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        os.makedirs(model_dir)
+        rng = np.random.default_rng([trial.seed, trial.index, attempt, 1])
+        model = build_model(trial.model_type, trial.cfg)
+        init_weights(model, rng, sample_scales(rng))
+        if trial.storage["dtype"] == "bf16":
+            round_to_bf16(model, trial.storage["bias_f32"])
+        save_checkpoint(model, model_dir, trial.storage)
+        reference = hf_reference(trial, model, model_dir, attempt)
+        if reference is not None:
+            result["attempt"] = attempt
+            break
+    if reference is None:
+        result["line"] = f"SKIP (every draw came within a near tie after {WEIGHT_DRAWS} weight draws)"
+        return result
+    prompts, hf_out, hf_tokens, margins = reference
+    result["margins"] = margins
+
+    for p, logits in enumerate(hf_out):
+        np.save(os.path.join(trial_dir, f"hf_{p}.npy"), logits)
+    with open(os.path.join(trial_dir, "hf.json"), "w") as f:
+        json.dump({"prompts": prompts, "generated": hf_tokens, "max_new_tokens": MAX_NEW_TOKENS,
+                   "margins": [{"argmax": m[0], "routing": m[1]} for m in margins]}, f, indent=1)
+
+    engine = dict(trial.engine, **({"threads": args.threads} if args.threads else {}))
+    cmd, ina_out, ina_tokens, text = run_ina(args.ina, model_dir, prompts, os.path.join(trial_dir, "ina"), engine)
+    result["cmd"] = cmd
+    result["prompts"] = prompts
+    if ina_out is None:
+        result["status"] = "fail"
+        result["line"] = "ina failed: " + text.replace("\n", " / ")[:400]
+        return result
+    failed = False
+    pieces = []
+    for p, (ours, ref, want, got) in enumerate(zip(ina_out, hf_out, hf_tokens, ina_tokens)):
+        if ours is None or ours.shape != ref.shape or not np.all(np.isfinite(ours)):
+            shape = None if ours is None else ours.shape
+            pieces.append(f"p{p}: bad logits (shape {shape}, want {ref.shape})")
+            failed = True
+            result["errors"].append(math.inf)
+            continue
+        err = rel_l2(ours, ref)
+        same = got == want
+        result["errors"].append(err)
+        pieces.append(f"p{p}(len {len(prompts[p])}) {err:.1e}{'' if same else ' TOKENS DIFFER'}")
+        if err > tol or not same:
+            failed = True
+            result["details"].append(f"    prompt {p}: {row_profile(ours, ref.astype(np.float64), len(prompts[p]))}; "
+                                     f"tokens HF {want} ina {got}")
+    result["status"] = "fail" if failed else "pass"
+    result["line"] = "rel_l2 " + ", ".join(pieces) + f" (tol {tol:g})"
+    if failed and not (trial.cfg["attention_bias"] or trial.cfg.get("mlp_bias")):
+        try:
+            result["details"] += numpy_diagnosis(model_dir, prompts, hf_out, ina_out)
+        except Exception as exc:  # diagnosis is best effort
+            result["details"].append(f"    numpy_reference failed: {exc}")
+    return result
+
+
+def reproduce_lines(script, args, trial, result, original_dir):
+    d = result["dir"]
+    lines = [f"  kept: {d} (model/, hf_P.npy + hf.json = HF reference, ina*.npy = ina's logits)",
+             "  reproduce:",
+             f"    python3 {script} --ina {args.ina} --seed {trial.seed} --trial {trial.index} --keep /tmp/repro"]
+    if "cmd" in result:
+        lines.append("    " + " ".join(result["cmd"]).replace(original_dir, d))
+    n = len(result.get("prompts", []))
+    ours = [f"{d}/ina.npy"] if n == 1 else [f"{d}/ina_{p}.npy" for p in range(n)]
+    tol = args.tol_f32 if result["dtype"] == "f32" else args.tol_bf16
+    for p in range(n):
+        lines.append(f"    python3 {os.path.dirname(script)}/compare_npy.py {ours[p]} {d}/hf_{p}.npy --tol {tol:g}")
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ina", required=True, help="path of the ina executable")
+    parser.add_argument("--count", type=int, default=30, help="number of trials")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trial", type=int, action="append",
+                        help="run only these trial indices of --seed (repeatable), e.g. to reproduce a failure")
+    parser.add_argument("--keep", help="keep every trial's checkpoint and outputs under this directory")
+    parser.add_argument("--tol-f32", type=float, default=1e-4, help="relative L2 bound for float32 checkpoints")
+    parser.add_argument("--tol-bf16", type=float, default=2e-2, help="relative L2 bound for bf16 checkpoints")
+    parser.add_argument("--threads", type=int, help="ina --threads (default: drawn per trial, 1-3)")
+    parser.add_argument("--mlp-bias", action="store_true",
+                        help="also draw V2's mlp_bias (HF honours it; outside the DeepSeek releases)")
+    args = parser.parse_args()
+    if not os.access(args.ina, os.X_OK):
+        parser.error(f"{args.ina} is not an executable")
+    args.ina = os.path.abspath(args.ina)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    script = os.path.relpath(os.path.abspath(__file__))
+
+    work_root = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="ina_random_configs_")
+    os.makedirs(work_root, exist_ok=True)
+    indices = args.trial if args.trial else list(range(args.count))
+    passed = failed = skipped = 0
+    worst = {}
+    started = time.time()
+    for index in indices:
+        trial = Trial(args.seed, index)
+        if args.mlp_bias and trial.model_type == "deepseek_v2":
+            trial.cfg["mlp_bias"] = bool(np.random.default_rng([args.seed, index, 99]).random() < 0.5)
+        summary = describe(trial.model_type, trial.cfg, trial.storage) + f" | page {trial.engine['page_size']}"
+        try:
+            result = run_trial(trial, args, work_root)
+        except Exception as exc:  # a harness error is a failure too, never a silent pass
+            result = {"status": "fail", "line": f"error: {type(exc).__name__}: {exc}", "errors": [],
+                      "dir": os.path.join(work_root, f"seed{args.seed}_trial{index}"),
+                      "dtype": trial.storage["dtype"], "details": []}
+        redraws = f" [weights redrawn {result['attempt']}x]" if result.get("attempt") else ""
+        print(f"trial {index} [seed {args.seed}] {result['status'].upper()}: {summary} :: {result['line']}{redraws}",
+              flush=True)
+        for err in result["errors"]:
+            if err > worst.get(result["dtype"], (-1.0, None))[0]:
+                worst[result["dtype"]] = (err, index)
+        if result["status"] == "pass":
+            passed += 1
+        elif result["status"] == "skip":
+            skipped += 1
+        else:
+            failed += 1
+            for line in result["details"]:
+                print(line)
+            original_dir = result["dir"]
+            if not args.keep:  # move the evidence out of the scratch directory
+                dest = os.path.join(FAIL_ROOT, os.path.basename(result["dir"]))
+                shutil.rmtree(dest, ignore_errors=True)
+                os.makedirs(FAIL_ROOT, exist_ok=True)
+                if os.path.isdir(result["dir"]):
+                    shutil.move(result["dir"], dest)
+                    result["dir"] = dest
+            for line in reproduce_lines(script, args, trial, result, original_dir):
+                print(line)
+        if not args.keep and result["status"] != "fail":
+            shutil.rmtree(result["dir"], ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(work_root, ignore_errors=True)
+    for dtype in sorted(worst):
+        print(f"worst rel_l2 {dtype}: {worst[dtype][0]:.2e} (trial {worst[dtype][1]})")
+    print(f"elapsed {time.time() - started:.0f} s" + (f"; {skipped} skipped (near ties)" if skipped else ""))
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
