@@ -2,8 +2,9 @@
  * (fp32 math, double softmax sums) that GPU kernels are checked against, and the CPU
  * backend's decode attention.
  *
- * Each cache entry holds the normalized compressed kv (kv_lora_rank values, also the
- * "value" of absorbed attention) followed by the rope'd key (rope_dim values). With the
+ * Each cache entry (mla/mla_cache.h) holds the normalized compressed kv (kv_lora_rank
+ * values, also the "value" of absorbed attention) and the rope'd key (rope_dim values);
+ * FP8 latents are dequantized with their block scales. With the
  * query already absorbed (q_nope x W_UK per head, kv_lora_rank values) the score of token
  * t for head h is (q_abs[h] . latent[t] + q_pe[h] . k_pe[t]) * softmax_scale and the
  * output is sum_t p_t latent[t]; W_UV is applied afterwards by the caller.
@@ -22,6 +23,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "mla/mla_cache.h"
 #include "core/threadpool.h"
 
 #ifdef __cplusplus
@@ -38,12 +40,9 @@ typedef struct ina_mla_ref_params {
   const int32_t *kv_len;    /* [batch] */
   const int32_t *kv_indptr; /* [batch + 1] */
   const int32_t *kv_indices;
-  int32_t page_size;
   const float *q_nope; /* [tokens, heads, kv_lora_rank] (absorbed) */
   const float *q_pe;   /* [tokens, heads, rope_dim] */
-  const void *cache;   /* pages of [page_size, entry_stride] entries */
-  ina_dtype_t cache_dtype; /* f32 or bf16 */
-  int64_t entry_stride;    /* elements between consecutive tokens (>= kv_lora_rank + rope_dim) */
+  ina_mla_cache_t cache; /* any format; its kv_lora_rank / rope_dim must match */
   float *out;              /* [tokens, heads, kv_lora_rank] */
   float *lse;              /* [tokens, heads] or NULL */
 } ina_mla_ref_params_t;

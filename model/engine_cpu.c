@@ -303,8 +303,10 @@ static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq
     ina_parallel_for(e->pool, H, 1, absorb_q_heads, &job);
     ina_tensor_t cache = ina_page_pool_layer(e->kv, layer);
     ina_mla_ref_params_t p = {nseq, H, C, R, e->softmax_scale, qo, kv_len, table.indptr, table.indices,
-                              ina_page_pool_page_size(e->kv), q_abs, q_pe, cache.data, cache.dtype,
-                              C + R, o_latent, NULL};
+                              q_abs, q_pe,
+                              ina_mla_cache_interleaved(INA_MLA_CACHE_F32, cache.data,
+                                                        ina_page_pool_page_size(e->kv), C, R),
+                              o_latent, NULL};
     INA_CHECK(ina_mla_attention_ref(&p, e->pool));
     ina_parallel_for(e->pool, H, 1, absorb_v_heads, &job);
   }
