@@ -1,0 +1,93 @@
+/* MLA attention on the GPU in FlashInfer's plan/run shape: absorbed queries over the
+ * paged latent cache, split-KV with load balancing across all SMs.
+ *
+ *   size:  ina_mla_workspace_size(&plan_params, &host_bytes, &device_bytes)
+ *   plan:  ina_mla_plan(&plan_params, host_ws, device_ws, stream, &info)  -- on the host,
+ *          per step (lengths change); writes the schedule into host_ws (pinned memory,
+ *          cudaHostAlloc) and copies it to device_ws asynchronously on `stream`.
+ *   run:   ina_mla_run(&info, device_ws, &run_params, stream)            -- never
+ *          allocates, never waits on the host, launches a grid that depends only on the
+ *          plan's bucket (max_batch, max_q_len, heads, SM count), so a CUDA graph of run
+ *          can be replayed after a new plan with new lengths.
+ *
+ * Semantics are those of the CPU reference mla/mla_ref.h: request b has
+ * q_len = qo_indptr[b+1] - qo_indptr[b] query tokens, the last of its kv_len[b] tokens;
+ * query j sees cache positions t < kv_len[b] - q_len + j + 1 (causal); its pages are
+ * kv_indices[kv_indptr[b] .. kv_indptr[b+1]). out[token, head, :] = softmax(scale *
+ * (q_nope . latent + q_pe . rope)) . latent; lse = natural log of the softmax sum.
+ *
+ * Ownership: the caller owns both workspaces and every tensor. Thread safety: plan and
+ * run on different workspaces may run concurrently. */
+#ifndef INA_MLA_MLA_H
+#define INA_MLA_MLA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "mla/mla_cache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ina_mla_plan_params {
+  size_t struct_size; /* sizeof(ina_mla_plan_params_t), set by the INIT macro */
+  uint32_t version;   /* 1 */
+  int32_t batch;      /* requests this step, <= max_batch */
+  int32_t max_batch;  /* bucket: workspace and grid are sized for it */
+  int32_t max_q_len;  /* bucket: the longest q_len a request may have (1 for decode) */
+  const int32_t *qo_indptr; /* host [batch + 1] */
+  const int32_t *kv_len;    /* host [batch] */
+  int32_t num_heads;        /* 1..128 */
+  int32_t kv_lora_rank;     /* 512 for DeepSeek (fast path); other dims take a generic path */
+  int32_t rope_dim;         /* 64 for DeepSeek */
+  int32_t page_size;        /* >= 1 */
+  int32_t num_sms;          /* 0: the current device's */
+} ina_mla_plan_params_t;
+
+#define INA_MLA_PLAN_PARAMS_INIT \
+  {sizeof(ina_mla_plan_params_t), 1, 0, 0, 1, NULL, NULL, 0, 512, 64, 64, 0}
+
+/* What run needs from the plan (plain data, kept by the caller). */
+typedef struct ina_mla_plan_info {
+  int32_t batch, max_batch, max_q_len, num_heads, kv_lora_rank, rope_dim, page_size;
+  int32_t num_ctas;       /* fixed grid of the attention kernel */
+  int32_t num_splits_max; /* partial results per (token, head) at most */
+  int32_t total_tokens;   /* qo_indptr[batch] */
+  size_t device_bytes;    /* used part of the device workspace */
+  int32_t path;           /* kernel variant chosen (implementation detail, for reports) */
+} ina_mla_plan_info_t;
+
+ina_status_t ina_mla_workspace_size(const ina_mla_plan_params_t *p, size_t *host_bytes,
+                                    size_t *device_bytes);
+
+/* stream: a cudaStream_t (NULL = default stream). */
+ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *device_ws,
+                          void *stream, ina_mla_plan_info_t *info);
+
+typedef struct ina_mla_run_params {
+  size_t struct_size;
+  uint32_t version;
+  const void *q_nope;        /* bf16 [tokens, heads, kv_lora_rank] */
+  int64_t q_nope_token_stride, q_nope_head_stride; /* elements */
+  const void *q_pe;          /* bf16 [tokens, heads, rope_dim] */
+  int64_t q_pe_token_stride, q_pe_head_stride;     /* elements */
+  ina_mla_cache_t cache;     /* BF16 or FP8 format, device pointers */
+  const int32_t *kv_indptr;  /* device [batch + 1] */
+  const int32_t *kv_indices; /* device */
+  float softmax_scale;
+  void *out;                 /* bf16 [tokens, heads, kv_lora_rank] */
+  int64_t out_token_stride, out_head_stride;       /* elements */
+  float *lse;                /* device [tokens, heads] or NULL */
+} ina_mla_run_params_t;
+
+#define INA_MLA_RUN_PARAMS_INIT {sizeof(ina_mla_run_params_t), 1}
+
+ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *device_ws,
+                         const ina_mla_run_params_t *p, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
