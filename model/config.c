@@ -212,6 +212,9 @@ ina_status_t ina_model_config_load(const char *path, ina_model_config_t *c) {
   INA_CHECK(ina_json_get_double_opt(root, "rms_norm_eps", path, 1e-6, &c->rms_norm_eps));
   INA_CHECK(ina_json_get_bool_opt(root, "tie_word_embeddings", path, 0, &c->tie_word_embeddings));
   INA_CHECK(ina_json_get_bool_opt(root, "attention_bias", path, 0, &c->attention_bias));
+  INA_CHECK(ina_json_get_bool_opt(root, "mlp_bias", path, 0, &c->mlp_bias));
+  INA_REQUIRE(!c->mlp_bias || c->arch == INA_ARCH_DEEPSEEK_V2, INA_ERR_UNSUPPORTED,
+              "%s: mlp_bias is a DeepseekV2 option; DeepseekV3 has no MLP biases", path);
   INA_CHECK(get_i32_opt(root, "max_position_embeddings", path, 4096, &c->max_position_embeddings));
   INA_CHECK(get_token_id(root, "bos_token_id", path, &c->bos_token_id));
   INA_CHECK(get_token_id(root, "eos_token_id", path, &c->eos_token_id));
@@ -226,8 +229,11 @@ ina_status_t ina_model_config_load(const char *path, ina_model_config_t *c) {
   INA_CHECK(parse_rope(root, path, c));
   if (c->n_routed_experts > 0) INA_CHECK(parse_scoring(root, path, c));
   INA_CHECK(parse_quantization(root, path, c));
-  if (!json_is_integer(json_object_get(root, "n_group"))) c->n_group = 1;
-  if (!json_is_integer(json_object_get(root, "topk_group"))) c->topk_group = 1;
+  /* Greedy routing (V2) never reads the group keys, and HF accepts any value there. */
+  if (!json_is_integer(json_object_get(root, "n_group")) || c->scoring == INA_SCORING_SOFTMAX_GREEDY)
+    c->n_group = 1;
+  if (!json_is_integer(json_object_get(root, "topk_group")) || c->scoring == INA_SCORING_SOFTMAX_GREEDY)
+    c->topk_group = 1;
   INA_CHECK(ina_model_config_validate(c, path));
 fail:
   json_decref(root);
@@ -515,6 +521,7 @@ ina_status_t ina_model_config_save(const ina_model_config_t *c, const char *path
   json_object_set_new(o, "rms_norm_eps", json_real(c->rms_norm_eps));
   json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
   json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
+  if (!v3) json_object_set_new(o, "mlp_bias", json_boolean(c->mlp_bias));
   json_object_set_new(o, "max_position_embeddings", json_integer(c->max_position_embeddings));
   json_object_set_new(o, "hidden_act", json_string("silu"));
   if (c->bos_token_id >= 0) json_object_set_new(o, "bos_token_id", json_integer(c->bos_token_id));

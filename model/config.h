@@ -56,6 +56,7 @@ typedef struct ina_model_config {
   double rms_norm_eps;
   int tie_word_embeddings;
   int attention_bias;
+  int mlp_bias; /* V2: biases on the dense MLP and shared experts (not routed experts) */
   int32_t max_position_embeddings;
   int32_t bos_token_id; /* -1 when absent */
   int32_t eos_token_id; /* -1 when absent */

@@ -52,7 +52,9 @@ static void linear_rows(void *ctx, int64_t begin, int64_t end, int worker) {
   float bias = 0;
   for (int64_t n = begin; n < end; n++) {
     const float *w;
-    if (direct) {
+    if (j->k == 0) {
+      w = row; /* zero-width weight: the output is the bias alone */
+    } else if (direct) {
       w = (const float *)j->lin->weight.data + n * j->k;
     } else {
       ina_cpu_linear_row(j->lin, n, row);
@@ -70,11 +72,11 @@ ina_status_t ina_cpu_linear(ina_threadpool_t *pool, const ina_linear_t *lin, con
                             int64_t m, float *y) {
   ina_status_t st = INA_OK;
   linear_job_t job = {lin, x, m, lin->weight.shape[1], lin->weight.shape[0], y, NULL};
-  INA_REQUIRE(lin->weight.ndim == 2 && lin->weight.data, INA_ERR_INVALID_ARGUMENT,
-              "linear: weight is not a loaded 2-D tensor");
-  if (m == 0) return INA_OK;
+  INA_REQUIRE(lin->weight.ndim == 2 && (lin->weight.data || job.n * job.k == 0),
+              INA_ERR_INVALID_ARGUMENT, "linear: weight is not a loaded 2-D tensor");
+  if (m == 0 || job.n == 0) return INA_OK;
   const int workers = ina_threadpool_size(pool);
-  job.scratch = malloc((size_t)workers * (size_t)job.k * sizeof(float));
+  job.scratch = malloc((size_t)workers * (size_t)(job.k > 0 ? job.k : 1) * sizeof(float));
   INA_CHECK_ALLOC(job.scratch);
   /* Each weight row is converted once and used for all m inputs; grain keeps chunks big
    * enough to amortize the dispatch. */

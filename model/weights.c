@@ -47,27 +47,27 @@ static ina_weight_spec_t *push(spec_list_t *l, ina_weight_role_t role, ina_tenso
   s->layer = layer;
   s->expert = -1;
   s->expert_proj = -1;
-  s->ndim = cols > 0 ? 2 : 1;
+  s->ndim = cols >= 0 ? 2 : 1;
   s->shape[0] = rows;
-  s->shape[1] = cols > 0 ? cols : 0;
+  s->shape[1] = cols >= 0 ? cols : 0;
   return s;
 }
 
 static void push_linear(spec_list_t *l, ina_linear_t *lin, int32_t layer, int64_t out, int64_t in,
                         int with_bias, const char *prefix) {
   push(l, INA_WEIGHT_LINEAR, &lin->weight, lin, layer, out, in, "%s.weight", prefix);
-  if (with_bias) push(l, INA_WEIGHT_BIAS, &lin->bias, NULL, layer, out, 0, "%s.bias", prefix);
+  if (with_bias) push(l, INA_WEIGHT_BIAS, &lin->bias, NULL, layer, out, -1, "%s.bias", prefix);
 }
 
 static void push_mlp(spec_list_t *l, ina_mlp_weights_t *m, int32_t layer, int64_t hidden,
-                     int64_t inter, const char *prefix) {
-  char name[96];
+                     int64_t inter, int with_bias, const char *prefix) {
+  char name[128];
   snprintf(name, sizeof name, "%s.gate_proj", prefix);
-  push_linear(l, &m->gate, layer, inter, hidden, 0, name);
+  push_linear(l, &m->gate, layer, inter, hidden, with_bias, name);
   snprintf(name, sizeof name, "%s.up_proj", prefix);
-  push_linear(l, &m->up, layer, inter, hidden, 0, name);
+  push_linear(l, &m->up, layer, inter, hidden, with_bias, name);
   snprintf(name, sizeof name, "%s.down_proj", prefix);
-  push_linear(l, &m->down, layer, hidden, inter, 0, name);
+  push_linear(l, &m->down, layer, hidden, inter, with_bias, name);
 }
 
 static ina_status_t alloc_layers(ina_weights_t *w, const ina_model_config_t *cfg,
@@ -93,7 +93,9 @@ static ina_status_t alloc_layers(ina_weights_t *w, const ina_model_config_t *cfg
   for (int32_t i = 0; i < cfg->num_layers; i++) {
     ina_layer_weights_t *L = &w->layers[i];
     L->is_moe = ina_cfg_layer_is_moe(cfg, i);
-    L->has_shared = L->is_moe && cfg->n_shared_experts > 0;
+    /* HF builds the shared-expert MLP even for n_shared_experts = 0 (with zero-width
+     * weights); it then still adds its down_proj bias when mlp_bias is set. */
+    L->has_shared = L->is_moe && (cfg->n_shared_experts > 0 || cfg->mlp_bias);
     if (!L->is_moe) continue;
     int32_t nlocal = w->expert_end - w->expert_begin;
     L->experts = calloc(nlocal > 0 ? (size_t)nlocal : 1, sizeof *L->experts);
@@ -117,54 +119,56 @@ ina_status_t ina_weight_specs(ina_weights_t *w, ina_weight_spec_t **specs, int32
     ina_layer_weights_t *L = &w->layers[i];
     char p[64], q[96];
     snprintf(p, sizeof p, "model.layers.%d", i);
-    push(&l, INA_WEIGHT_NORM, &L->input_norm, NULL, i, H, 0, "%s.input_layernorm.weight", p);
+    push(&l, INA_WEIGHT_NORM, &L->input_norm, NULL, i, H, -1, "%s.input_layernorm.weight", p);
     if (cfg->q_lora_rank == 0) {
       snprintf(q, sizeof q, "%s.self_attn.q_proj", p);
       push_linear(&l, &L->q_proj, i, heads * qk, H, 0, q);
     } else {
       snprintf(q, sizeof q, "%s.self_attn.q_a_proj", p);
       push_linear(&l, &L->q_a_proj, i, cfg->q_lora_rank, H, cfg->attention_bias, q);
-      push(&l, INA_WEIGHT_NORM, &L->q_a_norm, NULL, i, cfg->q_lora_rank, 0,
-           "%s.self_attn.q_a_layernorm.weight", p);
+      push(&l, INA_WEIGHT_NORM, &L->q_a_norm, NULL, i, cfg->q_lora_rank, -1,
+"%s.self_attn.q_a_layernorm.weight", p);
       snprintf(q, sizeof q, "%s.self_attn.q_b_proj", p);
       push_linear(&l, &L->q_b_proj, i, heads * qk, cfg->q_lora_rank, 0, q);
     }
     snprintf(q, sizeof q, "%s.self_attn.kv_a_proj_with_mqa", p);
     push_linear(&l, &L->kv_a_proj, i, cfg->kv_lora_rank + cfg->qk_rope_head_dim, H,
                 cfg->attention_bias, q);
-    push(&l, INA_WEIGHT_NORM, &L->kv_a_norm, NULL, i, cfg->kv_lora_rank, 0,
-         "%s.self_attn.kv_a_layernorm.weight", p);
+    push(&l, INA_WEIGHT_NORM, &L->kv_a_norm, NULL, i, cfg->kv_lora_rank, -1,
+"%s.self_attn.kv_a_layernorm.weight", p);
     snprintf(q, sizeof q, "%s.self_attn.kv_b_proj", p);
     push_linear(&l, &L->kv_b_proj, i, heads * (cfg->qk_nope_head_dim + cfg->v_head_dim),
                 cfg->kv_lora_rank, 0, q);
     snprintf(q, sizeof q, "%s.self_attn.o_proj", p);
     push_linear(&l, &L->o_proj, i, H, heads * cfg->v_head_dim, cfg->attention_bias, q);
-    push(&l, INA_WEIGHT_NORM, &L->post_attention_norm, NULL, i, H, 0,
-         "%s.post_attention_layernorm.weight", p);
+    push(&l, INA_WEIGHT_NORM, &L->post_attention_norm, NULL, i, H, -1,
+"%s.post_attention_layernorm.weight", p);
     if (!L->is_moe) {
       snprintf(q, sizeof q, "%s.mlp", p);
-      push_mlp(&l, &L->mlp, i, H, cfg->intermediate_size, q);
+      push_mlp(&l, &L->mlp, i, H, cfg->intermediate_size, cfg->mlp_bias, q);
       continue;
     }
     push(&l, INA_WEIGHT_ROUTER, &L->router, NULL, i, cfg->n_routed_experts, H, "%s.mlp.gate.weight", p);
     if (cfg->scoring == INA_SCORING_SIGMOID_NOAUX_TC)
-      push(&l, INA_WEIGHT_ROUTER_BIAS, &L->router_bias, NULL, i, cfg->n_routed_experts, 0,
-           "%s.mlp.gate.e_score_correction_bias", p);
+      push(&l, INA_WEIGHT_ROUTER_BIAS, &L->router_bias, NULL, i, cfg->n_routed_experts, -1,
+"%s.mlp.gate.e_score_correction_bias", p);
     if (L->has_shared) {
       snprintf(q, sizeof q, "%s.mlp.shared_experts", p);
-      push_mlp(&l, &L->mlp, i, H, (int64_t)cfg->moe_intermediate_size * cfg->n_shared_experts, q);
+      push_mlp(&l, &L->mlp, i, H, (int64_t)cfg->moe_intermediate_size * cfg->n_shared_experts,
+               cfg->mlp_bias, q);
     }
     for (int32_t e = w->expert_begin; e < w->expert_end; e++) {
       int32_t first = l.count;
       snprintf(q, sizeof q, "%s.mlp.experts.%d", p, e);
-      push_mlp(&l, &L->experts[e - w->expert_begin], i, H, cfg->moe_intermediate_size, q);
+      /* routed experts are 3-D parameters in HF and never have biases */
+      push_mlp(&l, &L->experts[e - w->expert_begin], i, H, cfg->moe_intermediate_size, 0, q);
       for (int32_t k = first; l.status == INA_OK && k < l.count; k++) {
         l.items[k].expert = e;
         l.items[k].expert_proj = k - first;
       }
     }
   }
-  push(&l, INA_WEIGHT_NORM, &w->final_norm, NULL, -1, H, 0, "model.norm.weight");
+  push(&l, INA_WEIGHT_NORM, &w->final_norm, NULL, -1, H, -1, "model.norm.weight");
   if (!cfg->tie_word_embeddings)
     push(&l, INA_WEIGHT_LINEAR_BF16, &w->lm_head.weight, &w->lm_head, -1, cfg->vocab_size, H,
          "lm_head.weight");
@@ -366,7 +370,7 @@ static ina_status_t make_random(const ina_weight_spec_t *s, uint64_t seed, ina_d
   ina_dtype_t store = dtype;
   if (dtype == INA_DTYPE_FP8_E4M3 && !quantize) store = INA_DTYPE_BF16;
   if (s->role == INA_WEIGHT_ROUTER_BIAS) store = INA_DTYPE_F32;
-  tmp = malloc((size_t)n * sizeof *tmp);
+  tmp = malloc((size_t)(n > 0 ? n : 1) * sizeof *tmp);
   INA_CHECK_ALLOC(tmp);
   fill_random(s, seed, tmp, n);
   INA_CHECK(ina_tensor_alloc(s->tensor, store, s->ndim, s->shape, INA_CPU));

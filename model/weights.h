@@ -49,7 +49,7 @@ typedef struct ina_layer_weights {
   ina_linear_t o_proj;
   int is_moe;
   ina_mlp_weights_t mlp;     /* dense MLP, or the shared experts of a MoE layer */
-  int has_shared;            /* MoE layer with n_shared_experts > 0 */
+  int has_shared;            /* MoE layer with shared experts (or V2 mlp_bias, see weights.c) */
   ina_tensor_t router;       /* [n_routed_experts, hidden] */
   ina_tensor_t router_bias;  /* [n_routed_experts] (V3 e_score_correction_bias) */
   ina_mlp_weights_t *experts; /* [shard expert_end - expert_begin] */
@@ -87,7 +87,7 @@ typedef enum ina_weight_role {
 } ina_weight_role_t;
 
 typedef struct ina_weight_spec {
-  char name[96];
+  char name[128];
   int ndim;
   int64_t shape[2];
   ina_weight_role_t role;

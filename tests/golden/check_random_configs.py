@@ -5,19 +5,25 @@
 
 Each trial draws a random configuration inside the features ina supports
 (V2 or V3; q LoRA or not; odd head counts; 1-4 layers with any mix of dense
-and MoE layers, or none MoE; 2-16 routed experts in groups, 0-2 shared
+and MoE layers, or no MoE at all; 2-16 routed experts in groups, 0-2 shared
 experts; V2 greedy or group_limited_greedy; default or YaRN rope with or
 without mscale / mscale_all_dim / beta / truncate / attention_factor keys;
 V3 interleaved or half-split rope; tied embeddings; attention biases; any
-rms_norm_eps, rope_theta, routed_scaling_factor, norm_topk_prob), builds it
-with the transformers classes, fills it with seeded random weights of random
-scale, and saves it with save_pretrained in float32 or bfloat16. The reference
-is hf_logits.py's: HF in float32 (on the stored bf16 values for bf16
+rms_norm_eps, rope_theta, routed_scaling_factor, norm_topk_prob; ina's KV
+page size and thread count vary too). It builds the model with the
+transformers classes, fills it with seeded random weights of random scale and
+saves it with save_pretrained in float32 or bfloat16. The reference is
+hf_logits.py's: HF in float32 (on the stored bf16 values for bf16
 checkpoints), one forward over prompt + generated[:-1] for 1-3 random prompts
 of 1-12 tokens and 4 greedy tokens that never stop at EOS. ina runs the same
 directory with --ignore-eos --dump-logits; a trial passes when every prompt's
 relative L2 error is within the bound (1e-4 for float32 weights, 2e-2 for
 bf16) and the greedy tokens are identical.
+
+Two limits come from HF, not ina: V2 draws even qk_nope_head_dim and
+kv_lora_rank (HF's V2 rope needs them even), and the HF models run their
+experts with the modeling file's eager loop (torch's grouped_mm, the default,
+rejects rows that are not a multiple of 16 bytes on the CPU).
 
 A near tie in the HF run (top-2 logit gap below 1e-3 at a generated token, or
 a gap below 1e-4 between the last chosen and the first rejected expert or
@@ -63,7 +69,6 @@ ARGMAX_MARGIN = 1e-3   # smallest top1 - top2 HF logit gap where a greedy token 
 ROUTING_MARGIN = 1e-4  # smallest gap between the last chosen and first rejected expert / group
 PROMPT_DRAWS = 8       # redraws of one prompt before the weights are redrawn
 WEIGHT_DRAWS = 6       # redraws of the weights before a trial is given up as untestable
-RELOAD_TOLERANCE = 1e-5
 FAIL_ROOT = "/tmp/ina_random_configs"
 
 # ----------------------------------------------------------------------------
@@ -310,12 +315,16 @@ def init_weights(model, rng, scales):
         tensor.copy_(torch.from_numpy(values.astype(np.float32)))
 
 
-@torch.no_grad()
-def round_to_bf16(model, keep_bias_f32):
-    # Weights only: the rope inv_freq buffers are recomputed in float32 on every load.
+def weight_tensors(model):
+    """(name, tensor) of everything a checkpoint stores; not the rope inv_freq buffers, recomputed on load."""
     weights = list(model.named_parameters())
     weights += [(n, b) for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
-    for name, tensor in weights:
+    return weights
+
+
+@torch.no_grad()
+def round_to_bf16(model, keep_bias_f32):
+    for name, tensor in weight_tensors(model):
         if keep_bias_f32 and name.endswith("e_score_correction_bias"):
             continue
         tensor.copy_(tensor.to(torch.bfloat16).float())
@@ -326,10 +335,11 @@ def save_checkpoint(model, out_dir, storage):
     to_save = model
     if storage["dtype"] == "bf16":
         to_save = copy.deepcopy(model).to(torch.bfloat16)
-        if storage["bias_f32"]:
-            for module in to_save.modules():
+        if storage["bias_f32"]:  # from the float32 model: the bf16 copy has already rounded it
+            originals = dict(model.named_modules())
+            for name, module in to_save.named_modules():
                 if hasattr(module, "e_score_correction_bias"):
-                    module.e_score_correction_bias = module.e_score_correction_bias.float()
+                    module.e_score_correction_bias = originals[name].e_score_correction_bias.clone()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         to_save.save_pretrained(out_dir, safe_serialization=True)
@@ -436,6 +446,8 @@ def run_ina(ina, model_dir, prompts, out_prefix, engine):
 
 
 class Trial:
+    """One trial's configuration and prompt lengths, a function of (seed, index) alone."""
+
     def __init__(self, seed, index):
         self.seed, self.index = seed, index
         rng = np.random.default_rng([seed, index])
@@ -450,17 +462,19 @@ def draw_prompt(trial, attempt, p, draw):
 
 
 def hf_reference(trial, model, model_dir, attempt):
-    """Saved checkpoint -> (prompts, logits, tokens, margins) free of near ties, or None."""
+    """Saved checkpoint -> (prompts, logits, tokens, margins, prompt redraws) free of near ties, or None."""
     reference = hf_logits.load_model(model_dir)
     use_eager_experts(reference)
-    # The reload must reproduce the in-memory model: a key HF failed to load would be
-    # randomly initialized and make ina look wrong.
-    probe = torch.tensor([draw_prompt(trial, attempt, 0, 0)])
-    with torch.no_grad():
-        want = model(probe).logits[0].numpy()
-        got = reference(probe).logits[0].numpy()
-    if rel_l2(got, want) > RELOAD_TOLERANCE:
-        raise RuntimeError(f"HF reload of {model_dir} differs from the saved model: rel_l2 {rel_l2(got, want):.2e}")
+    # The reload must hold exactly the weights that were saved: a key HF failed to load would
+    # be randomly initialized and make ina look wrong.
+    saved = dict(weight_tensors(model))
+    loaded = dict(weight_tensors(reference))
+    if saved.keys() != loaded.keys():
+        raise RuntimeError(f"HF reload of {model_dir}: tensors {sorted(saved.keys() ^ loaded.keys())} "
+                           "appear on one side only")
+    for name, tensor in saved.items():
+        if not torch.equal(tensor, loaded[name].float()):
+            raise RuntimeError(f"HF reload of {model_dir}: '{name}' differs from what was saved")
     monitor = RouterMonitor(reference)
     prompts, logits, tokens, margins = [], [], [], []
     redraws = 0
@@ -565,7 +579,10 @@ def run_trial(trial, args, work_root):
         err = rel_l2(ours, ref)
         same = got == want
         result["errors"].append(err)
-        pieces.append(f"p{p}(len {len(prompts[p])}) {err:.1e}{'' if same else ' TOKENS DIFFER'}")
+        # ina's CPU engine computes bf16 checkpoints in float32 too, so a bf16 error above the
+        # float32 bound passes the criterion but is worth a look
+        note = " (above the f32 bound)" if err > args.tol_f32 and err <= tol else ""
+        pieces.append(f"p{p}(len {len(prompts[p])}) {err:.1e}{note}{'' if same else ' TOKENS DIFFER'}")
         if err > tol or not same:
             failed = True
             result["details"].append(f"    prompt {p}: {row_profile(ours, ref.astype(np.float64), len(prompts[p]))}; "
