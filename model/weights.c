@@ -249,7 +249,7 @@ fail:
 static ina_status_t load_scale(ina_checkpoint_t *ck, const ina_weight_spec_t *s, const char *dir,
                                const ina_model_config_t *cfg) {
   ina_status_t st = INA_OK;
-  char name[128];
+  char name[sizeof s->name + sizeof "_scale_inv"];
   char buf[64];
   snprintf(name, sizeof name, "%s_scale_inv", s->name);
   INA_REQUIRE(ina_checkpoint_has(ck, name), INA_ERR_FORMAT,
