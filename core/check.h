@@ -48,6 +48,20 @@ void ina_check_failed(const char *subsystem, const char *file, int line, const c
     }                                                                                    \
   } while (0)
 
+/* Versioned structs (NCCL style) begin with `size_t struct_size; uint32_t version;` and
+ * are filled by an INIT macro. `v1_size` is the size of version 1 (offsetof its last
+ * field + that field's size), so a caller built against a newer, longer version passes
+ * and one that forgot the INIT macro does not. `what` names the struct in messages. */
+#define INA_REQUIRE_VERSIONED(p, v1_size, what, init_macro)                               \
+  do {                                                                                   \
+    INA_REQUIRE((p) != NULL, INA_ERR_INVALID_ARGUMENT, "%s is NULL", what);              \
+    INA_REQUIRE((p)->struct_size >= (size_t)(v1_size), INA_ERR_INVALID_ARGUMENT,         \
+                "%s struct_size %zu is smaller than the version-1 size %zu (initialize it " \
+                "with %s)", what, (p)->struct_size, (size_t)(v1_size), init_macro);      \
+    INA_REQUIRE((p)->version >= 1, INA_ERR_INVALID_ARGUMENT,                             \
+                "%s version %u is invalid (expected >= 1)", what, (unsigned)(p)->version); \
+  } while (0)
+
 /* A NULL pointer from an allocator becomes INA_ERR_OUT_OF_MEMORY. */
 #define INA_CHECK_ALLOC(ptr)                                                             \
   INA_REQUIRE((ptr) != NULL, INA_ERR_OUT_OF_MEMORY, "out of memory allocating %s (%s:%d)", \

@@ -30,24 +30,6 @@ static const char *descr_of(ina_dtype_t dtype) {
   }
 }
 
-/* Byte size of a row-major array. Fails when the product of the nonzero dims overflows
- * int64, even if another dim is zero, as ina_tensor_alloc would refuse it. */
-static int shape_nbytes(ina_dtype_t dtype, int ndim, const int64_t *shape, uint64_t *nbytes) {
-  uint64_t span = ina_dtype_size(dtype);
-  int empty = 0;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] == 0) {
-      empty = 1;
-      continue;
-    }
-    if (shape[i] < 0 || __builtin_mul_overflow(span, (uint64_t)shape[i], &span) ||
-        span > (uint64_t)INT64_MAX)
-      return 0;
-  }
-  *nbytes = empty ? 0 : span;
-  return 1;
-}
-
 /* ---- writing ------------------------------------------------------------------- */
 
 ina_status_t ina_npy_write(const char *path, ina_dtype_t dtype, int ndim, const int64_t *shape,
@@ -67,11 +49,11 @@ ina_status_t ina_npy_write(const char *path, ina_dtype_t dtype, int ndim, const 
   char header[256 + NPY_ALIGN];
   int len =
       snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
-  uint64_t nbytes = 0;
+  size_t nbytes = 0;
   for (int i = 0; i < ndim; i++)
     INA_REQUIRE(shape[i] >= 0, INA_ERR_INVALID_ARGUMENT, "file %s: negative dimension %lld", path,
                 (long long)shape[i]);
-  INA_REQUIRE(shape_nbytes(dtype, ndim, shape, &nbytes), INA_ERR_INVALID_ARGUMENT,
+  INA_REQUIRE(ina_shape_nbytes(dtype, ndim, shape, &nbytes), INA_ERR_INVALID_ARGUMENT,
               "file %s: shape overflows 64 bits", path);
   for (int i = 0; i < ndim; i++) {
     /* A 1-tuple needs its trailing comma: (3,) */
@@ -346,8 +328,8 @@ ina_status_t ina_npy_read(const char *path, ina_tensor_t *out) {
   npy_header_t h = {0};
   INA_CHECK(parse_header(path, text, (size_t)header_len, &h));
 
-  uint64_t nbytes = 0;
-  INA_REQUIRE(shape_nbytes(h.dtype, h.ndim, h.shape, &nbytes), INA_ERR_FORMAT,
+  size_t nbytes = 0;
+  INA_REQUIRE(ina_shape_nbytes(h.dtype, h.ndim, h.shape, &nbytes), INA_ERR_FORMAT,
               "file %s: npy shape overflows 64 bits", path);
   uint64_t data_size = file_size - prefix_len - header_len;
   INA_REQUIRE(data_size == nbytes, INA_ERR_FORMAT,

@@ -69,24 +69,6 @@ static int json_int_array(const json_t *arr, int64_t *dst, size_t cap, size_t *n
   return 1;
 }
 
-/* Byte size of a row-major tensor. Fails when the product of the nonzero dims overflows
- * int64, even if another dim is zero: views compute strides from those dims. */
-static int shape_nbytes(ina_dtype_t dtype, int ndim, const int64_t *shape, uint64_t *nbytes) {
-  uint64_t span = ina_dtype_size(dtype);
-  int empty = 0;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] == 0) {
-      empty = 1;
-      continue;
-    }
-    if (shape[i] < 0 || __builtin_mul_overflow(span, (uint64_t)shape[i], &span) ||
-        span > (uint64_t)INT64_MAX)
-      return 0;
-  }
-  *nbytes = empty ? 0 : span;
-  return 1;
-}
-
 /* Matches a safetensors dtype name without recording an error: the caller's message
  * names the file and the tensor. */
 static int dtype_from_name(const char *name, ina_dtype_t *out) {
@@ -127,8 +109,8 @@ static ina_status_t parse_entry(const char *path, const char *name, const json_t
               "file %s: tensor '" NAME_FMT "': %zu dimensions, at most %d are supported", path,
               name, ndim, INA_MAX_DIMS);
   e->ndim = (int)ndim;
-  uint64_t nbytes = 0;
-  INA_REQUIRE(shape_nbytes(e->dtype, e->ndim, e->shape, &nbytes), INA_ERR_FORMAT,
+  size_t nbytes = 0;
+  INA_REQUIRE(ina_shape_nbytes(e->dtype, e->ndim, e->shape, &nbytes), INA_ERR_FORMAT,
               "file %s: tensor '" NAME_FMT "': shape overflows 64 bits", path, name);
 
   const json_t *offsets = json_object_get(desc, "data_offsets");
@@ -382,7 +364,7 @@ static ina_status_t check_write_entry(const char *path, const ina_st_write_entry
     INA_REQUIRE(e->shape[i] >= 0, INA_ERR_INVALID_ARGUMENT,
                 "file %s: tensor '" NAME_FMT "': negative dimension %lld", path, e->name,
                 (long long)e->shape[i]);
-  INA_REQUIRE(shape_nbytes(e->dtype, e->ndim, e->shape, &n), INA_ERR_INVALID_ARGUMENT,
+  INA_REQUIRE(ina_shape_nbytes(e->dtype, e->ndim, e->shape, &n), INA_ERR_INVALID_ARGUMENT,
               "file %s: tensor '" NAME_FMT "': shape overflows 64 bits", path, e->name);
   INA_REQUIRE(e->data != NULL || n == 0, INA_ERR_INVALID_ARGUMENT,
               "file %s: tensor '" NAME_FMT "': data is NULL for %llu bytes", path, e->name,

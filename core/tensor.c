@@ -12,6 +12,24 @@
 /* Host tensors are 64-byte aligned: one cache line, and enough for any SIMD load. */
 #define HOST_ALIGN 64
 
+int ina_shape_nbytes(ina_dtype_t dtype, int ndim, const int64_t *shape, size_t *nbytes) {
+  /* The product of the nonzero dims must fit too: strides and numel of a view are
+   * computed from them even when another dim is zero. */
+  uint64_t span = ina_dtype_size(dtype);
+  int empty = 0;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] == 0) {
+      empty = 1;
+      continue;
+    }
+    if (shape[i] < 0 || __builtin_mul_overflow(span, (uint64_t)shape[i], &span) ||
+        span > (uint64_t)INT64_MAX)
+      return 0;
+  }
+  *nbytes = empty ? 0 : (size_t)span;
+  return 1;
+}
+
 /* Checks dtype, rank and dims and computes the byte size of a contiguous tensor. */
 static ina_status_t contiguous_nbytes(ina_dtype_t dtype, int ndim, const int64_t *shape,
                                       size_t *out_bytes) {
@@ -21,23 +39,12 @@ static ina_status_t contiguous_nbytes(ina_dtype_t dtype, int ndim, const int64_t
               "tensor rank %d outside 0..%d", ndim, INA_MAX_DIMS);
   INA_REQUIRE(ndim == 0 || shape != NULL, INA_ERR_INVALID_ARGUMENT,
               "NULL shape for a rank-%d tensor", ndim);
-  /* The product of the nonzero dims must fit too: strides and numel of a view are
-   * computed from them even when another dim is zero. */
-  size_t span = ina_dtype_size(dtype);
-  int has_zero_dim = 0;
-  for (int i = 0; i < ndim; i++) {
+  for (int i = 0; i < ndim; i++)
     INA_REQUIRE(shape[i] >= 0, INA_ERR_INVALID_ARGUMENT, "dim %d of a rank-%d tensor is %lld", i,
                 ndim, (long long)shape[i]);
-    if (shape[i] == 0) {
-      has_zero_dim = 1;
-      continue;
-    }
-    INA_REQUIRE(span <= (size_t)INT64_MAX / (uint64_t)shape[i], INA_ERR_INVALID_ARGUMENT,
-                "%s tensor of rank %d is too large: dim %d = %lld overflows", ina_dtype_name(dtype),
-                ndim, i, (long long)shape[i]);
-    span *= (size_t)shape[i];
-  }
-  *out_bytes = has_zero_dim ? 0 : span;
+  INA_REQUIRE(ina_shape_nbytes(dtype, ndim, shape, out_bytes), INA_ERR_INVALID_ARGUMENT,
+              "%s tensor of rank %d is too large: the product of its dims overflows",
+              ina_dtype_name(dtype), ndim);
 fail:
   return st;
 }

@@ -52,6 +52,11 @@ ina_status_t ina_tensor_alloc(ina_tensor_t *t, ina_dtype_t dtype, int ndim, cons
 /* Free owned data and reset *t to empty. NULL and empty tensors are no-ops. */
 void ina_tensor_release(ina_tensor_t *t);
 
+/* Bytes of a contiguous array of `shape` (0 when a dim is 0) into *nbytes. Returns 0,
+ * recording no error, when a dim is negative or the product of the nonzero dims
+ * overflows int64 (strides computed from those dims would), else 1. */
+int ina_shape_nbytes(ina_dtype_t dtype, int ndim, const int64_t *shape, size_t *nbytes);
+
 int64_t ina_tensor_numel(const ina_tensor_t *t);
 size_t ina_tensor_nbytes(const ina_tensor_t *t);
 int ina_tensor_is_contiguous(const ina_tensor_t *t);

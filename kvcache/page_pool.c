@@ -42,13 +42,7 @@ static int mul_size(size_t a, size_t b, size_t *out) {
 
 static ina_status_t validate_config(const ina_page_pool_config_t *c) {
   ina_status_t st = INA_OK;
-  INA_REQUIRE(c != NULL, INA_ERR_INVALID_ARGUMENT, "page pool: config is NULL");
-  INA_REQUIRE(c->struct_size >= POOL_CONFIG_V1_SIZE, INA_ERR_INVALID_ARGUMENT,
-              "page pool: config struct_size %zu is smaller than the version-1 size %zu "
-              "(initialize it with INA_PAGE_POOL_CONFIG_INIT)",
-              c->struct_size, (size_t)POOL_CONFIG_V1_SIZE);
-  INA_REQUIRE(c->version >= 1, INA_ERR_INVALID_ARGUMENT,
-              "page pool: config version %u is invalid (expected >= 1)", (unsigned)c->version);
+  INA_REQUIRE_VERSIONED(c, POOL_CONFIG_V1_SIZE, "page pool: config", "INA_PAGE_POOL_CONFIG_INIT");
   INA_REQUIRE(c->page_size >= 1, INA_ERR_INVALID_ARGUMENT, "page pool: page_size %d must be >= 1",
               (int)c->page_size);
   INA_REQUIRE(c->num_pages >= 1, INA_ERR_INVALID_ARGUMENT, "page pool: num_pages %d must be >= 1",

@@ -4,6 +4,7 @@
  * final norm -> LM head. */
 #define INA_LOG_SUBSYS "model"
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,8 @@
 /* HF (and DeepSeek's own code) build q_a_layernorm and kv_a_layernorm without an eps
  * argument, so the latent norms always use the RMSNorm default, not rms_norm_eps. */
 #define LATENT_NORM_EPS 1e-6f
+
+#define ENGINE_OPTIONS_V1_SIZE (offsetof(ina_engine_options_t, expanded_decode) + sizeof(int))
 
 struct ina_engine {
   const ina_model_t *model;
@@ -39,8 +42,7 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
   INA_REQUIRE(out && model, INA_ERR_INVALID_ARGUMENT, "engine: NULL argument");
   *out = NULL;
   if (!options) options = &defaults;
-  INA_REQUIRE(options->struct_size >= sizeof(ina_engine_options_t) && options->version >= 1,
-              INA_ERR_INVALID_ARGUMENT, "engine options: use INA_ENGINE_OPTIONS_INIT");
+  INA_REQUIRE_VERSIONED(options, ENGINE_OPTIONS_V1_SIZE, "engine options", "INA_ENGINE_OPTIONS_INIT");
   INA_REQUIRE(options->page_size >= 1 && options->max_tokens >= 1, INA_ERR_INVALID_ARGUMENT,
               "engine: page_size (%d) and max_tokens (%lld) must be positive", options->page_size,
               (long long)options->max_tokens);

@@ -1,6 +1,7 @@
 #define INA_LOG_SUBSYS "model"
 #include "model/model.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,8 @@
 
 #include "core/check.h"
 #include "core/log.h"
+
+#define MODEL_OPTIONS_V1_SIZE (offsetof(ina_model_options_t, shard) + sizeof(ina_shard_t))
 
 struct ina_model {
   ina_weights_t weights;
@@ -26,8 +29,7 @@ ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options
   INA_REQUIRE(out != NULL && spec != NULL, INA_ERR_INVALID_ARGUMENT, "model: NULL argument");
   *out = NULL;
   if (!options) options = &defaults;
-  INA_REQUIRE(options->struct_size >= sizeof(ina_model_options_t) && options->version >= 1,
-              INA_ERR_INVALID_ARGUMENT, "model options: use INA_MODEL_OPTIONS_INIT");
+  INA_REQUIRE_VERSIONED(options, MODEL_OPTIONS_V1_SIZE, "model options", "INA_MODEL_OPTIONS_INIT");
   m = calloc(1, sizeof *m);
   INA_CHECK_ALLOC(m);
   snprintf(m->source, sizeof m->source, "%s", spec);

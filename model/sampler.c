@@ -35,13 +35,7 @@ struct ina_sampler {
 
 ina_status_t ina_sampling_params_validate(const ina_sampling_params_t *p) {
   ina_status_t st = INA_OK;
-  INA_REQUIRE(p != NULL, INA_ERR_INVALID_ARGUMENT, "sampler: params is NULL");
-  INA_REQUIRE(p->struct_size >= PARAMS_V1_SIZE, INA_ERR_INVALID_ARGUMENT,
-              "sampler: params struct_size %zu is smaller than the version-1 size %zu "
-              "(initialize it with INA_SAMPLING_PARAMS_INIT)",
-              p->struct_size, (size_t)PARAMS_V1_SIZE);
-  INA_REQUIRE(p->version >= 1, INA_ERR_INVALID_ARGUMENT,
-              "sampler: params version %u is invalid (expected >= 1)", (unsigned)p->version);
+  INA_REQUIRE_VERSIONED(p, PARAMS_V1_SIZE, "sampler: params", "INA_SAMPLING_PARAMS_INIT");
   INA_REQUIRE(isfinite(p->temperature) && p->temperature >= 0.0f, INA_ERR_INVALID_ARGUMENT,
               "sampler: temperature %g must be finite and >= 0 (0 = greedy)",
               (double)p->temperature);

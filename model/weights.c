@@ -2,12 +2,15 @@
 #include "model/weights.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/check.h"
+
+#define SHARD_V1_SIZE (offsetof(ina_shard_t, expert_end) + sizeof(int32_t))
 
 /* ---- the spec list ---------------------------------------------------------------- */
 
@@ -76,8 +79,7 @@ static ina_status_t alloc_layers(ina_weights_t *w, const ina_model_config_t *cfg
   const ina_shard_t all = INA_SHARD_INIT;
   if (!shard) shard = &all;
   memset(w, 0, sizeof *w);
-  INA_REQUIRE(shard->struct_size >= sizeof(ina_shard_t) && shard->version >= 1,
-              INA_ERR_INVALID_ARGUMENT, "shard: struct_size/version not set (use INA_SHARD_INIT)");
+  INA_REQUIRE_VERSIONED(shard, SHARD_V1_SIZE, "shard", "INA_SHARD_INIT");
   INA_REQUIRE(shard->tp_size == 1 && shard->tp_rank == 0, INA_ERR_UNSUPPORTED,
               "shard: tensor-parallel slicing (tp_size %d) is not supported by this loader",
               shard->tp_size);

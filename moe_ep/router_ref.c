@@ -35,13 +35,7 @@ static const char *method_name(ina_router_method_t m) {
 
 ina_status_t ina_router_config_validate(const ina_router_config_t *c) {
   ina_status_t st = INA_OK;
-  INA_REQUIRE(c != NULL, INA_ERR_INVALID_ARGUMENT, "router: config is NULL");
-  INA_REQUIRE(c->struct_size >= ROUTER_CONFIG_V1_SIZE, INA_ERR_INVALID_ARGUMENT,
-              "router: config struct_size %zu is smaller than the version-1 size %zu "
-              "(initialize it with INA_ROUTER_CONFIG_INIT)",
-              c->struct_size, (size_t)ROUTER_CONFIG_V1_SIZE);
-  INA_REQUIRE(c->version >= 1, INA_ERR_INVALID_ARGUMENT,
-              "router: config version %u is invalid (expected >= 1)", (unsigned)c->version);
+  INA_REQUIRE_VERSIONED(c, ROUTER_CONFIG_V1_SIZE, "router: config", "INA_ROUTER_CONFIG_INIT");
   INA_REQUIRE((int)c->method >= 0 && c->method < INA_ROUTER_METHOD_COUNT,
               INA_ERR_INVALID_ARGUMENT, "router: method %d is not a known routing method",
               (int)c->method);
