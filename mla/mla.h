@@ -62,7 +62,15 @@ typedef struct ina_mla_plan_info {
 ina_status_t ina_mla_workspace_size(const ina_mla_plan_params_t *p, size_t *host_bytes,
                                     size_t *device_bytes);
 
-/* stream: a cudaStream_t (NULL = default stream). */
+/* stream: a cudaStream_t (NULL = default stream).
+ * host_ws: host_bytes from ina_mla_workspace_size, preferably pinned; the copy reads it
+ *   asynchronously, so it must not be planned into again before that copy has run on
+ *   `stream` (alternate two host workspaces, or synchronize).
+ * device_ws: device_bytes, or NULL to write the schedule into host_ws only (no copy, no
+ *   GPU needed: for tests and host-cost benchmarks; num_sms must then be given).
+ * Validates the step: qo_indptr[0] == 0 and non-decreasing, 0 <= q_len <= max_q_len,
+ * q_len <= kv_len, batch <= max_batch; INA_ERR_INVALID_ARGUMENT names the request. On
+ * failure *info is zeroed, and run refuses it. */
 ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *device_ws,
                           void *stream, ina_mla_plan_info_t *info);
 
@@ -73,17 +81,25 @@ typedef struct ina_mla_run_params {
   int64_t q_nope_token_stride, q_nope_head_stride; /* elements */
   const void *q_pe;          /* bf16 [tokens, heads, rope_dim] */
   int64_t q_pe_token_stride, q_pe_head_stride;     /* elements */
-  ina_mla_cache_t cache;     /* BF16 or FP8 format, device pointers */
+  ina_mla_cache_t cache;     /* any format (F32 only on the generic kernel), device pointers */
   const int32_t *kv_indptr;  /* device [batch + 1] */
   const int32_t *kv_indices; /* device */
-  float softmax_scale;
+  float softmax_scale;       /* > 0 */
   void *out;                 /* bf16 [tokens, heads, kv_lora_rank] */
   int64_t out_token_stride, out_head_stride;       /* elements */
   float *lse;                /* device [tokens, heads] or NULL */
 } ina_mla_run_params_t;
 
-#define INA_MLA_RUN_PARAMS_INIT {sizeof(ina_mla_run_params_t), 1}
+/* Designated, so that -Wmissing-field-initializers stays quiet; the rest is zero. */
+#define INA_MLA_RUN_PARAMS_INIT {.struct_size = sizeof(ina_mla_run_params_t), .version = 1}
 
+/* Enqueues the attention kernel and the combine pass on `stream`. The kernels read every
+ * length from device_ws; only pointers, strides, the softmax scale and the bucket are
+ * baked into a captured graph. kv_lora_rank 512 + rope 64 with a bf16 or FP8 cache in
+ * 16-byte aligned layouts (and 4-byte aligned queries and outputs with even strides)
+ * take the tensor-core kernel (its FP8 variant computes in f16: cache and query values
+ * must stay below 65504 in magnitude); anything else takes a generic fp32 kernel
+ * (kv_lora_rank + rope_dim <= 640). */
 ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *device_ws,
                          const ina_mla_run_params_t *p, void *stream);
 

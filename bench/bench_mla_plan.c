@@ -1,0 +1,131 @@
+/* Host cost of the MLA scheduler (ina_mla_plan): median wall time of one plan for decode
+ * and speculative steps at batch 256 and 1. The target is <= 20 us at batch 256.
+ *
+ * Runs without a GPU: the schedule is written to the host workspace only (device_ws =
+ * NULL) for a 132-SM grid (one H200). With a device present, a second figure per shape
+ * includes the asynchronous copy of the schedule into a device workspace from pinned
+ * memory, as a caller does each step. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/bench_util.h"
+#include "core/cuda.h"
+#include "core/log.h"
+#include "mla/mla.h"
+
+#if INA_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#define NUM_SMS 132
+#define RUNS 2001
+
+typedef struct shape {
+  const char *name;
+  int32_t batch, max_batch, q_len, heads;
+  int32_t kv_min, kv_max;
+} shape_t;
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median microseconds of RUNS plans (the first few are warm-up). */
+static int time_plan(const ina_mla_plan_params_t *p, void *host_ws, void *device_ws, double *median_us) {
+  static double samples[RUNS];
+  ina_mla_plan_info_t info;
+  for (int i = 0; i < 10; i++)
+    if (ina_mla_plan(p, host_ws, device_ws, NULL, &info) != INA_OK) return 0;
+  for (int i = 0; i < RUNS; i++) {
+    const double t0 = now_us();
+    const ina_status_t st = ina_mla_plan(p, host_ws, device_ws, NULL, &info);
+    samples[i] = now_us() - t0;
+    if (st != INA_OK) return 0;
+  }
+  qsort(samples, RUNS, sizeof *samples, compare_doubles);
+  *median_us = samples[RUNS / 2];
+  return 1;
+}
+
+int main(void) {
+  static const shape_t shapes[] = {
+      {"decode_b256_h16", 256, 256, 1, 16, 1024, 32768},
+      {"decode_b1_h16", 1, 256, 1, 16, 8192, 8192},
+      {"mtp2_b256_h16", 256, 256, 2, 16, 1024, 32768},
+      {"decode_b256_h128", 256, 256, 1, 128, 1024, 32768},
+      {"decode_b1_h128", 1, 256, 1, 128, 8192, 8192},
+  };
+  static int32_t qo[257], kv[256];
+  const int have_device = ina_cuda_device_count() > 0;
+  int failed = 0;
+  uint64_t seed = 12345;
+  printf("bench_mla_plan: %d-SM grid%s\n", NUM_SMS, have_device ? "" : " (no device: host-only figures)");
+
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    const shape_t *sh = &shapes[s];
+    qo[0] = 0;
+    for (int32_t b = 0; b < sh->batch; b++) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      qo[b + 1] = qo[b] + sh->q_len;
+      kv[b] = sh->kv_min + (int32_t)((seed >> 33) % (uint64_t)(sh->kv_max - sh->kv_min + 1));
+    }
+    ina_mla_plan_params_t p = INA_MLA_PLAN_PARAMS_INIT;
+    p.batch = sh->batch;
+    p.max_batch = sh->max_batch;
+    p.max_q_len = sh->q_len;
+    p.qo_indptr = qo;
+    p.kv_len = kv;
+    p.num_heads = sh->heads;
+    p.num_sms = NUM_SMS;
+    size_t host_bytes = 0, device_bytes = 0;
+    void *host_ws = NULL;
+    double us = 0;
+    char name[96], formula[256];
+    if (ina_mla_workspace_size(&p, &host_bytes, &device_bytes) != INA_OK || !(host_ws = malloc(host_bytes)) ||
+        !time_plan(&p, host_ws, NULL, &us)) {
+      fprintf(stderr, "bench_mla_plan: %s: %s\n", sh->name, ina_last_error());
+      free(host_ws);
+      failed = 1;
+      continue;
+    }
+    snprintf(name, sizeof name, "mla_plan_%s_host", sh->name);
+    snprintf(formula, sizeof formula,
+             "median wall time of ina_mla_plan over %d runs, host workspace only (%zu bytes), "
+             "kv_len uniform in [%d, %d], q_len %d, %d SMs",
+             RUNS, host_bytes, sh->kv_min, sh->kv_max, sh->q_len, NUM_SMS);
+    ina_bench_result(name, us, "us", formula);
+    free(host_ws);
+    host_ws = NULL;
+#if INA_HAVE_CUDA
+    if (have_device) {
+      void *device_ws = NULL;
+      if (cudaHostAlloc(&host_ws, host_bytes, cudaHostAllocDefault) != cudaSuccess ||
+          cudaMalloc(&device_ws, device_bytes) != cudaSuccess || !time_plan(&p, host_ws, device_ws, &us)) {
+        fprintf(stderr, "bench_mla_plan: %s with copy: failed (%s)\n", sh->name, ina_last_error());
+        failed = 1;
+      } else {
+        snprintf(name, sizeof name, "mla_plan_%s_with_copy", sh->name);
+        snprintf(formula, sizeof formula,
+                 "median wall time of ina_mla_plan incl. cudaMemcpyAsync of the schedule from pinned "
+                 "memory on the default stream, %d runs",
+                 RUNS);
+        ina_bench_result(name, us, "us", formula);
+      }
+      cudaDeviceSynchronize();
+      if (host_ws) cudaFreeHost(host_ws);
+      if (device_ws) cudaFree(device_ws);
+    }
+#endif
+  }
+  ina_bench_print_json("mla_plan");
+  return failed;
+}

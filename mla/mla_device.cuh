@@ -1,0 +1,108 @@
+/* What the MLA kernels share (CUDA C++, internal to mla/): the arguments of a run as the
+ * kernels see them, the schedule's device view, the query-row mapping, cache address
+ * arithmetic and a few PTX wrappers. The launchers are declared here and defined next to
+ * their kernels (mla_decode.cu, mla_decode_generic.cu, mla_combine.cu); mla_run.cu
+ * validates a run and calls them. */
+#ifndef INA_MLA_MLA_DEVICE_CUH
+#define INA_MLA_MLA_DEVICE_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "mla/mla_cache.h"
+#include "mla/mla_schedule.h"
+
+namespace ina_mla {
+
+/* Everything a kernel needs, by value. Lengths come from the schedule in the device
+ * workspace, never from here, so a captured graph stays valid across plans. */
+struct Args {
+  /* schedule (device workspace) */
+  const ina_mla_sched_header_t *header;
+  const int32_t *cta_indptr;
+  const ina_mla_sched_request_t *requests;
+  const ina_mla_sched_item_t *items;
+  const ina_mla_sched_merge_t *merges;
+  float *partial_o;   /* [slot][INA_MLA_TILE_ROWS][kv_lora_rank] */
+  float *partial_lse; /* [slot][INA_MLA_TILE_ROWS] */
+  /* shapes of the bucket */
+  int num_heads, kv_lora_rank, rope_dim;
+  /* inputs */
+  const __nv_bfloat16 *q_nope;
+  int64_t q_nope_ts, q_nope_hs;
+  const __nv_bfloat16 *q_pe;
+  int64_t q_pe_ts, q_pe_hs;
+  ina_mla_cache_t cache;
+  const int32_t *kv_indptr, *kv_indices;
+  float scale_log2; /* softmax_scale * log2(e): scores are kept in base 2 */
+  /* outputs */
+  __nv_bfloat16 *out;
+  int64_t out_ts, out_hs;
+  float *lse; /* may be NULL */
+};
+
+constexpr float kLn2 = 0.69314718055994530942f;
+
+/* Query row `row` of a request's tile -> its token (global index) and head. */
+struct Row {
+  int token, head;
+  bool valid;
+};
+
+__device__ __forceinline__ Row tile_row(const ina_mla_sched_request_t &r, int tile, int local,
+                                        int num_heads) {
+  const int row = tile * INA_MLA_TILE_ROWS + local;
+  Row out;
+  out.valid = row < r.q_len * num_heads;
+  out.token = r.q_begin + (out.valid ? row / num_heads : 0);
+  out.head = out.valid ? row % num_heads : 0;
+  return out;
+}
+
+/* KV positions a row may see within an item: its causal limit, capped at the chunk end;
+ * rows past the request's last (padding of the tile) just see the chunk. */
+__device__ __forceinline__ int row_kv_limit(const ina_mla_sched_request_t &r, int tile, int local,
+                                            int num_heads, int kv_end) {
+  const int row = tile * INA_MLA_TILE_ROWS + local;
+  if (row >= r.q_len * num_heads) return kv_end;
+  const int limit = ina_mla_row_limit(row, num_heads, r.q_len, r.kv_len);
+  return limit < kv_end ? limit : kv_end;
+}
+
+/* Byte address of part `base` (latent, rope or scale) of cache position t of a request
+ * whose pages start at kv_indices[page_base]. */
+__device__ __forceinline__ const char *cache_entry(const void *base, int64_t page_stride,
+                                                   int64_t token_stride, const int32_t *kv_indices,
+                                                   int page_base, int page_size, int t) {
+  const int64_t page = __ldg(kv_indices + page_base + t / page_size);
+  return static_cast<const char *>(base) + page * page_stride + (int64_t)(t % page_size) * token_stride;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Launchers: enqueue on `stream`, report launch errors. */
+cudaError_t launch_fast(const Args &a, bool fp8, int num_ctas, cudaStream_t stream);
+cudaError_t launch_generic(const Args &a, int num_ctas, cudaStream_t stream);
+cudaError_t launch_combine(const Args &a, int num_ctas, int max_slots, cudaStream_t stream);
+
+}  // namespace ina_mla
+
+#endif

@@ -1,0 +1,328 @@
+/* The host scheduler of MLA attention (mla/mla.h): validates a step's lengths, cuts the
+ * work into chunks that give every CTA of the fixed persistent grid about the same
+ * number of KV tokens, and writes the schedule of mla/mla_schedule.h.
+ *
+ * Balancing. Every unit (request, row tile) costs its KV length plus
+ * INA_MLA_CHUNK_COST. Laid end to end in a fixed order, the units span a cost line of
+ * length T; CTA c owns the stretch [c * T / N, (c + 1) * T / N). A unit that crosses a
+ * boundary is cut there (rounded to the nearest multiple of INA_MLA_KV_BLOCK), so one
+ * long request among short ones is spread over many CTAs instead of holding one. The
+ * boundaries are absolute positions, so rounding errors do not accumulate: each CTA
+ * gets T / N give or take a block and one chunk cost.
+ *
+ * Order. Units go tile-major (every request's tile 0, then every request's tile 1, ...):
+ * with many heads, the row tiles of one request then sit at the same place in the
+ * stretches of different CTAs, which run at the same time and share the request's KV
+ * blocks through L2 instead of each reading them from memory. */
+#define INA_LOG_SUBSYS "mla"
+#include <stddef.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "mla/mla.h"
+#include "mla/mla_schedule.h"
+
+/* The generic kernel keeps a query tile, a KV block and the output tile in shared
+ * memory as fp32; this bounds its dims (DeepSeek's 512 + 64 fits). */
+#define INA_MLA_GENERIC_MAX_DIM 640
+
+static size_t align_up(size_t x) { return (x + INA_MLA_WS_ALIGN - 1) / INA_MLA_WS_ALIGN * INA_MLA_WS_ALIGN; }
+
+ina_status_t ina_mla_sched_layout(int32_t max_batch, int32_t max_q_len, int32_t num_heads,
+                                  int32_t kv_lora_rank, int32_t num_ctas,
+                                  ina_mla_sched_layout_t *out) {
+  ina_status_t st = INA_OK;
+  ina_mla_sched_layout_t l;
+  memset(&l, 0, sizeof l);
+  INA_REQUIRE(out && max_batch > 0 && max_q_len > 0 && num_heads > 0 && kv_lora_rank > 0 &&
+                  num_ctas > 0,
+              INA_ERR_INVALID_ARGUMENT, "mla: bad bucket (max_batch %d, max_q_len %d, heads %d, "
+              "kv_lora_rank %d, CTAs %d)", max_batch, max_q_len, num_heads, kv_lora_rank, num_ctas);
+  const int64_t units = (int64_t)max_batch * ina_mla_tiles(max_q_len, num_heads);
+  INA_REQUIRE(units + num_ctas < INT32_MAX / 2, INA_ERR_INVALID_ARGUMENT,
+              "mla: bucket too large: %lld row tiles (max_batch %d x max_q_len %d x heads %d)",
+              (long long)units, max_batch, max_q_len, num_heads);
+  l.num_ctas = num_ctas;
+  l.max_batch = max_batch;
+  l.max_items = (int32_t)units + num_ctas;
+  l.max_merges = num_ctas;
+  l.max_slots = 2 * num_ctas;
+  l.kv_lora_rank = kv_lora_rank;
+  size_t at = 0;
+  l.header = at;
+  at = align_up(at + sizeof(ina_mla_sched_header_t));
+  l.cta_indptr = at;
+  at = align_up(at + sizeof(int32_t) * (size_t)(num_ctas + 1));
+  l.requests = at;
+  at = align_up(at + sizeof(ina_mla_sched_request_t) * (size_t)max_batch);
+  l.merges = at;
+  at = align_up(at + sizeof(ina_mla_sched_merge_t) * (size_t)l.max_merges);
+  l.items = at;
+  at = align_up(at + sizeof(ina_mla_sched_item_t) * (size_t)l.max_items);
+  l.schedule_bytes = at;
+  l.partial_o = at;
+  at = align_up(at + sizeof(float) * (size_t)l.max_slots * INA_MLA_TILE_ROWS * (size_t)kv_lora_rank);
+  l.partial_lse = at;
+  at = align_up(at + sizeof(float) * (size_t)l.max_slots * INA_MLA_TILE_ROWS);
+  l.device_bytes = at;
+  *out = l;
+fail:
+  return st;
+}
+
+/* The bucket's own checks, shared by ina_mla_workspace_size and ina_mla_plan; resolves
+ * num_sms = 0 to the current device's count. */
+static ina_status_t check_bucket(const ina_mla_plan_params_t *p, int32_t *num_sms) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(p != NULL, INA_ERR_INVALID_ARGUMENT, "mla plan: params is NULL");
+  INA_REQUIRE(p->struct_size == sizeof(ina_mla_plan_params_t) && p->version == 1,
+              INA_ERR_INVALID_ARGUMENT,
+              "mla plan: params struct_size %zu / version %u do not match this build (%zu / 1); "
+              "initialize them with INA_MLA_PLAN_PARAMS_INIT",
+              p->struct_size, p->version, sizeof(ina_mla_plan_params_t));
+  INA_REQUIRE(p->max_batch >= 1, INA_ERR_INVALID_ARGUMENT, "mla plan: max_batch %d < 1", p->max_batch);
+  INA_REQUIRE(p->max_q_len >= 1, INA_ERR_INVALID_ARGUMENT, "mla plan: max_q_len %d < 1", p->max_q_len);
+  INA_REQUIRE(p->max_q_len <= (1 << 20), INA_ERR_INVALID_ARGUMENT,
+              "mla plan: max_q_len %d > %d (query rows are counted in 32 bits)", p->max_q_len, 1 << 20);
+  INA_REQUIRE(p->num_heads >= 1 && p->num_heads <= 128, INA_ERR_INVALID_ARGUMENT,
+              "mla plan: num_heads %d outside 1..128", p->num_heads);
+  INA_REQUIRE(p->kv_lora_rank >= 1 && p->rope_dim >= 0, INA_ERR_INVALID_ARGUMENT,
+              "mla plan: bad dims kv_lora_rank %d, rope_dim %d", p->kv_lora_rank, p->rope_dim);
+  INA_REQUIRE((int64_t)p->kv_lora_rank + p->rope_dim <= INA_MLA_GENERIC_MAX_DIM ||
+                  (p->kv_lora_rank == 512 && p->rope_dim == 64),
+              INA_ERR_UNSUPPORTED,
+              "mla plan: kv_lora_rank %d + rope_dim %d exceeds %d, the most the generic kernel "
+              "holds", p->kv_lora_rank, p->rope_dim, INA_MLA_GENERIC_MAX_DIM);
+  INA_REQUIRE(p->page_size >= 1, INA_ERR_INVALID_ARGUMENT, "mla plan: page_size %d < 1", p->page_size);
+  INA_REQUIRE(p->num_sms >= 0, INA_ERR_INVALID_ARGUMENT, "mla plan: num_sms %d < 0", p->num_sms);
+  *num_sms = p->num_sms;
+  if (*num_sms == 0) INA_CHECK(ina_mla_device_num_sms(num_sms));
+fail:
+  return st;
+}
+
+ina_status_t ina_mla_workspace_size(const ina_mla_plan_params_t *p, size_t *host_bytes,
+                                    size_t *device_bytes) {
+  ina_status_t st = INA_OK;
+  int32_t num_sms = 0;
+  ina_mla_sched_layout_t l;
+  INA_REQUIRE(host_bytes && device_bytes, INA_ERR_INVALID_ARGUMENT,
+              "mla workspace size: NULL output");
+  *host_bytes = 0;
+  *device_bytes = 0;
+  INA_CHECK(check_bucket(p, &num_sms));
+  INA_CHECK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank,
+                                 num_sms * INA_MLA_CTAS_PER_SM, &l));
+  *host_bytes = l.schedule_bytes;
+  *device_bytes = l.device_bytes;
+fail:
+  return st;
+}
+
+/* The step's lengths against the bucket. */
+static ina_status_t check_step(const ina_mla_plan_params_t *p) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(p->batch >= 0 && p->batch <= p->max_batch, INA_ERR_INVALID_ARGUMENT,
+              "mla plan: batch %d outside 0..max_batch %d", p->batch, p->max_batch);
+  if (p->batch == 0) return INA_OK;
+  INA_REQUIRE(p->qo_indptr && p->kv_len, INA_ERR_INVALID_ARGUMENT,
+              "mla plan: qo_indptr or kv_len is NULL with batch %d", p->batch);
+  INA_REQUIRE(p->qo_indptr[0] == 0, INA_ERR_INVALID_ARGUMENT, "mla plan: qo_indptr[0] = %d, not 0",
+              p->qo_indptr[0]);
+  for (int32_t b = 0; b < p->batch; b++) {
+    const int64_t q_len = (int64_t)p->qo_indptr[b + 1] - p->qo_indptr[b];
+    INA_REQUIRE(q_len >= 0, INA_ERR_INVALID_ARGUMENT,
+                "mla plan: qo_indptr decreases at request %d (%d -> %d)", b, p->qo_indptr[b],
+                p->qo_indptr[b + 1]);
+    INA_REQUIRE(q_len <= p->max_q_len, INA_ERR_INVALID_ARGUMENT,
+                "mla plan: request %d has q_len %lld > max_q_len %d of the bucket", b,
+                (long long)q_len, p->max_q_len);
+    INA_REQUIRE(p->kv_len[b] >= q_len, INA_ERR_INVALID_ARGUMENT,
+                "mla plan: request %d has q_len %lld > kv_len %d (the queries are the last "
+                "kv_len tokens)", b, (long long)q_len, p->kv_len[b]);
+  }
+fail:
+  return st;
+}
+
+/* Builds the schedule in host_ws; the state of the walk along the cost line. */
+typedef struct builder {
+  const ina_mla_sched_layout_t *l;
+  ina_mla_sched_header_t *header;
+  int32_t *cta_indptr;
+  ina_mla_sched_item_t *items;
+  ina_mla_sched_merge_t *merges;
+  int64_t total; /* T: the cost line's length */
+  int64_t pos;   /* cost placed so far */
+  int32_t cta;   /* CTA being filled */
+  int64_t bound; /* where its stretch ends: (cta + 1) * total / num_ctas, */
+  int64_t share, share_rem, bound_rem; /* kept without a division per CTA */
+  int32_t slots; /* partial-result slots handed out */
+  int32_t max_splits;
+} builder_t;
+
+/* KV range of a unit; decode (one query token) needs no division. */
+static inline int32_t unit_kv_end(const ina_mla_sched_request_t *r, int32_t tile, int32_t heads) {
+  return r->q_len == 1 ? r->kv_len : ina_mla_tile_kv_end(tile, heads, r->q_len, r->kv_len);
+}
+
+/* Stretch ends: bound(c) = floor((c + 1) * T / N) = (c + 1) * share + floor((c + 1) *
+ * share_rem / N), the last term advanced by carrying the remainder. */
+static void first_cta(builder_t *s) {
+  const int32_t n = s->l->num_ctas;
+  s->share = s->total / n;
+  s->share_rem = s->total % n;
+  s->bound = s->share;
+  s->bound_rem = s->share_rem;
+}
+
+static void next_cta(builder_t *s) {
+  s->cta++;
+  s->cta_indptr[s->cta] = s->header->num_items;
+  s->bound += s->share;
+  s->bound_rem += s->share_rem;
+  if (s->bound_rem >= s->l->num_ctas) {
+    s->bound_rem -= s->l->num_ctas;
+    s->bound++;
+  }
+}
+
+static ina_status_t emit(builder_t *s, int32_t request, int32_t tile, int32_t begin,
+                         int32_t end) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(s->header->num_items < s->l->max_items, INA_ERR_INTERNAL,
+              "mla plan: %d work items exceed the workspace's %d", s->header->num_items + 1,
+              s->l->max_items);
+  const ina_mla_sched_item_t it = {request, tile, begin, end, -1, {0, 0, 0}};
+  s->items[s->header->num_items++] = it;
+fail:
+  return st;
+}
+
+/* Places unit (request, tile) with KV range [0, len) on the cost line, cutting it at CTA
+ * boundaries. */
+static ina_status_t place_unit(builder_t *s, int32_t request, int32_t tile, int32_t len) {
+  ina_status_t st = INA_OK;
+  const int32_t first_item = s->header->num_items;
+  const int32_t last_cta = s->l->num_ctas - 1;
+  int32_t begin = 0;
+  for (;;) {
+    /* The unit's fixed cost is charged with its first chunk only: the cost line stays
+     * exactly T long, so the last CTA is not left with the extra cost of every cut. */
+    const int64_t cost = begin == 0 ? INA_MLA_CHUNK_COST : 0;
+    const int64_t room = s->bound - s->pos - cost; /* tokens that fit */
+    const int32_t remaining = len - begin;
+    if (s->cta == last_cta || remaining <= room) {
+      INA_CHECK(emit(s, request, tile, begin, len));
+      s->pos += cost + remaining;
+      break;
+    }
+    /* Cut at the block boundary nearest to where the CTA's stretch ends. */
+    const int64_t blocks = (room + INA_MLA_KV_BLOCK / 2) / INA_MLA_KV_BLOCK;
+    const int64_t cut = room > 0 ? begin + blocks * INA_MLA_KV_BLOCK : begin;
+    if (cut >= len) { /* the rest overshoots the stretch by under half a block */
+      INA_CHECK(emit(s, request, tile, begin, len));
+      s->pos += cost + remaining;
+      break;
+    }
+    if (cut > begin) {
+      INA_CHECK(emit(s, request, tile, begin, (int32_t)cut));
+      s->pos += cost + (cut - begin);
+      begin = (int32_t)cut;
+    }
+    next_cta(s);
+  }
+  while (s->cta < last_cta && s->pos >= s->bound) next_cta(s);
+
+  const int32_t splits = s->header->num_items - first_item;
+  if (splits > s->max_splits) s->max_splits = splits;
+  if (splits > 1) {
+    INA_REQUIRE(s->header->num_merges < s->l->max_merges && s->slots + splits <= s->l->max_slots,
+                INA_ERR_INTERNAL,
+                "mla plan: split unit %d exceeds the workspace (%d merges, %d + %d slots)",
+                s->header->num_merges, s->l->max_merges, s->slots, splits);
+    ina_mla_sched_merge_t *m = &s->merges[s->header->num_merges++];
+    m->request = request;
+    m->tile = tile;
+    m->first_slot = s->slots;
+    m->num_splits = splits;
+    for (int32_t i = 0; i < splits; i++) s->items[first_item + i].slot = s->slots + i;
+    s->slots += splits;
+  }
+fail:
+  return st;
+}
+
+ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *device_ws,
+                          void *stream, ina_mla_plan_info_t *info) {
+  ina_status_t st = INA_OK;
+  int32_t num_sms = 0, max_tiles = 0;
+  ina_mla_sched_layout_t l;
+  builder_t s;
+  memset(&s, 0, sizeof s);
+  INA_REQUIRE(info != NULL && host_ws != NULL, INA_ERR_INVALID_ARGUMENT,
+              "mla plan: %s is NULL", info ? "host_ws" : "info");
+  memset(info, 0, sizeof *info);
+  INA_CHECK(check_bucket(p, &num_sms));
+  INA_CHECK(check_step(p));
+  INA_CHECK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank,
+                                 num_sms * INA_MLA_CTAS_PER_SM, &l));
+
+  char *ws = host_ws;
+  s.l = &l;
+  s.header = (ina_mla_sched_header_t *)(ws + l.header);
+  s.cta_indptr = (int32_t *)(ws + l.cta_indptr);
+  s.items = (ina_mla_sched_item_t *)(ws + l.items);
+  s.merges = (ina_mla_sched_merge_t *)(ws + l.merges);
+  ina_mla_sched_request_t *requests = (ina_mla_sched_request_t *)(ws + l.requests);
+  memset(s.header, 0, sizeof *s.header);
+  s.header->batch = p->batch;
+  s.header->total_tokens = p->batch > 0 ? p->qo_indptr[p->batch] : 0;
+
+  for (int32_t b = 0; b < p->batch; b++) {
+    ina_mla_sched_request_t *r = &requests[b];
+    r->q_begin = p->qo_indptr[b];
+    r->q_len = p->qo_indptr[b + 1] - p->qo_indptr[b];
+    r->kv_len = p->kv_len[b];
+    r->num_tiles = ina_mla_tiles(r->q_len, p->num_heads);
+    if (r->num_tiles > max_tiles) max_tiles = r->num_tiles;
+    if (r->q_len == 1) {
+      s.total += (int64_t)r->num_tiles * (INA_MLA_CHUNK_COST + r->kv_len);
+    } else {
+      for (int32_t t = 0; t < r->num_tiles; t++)
+        s.total += INA_MLA_CHUNK_COST + ina_mla_tile_kv_end(t, p->num_heads, r->q_len, r->kv_len);
+    }
+  }
+
+  s.cta_indptr[0] = 0;
+  first_cta(&s);
+  for (int32_t t = 0; t < max_tiles; t++) {
+    for (int32_t b = 0; b < p->batch; b++) {
+      const ina_mla_sched_request_t *r = &requests[b];
+      if (t >= r->num_tiles) continue;
+      INA_CHECK(place_unit(&s, b, t, unit_kv_end(r, t, p->num_heads)));
+    }
+  }
+  while (s.cta < l.num_ctas - 1) next_cta(&s);
+  s.cta_indptr[l.num_ctas] = s.header->num_items;
+
+  if (device_ws) {
+    const size_t used = l.items + sizeof(ina_mla_sched_item_t) * (size_t)s.header->num_items;
+    INA_CHECK(ina_mla_copy_schedule(device_ws, host_ws, used, stream));
+  }
+
+  info->batch = p->batch;
+  info->max_batch = p->max_batch;
+  info->max_q_len = p->max_q_len;
+  info->num_heads = p->num_heads;
+  info->kv_lora_rank = p->kv_lora_rank;
+  info->rope_dim = p->rope_dim;
+  info->page_size = p->page_size;
+  info->num_ctas = l.num_ctas;
+  info->num_splits_max = s.max_splits;
+  info->total_tokens = s.header->total_tokens;
+  info->device_bytes = l.device_bytes;
+  info->path = p->kv_lora_rank == 512 && p->rope_dim == 64 ? INA_MLA_PATH_FAST : INA_MLA_PATH_GENERIC;
+fail:
+  return st;
+}

@@ -1,0 +1,127 @@
+/* ina_mla_run (mla/mla.h): checks a run against its plan, picks the kernel variant and
+ * enqueues the attention kernel and the combine pass, both on fixed grids. Also the
+ * device helpers the host scheduler needs (mla_schedule.h). */
+#define INA_LOG_SUBSYS "mla"
+#include <math.h>
+
+#include "core/cuda_check.h"
+#include "mla/mla.h"
+#include "mla/mla_device.cuh"
+
+namespace {
+
+bool aligned(const void *p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+/* The fast kernel copies 16-byte pieces of cache entries and moves bf16 pairs of the
+ * queries and outputs as 32-bit words. */
+bool fast_layout_ok(const ina_mla_run_params_t *p) {
+  const ina_mla_cache_t &c = p->cache;
+  bool ok = aligned(c.latent, 16) && aligned(c.rope, 16) && c.latent_page_stride % 16 == 0 &&
+            c.latent_token_stride % 16 == 0 && c.rope_page_stride % 16 == 0 &&
+            c.rope_token_stride % 16 == 0;
+  if (c.format == INA_MLA_CACHE_FP8)
+    ok = ok && aligned(c.scale, 16) && c.scale_page_stride % 16 == 0 && c.scale_token_stride % 16 == 0;
+  ok = ok && aligned(p->q_nope, 4) && aligned(p->q_pe, 4) && aligned(p->out, 4);
+  ok = ok && p->q_nope_token_stride % 2 == 0 && p->q_nope_head_stride % 2 == 0 &&
+       p->q_pe_token_stride % 2 == 0 && p->q_pe_head_stride % 2 == 0 &&
+       p->out_token_stride % 2 == 0 && p->out_head_stride % 2 == 0;
+  return ok;
+}
+
+}  // namespace
+
+extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *device_ws,
+                                    const ina_mla_run_params_t *p, void *stream) {
+  ina_status_t st = INA_OK;
+  ina_mla_sched_layout_t l;
+  ina_mla::Args a;
+  bool fast = false, fp8 = false;
+  char *ws = static_cast<char *>(device_ws);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  INA_REQUIRE(info && device_ws && p, INA_ERR_INVALID_ARGUMENT, "mla run: %s is NULL",
+              !info ? "info" : !device_ws ? "device_ws" : "params");
+  INA_REQUIRE(p->struct_size == sizeof(ina_mla_run_params_t) && p->version == 1,
+              INA_ERR_INVALID_ARGUMENT,
+              "mla run: params struct_size %zu / version %u do not match this build (%zu / 1); "
+              "initialize them with INA_MLA_RUN_PARAMS_INIT",
+              p->struct_size, p->version, sizeof(ina_mla_run_params_t));
+  INA_REQUIRE(info->num_ctas > 0, INA_ERR_INVALID_ARGUMENT,
+              "mla run: info holds no plan (num_ctas %d); call ina_mla_plan first", info->num_ctas);
+  INA_CHECK(ina_mla_sched_layout(info->max_batch, info->max_q_len, info->num_heads,
+                                 info->kv_lora_rank, info->num_ctas, &l));
+  {
+    const ina_mla_cache_t &c = p->cache;
+    INA_REQUIRE(c.kv_lora_rank == info->kv_lora_rank && c.rope_dim == info->rope_dim &&
+                    c.page_size == info->page_size,
+                INA_ERR_INVALID_ARGUMENT,
+                "mla run: cache (kv_lora_rank %d, rope_dim %d, page_size %d) does not match the "
+                "plan (%d, %d, %d)", c.kv_lora_rank, c.rope_dim, c.page_size, info->kv_lora_rank,
+                info->rope_dim, info->page_size);
+    INA_REQUIRE(c.format == INA_MLA_CACHE_F32 || c.format == INA_MLA_CACHE_BF16 ||
+                    c.format == INA_MLA_CACHE_FP8,
+                INA_ERR_INVALID_ARGUMENT, "mla run: unknown cache format %d", (int)c.format);
+    INA_REQUIRE(c.format != INA_MLA_CACHE_FP8 || c.kv_lora_rank % 128 == 0, INA_ERR_UNSUPPORTED,
+                "mla run: an FP8 cache needs kv_lora_rank divisible by 128 (got %d)", c.kv_lora_rank);
+    INA_REQUIRE(c.latent && (c.rope || c.rope_dim == 0) && (c.scale || c.format != INA_MLA_CACHE_FP8),
+                INA_ERR_INVALID_ARGUMENT, "mla run: cache %s pointer is NULL",
+                !c.latent ? "latent" : !c.rope && c.rope_dim ? "rope" : "scale");
+  }
+  INA_REQUIRE(p->q_nope && (p->q_pe || info->rope_dim == 0) && p->out && p->kv_indptr && p->kv_indices,
+              INA_ERR_INVALID_ARGUMENT, "mla run: %s is NULL",
+              !p->q_nope ? "q_nope" : !p->out ? "out" : !p->kv_indptr ? "kv_indptr"
+                                                     : !p->kv_indices ? "kv_indices" : "q_pe");
+  INA_REQUIRE(isfinite(p->softmax_scale) && p->softmax_scale > 0.0f, INA_ERR_INVALID_ARGUMENT,
+              "mla run: softmax_scale %g is not a finite positive number", (double)p->softmax_scale);
+
+  a.header = reinterpret_cast<const ina_mla_sched_header_t *>(ws + l.header);
+  a.cta_indptr = reinterpret_cast<const int32_t *>(ws + l.cta_indptr);
+  a.requests = reinterpret_cast<const ina_mla_sched_request_t *>(ws + l.requests);
+  a.items = reinterpret_cast<const ina_mla_sched_item_t *>(ws + l.items);
+  a.merges = reinterpret_cast<const ina_mla_sched_merge_t *>(ws + l.merges);
+  a.partial_o = reinterpret_cast<float *>(ws + l.partial_o);
+  a.partial_lse = reinterpret_cast<float *>(ws + l.partial_lse);
+  a.num_heads = info->num_heads;
+  a.kv_lora_rank = info->kv_lora_rank;
+  a.rope_dim = info->rope_dim;
+  a.q_nope = static_cast<const __nv_bfloat16 *>(p->q_nope);
+  a.q_nope_ts = p->q_nope_token_stride;
+  a.q_nope_hs = p->q_nope_head_stride;
+  a.q_pe = static_cast<const __nv_bfloat16 *>(p->q_pe);
+  a.q_pe_ts = p->q_pe_token_stride;
+  a.q_pe_hs = p->q_pe_head_stride;
+  a.cache = p->cache;
+  a.kv_indptr = p->kv_indptr;
+  a.kv_indices = p->kv_indices;
+  a.scale_log2 = p->softmax_scale * 1.4426950408889634f;
+  a.out = static_cast<__nv_bfloat16 *>(p->out);
+  a.out_ts = p->out_token_stride;
+  a.out_hs = p->out_head_stride;
+  a.lse = p->lse;
+
+  fp8 = p->cache.format == INA_MLA_CACHE_FP8;
+  fast = info->path == INA_MLA_PATH_FAST && p->cache.format != INA_MLA_CACHE_F32 && fast_layout_ok(p);
+  if (fast) INA_CUDA_CHECK(ina_mla::launch_fast(a, fp8, info->num_ctas, s));
+  else INA_CUDA_CHECK(ina_mla::launch_generic(a, info->num_ctas, s));
+  INA_CUDA_CHECK(ina_mla::launch_combine(a, info->num_ctas, l.max_slots, s));
+fail:
+  return st;
+}
+
+extern "C" ina_status_t ina_mla_device_num_sms(int32_t *out) {
+  ina_status_t st = INA_OK;
+  int device = 0, sms = 0;
+  INA_CUDA_CHECK(cudaGetDevice(&device));
+  INA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  *out = sms;
+fail:
+  return st;
+}
+
+extern "C" ina_status_t ina_mla_copy_schedule(void *device_ws, const void *host_ws, size_t bytes,
+                                              void *stream) {
+  ina_status_t st = INA_OK;
+  INA_CUDA_CHECK(cudaMemcpyAsync(device_ws, host_ws, bytes, cudaMemcpyHostToDevice,
+                                 static_cast<cudaStream_t>(stream)));
+fail:
+  return st;
+}

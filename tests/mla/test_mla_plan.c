@@ -1,0 +1,366 @@
+/* The MLA scheduler (ina_mla_plan, mla/mla_schedule.h) without a GPU: plans into a host
+ * workspace only (device_ws = NULL) and checks the schedule's invariants on fresh random
+ * batches and fixed edge cases:
+ *   - every KV position of every (request, row tile) unit is covered by exactly one chunk,
+ *     chunks start on block boundaries, and only the causal range of the tile is covered;
+ *   - per-CTA lists are consistent (indptr monotone, every item of a CTA in its range);
+ *   - split units (and only they) have a merge entry and distinct partial slots, in order;
+ *   - balance: every CTA's cost (KV positions + a fixed cost per chunk) stays within one
+ *     block and one chunk cost of the even share;
+ *   - one 32k request among 127 of 64 positions is spread over many CTAs;
+ *   - the grid and the workspace sizes depend on the bucket only, not on the lengths;
+ *   - invalid inputs fail with INA_ERR_INVALID_ARGUMENT / INA_ERR_UNSUPPORTED and a
+ *     message that names the offending request or value. */
+#include <time.h>
+
+#include "tests/test_util.h"
+
+#include "core/cuda.h"
+#include "core/log.h"
+#include "mla/mla.h"
+#include "mla/mla_schedule.h"
+
+typedef struct schedule_view {
+  ina_mla_sched_layout_t l;
+  const ina_mla_sched_header_t *header;
+  const int32_t *cta_indptr;
+  const ina_mla_sched_request_t *requests;
+  const ina_mla_sched_item_t *items;
+  const ina_mla_sched_merge_t *merges;
+} schedule_view_t;
+
+static ina_mla_plan_params_t params(int32_t batch, int32_t max_batch, int32_t max_q_len, int32_t heads,
+                                    const int32_t *qo_indptr, const int32_t *kv_len, int32_t num_sms) {
+  ina_mla_plan_params_t p = INA_MLA_PLAN_PARAMS_INIT;
+  p.batch = batch;
+  p.max_batch = max_batch;
+  p.max_q_len = max_q_len;
+  p.qo_indptr = qo_indptr;
+  p.kv_len = kv_len;
+  p.num_heads = heads;
+  p.num_sms = num_sms;
+  return p;
+}
+
+static schedule_view_t view(const ina_mla_plan_params_t *p, const void *ws, int32_t num_ctas) {
+  schedule_view_t v;
+  const char *b = ws;
+  memset(&v, 0, sizeof v);
+  CHECK_OK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank, num_ctas, &v.l));
+  v.header = (const ina_mla_sched_header_t *)(b + v.l.header);
+  v.cta_indptr = (const int32_t *)(b + v.l.cta_indptr);
+  v.requests = (const ina_mla_sched_request_t *)(b + v.l.requests);
+  v.items = (const ina_mla_sched_item_t *)(b + v.l.items);
+  v.merges = (const ina_mla_sched_merge_t *)(b + v.l.merges);
+  return v;
+}
+
+/* Causal KV end of a tile, computed here from first principles. */
+static int32_t tile_end(int32_t tile, int32_t heads, int32_t q_len, int32_t kv_len) {
+  int64_t last_row = (int64_t)(tile + 1) * 16 - 1;
+  if (last_row >= (int64_t)q_len * heads) last_row = (int64_t)q_len * heads - 1;
+  return kv_len - q_len + (int32_t)(last_row / heads) + 1;
+}
+
+typedef struct stats {
+  double max_over_share; /* max CTA cost / (T / N) */
+  int32_t items, merges, max_splits;
+} stats_t;
+
+/* Plans `p` and checks every invariant; returns what the report prints. */
+static stats_t plan_and_check(const ina_mla_plan_params_t *p, const char *what) {
+  stats_t out = {0, 0, 0, 0};
+  size_t host_bytes = 0, device_bytes = 0;
+  ina_mla_plan_info_t info;
+  CHECK_OK(ina_mla_workspace_size(p, &host_bytes, &device_bytes));
+  void *ws = malloc(host_bytes);
+  CHECK(ws != NULL);
+  if (!ws) return out;
+  memset(ws, 0xA5, host_bytes); /* stale bytes: the plan must not rely on zeroed memory */
+  ina_status_t st = ina_mla_plan(p, ws, NULL, NULL, &info);
+  CHECKF(st == INA_OK, "%s: plan failed: %s", what, ina_last_error());
+  if (st != INA_OK) {
+    free(ws);
+    return out;
+  }
+  const int32_t N = info.num_ctas, H = p->num_heads;
+  CHECKF(N == p->num_sms * INA_MLA_CTAS_PER_SM, "%s: %d CTAs for %d SMs", what, N, p->num_sms);
+  CHECK(info.device_bytes == device_bytes && info.batch == p->batch && info.num_heads == H);
+  schedule_view_t v = view(p, ws, N);
+  CHECK(v.l.schedule_bytes == host_bytes && v.l.device_bytes == device_bytes);
+  const ina_mla_sched_header_t *hd = v.header;
+  const int32_t tokens = p->batch > 0 ? p->qo_indptr[p->batch] : 0;
+  CHECK(hd->batch == p->batch && hd->total_tokens == tokens && info.total_tokens == tokens);
+  CHECK(hd->num_items >= 0 && hd->num_items <= v.l.max_items);
+  CHECK(hd->num_merges >= 0 && hd->num_merges <= v.l.max_merges);
+
+  /* CTA lists */
+  CHECK(v.cta_indptr[0] == 0 && v.cta_indptr[N] == hd->num_items);
+  for (int32_t c = 0; c < N; c++) CHECKF(v.cta_indptr[c] <= v.cta_indptr[c + 1], "%s: cta_indptr decreases at %d", what, c);
+
+  /* Requests */
+  for (int32_t b = 0; b < p->batch; b++)
+    CHECK(v.requests[b].q_begin == p->qo_indptr[b] &&
+          v.requests[b].q_len == p->qo_indptr[b + 1] - p->qo_indptr[b] && v.requests[b].kv_len == p->kv_len[b]);
+
+  /* Coverage: each unit's chunks, taken in schedule order, tile [0, tile_end) exactly. */
+  int32_t max_tiles = 0;
+  for (int32_t b = 0; b < p->batch; b++) {
+    const int32_t t = ina_mla_tiles(p->qo_indptr[b + 1] - p->qo_indptr[b], H);
+    if (t > max_tiles) max_tiles = t;
+  }
+  const size_t units = (size_t)p->batch * (size_t)(max_tiles > 0 ? max_tiles : 1);
+  int32_t *next = calloc(units, sizeof(int32_t));   /* next expected kv_begin */
+  int32_t *splits = calloc(units, sizeof(int32_t)); /* chunks seen */
+  int32_t *first_slot = malloc(units * sizeof(int32_t));
+  uint8_t *slot_used = calloc((size_t)v.l.max_slots, 1);
+  CHECK(next && splits && first_slot && slot_used);
+  if (!next || !splits || !first_slot || !slot_used) goto done;
+  int64_t total = 0;
+  for (int32_t b = 0; b < p->batch; b++) {
+    const int32_t q = p->qo_indptr[b + 1] - p->qo_indptr[b];
+    for (int32_t t = 0; t < ina_mla_tiles(q, H); t++) total += INA_MLA_CHUNK_COST + tile_end(t, H, q, p->kv_len[b]);
+  }
+  const double share = (double)total / N;
+  for (int32_t c = 0; c < N; c++) {
+    int64_t cost = 0;
+    for (int32_t i = v.cta_indptr[c]; i < v.cta_indptr[c + 1]; i++) {
+      const ina_mla_sched_item_t *it = &v.items[i];
+      CHECKF(it->request >= 0 && it->request < p->batch, "%s: item %d request %d", what, i, it->request);
+      if (it->request < 0 || it->request >= p->batch) continue;
+      const int32_t q = p->qo_indptr[it->request + 1] - p->qo_indptr[it->request];
+      CHECKF(it->tile >= 0 && it->tile < ina_mla_tiles(q, H), "%s: item %d tile %d", what, i, it->tile);
+      if (it->tile < 0 || it->tile >= ina_mla_tiles(q, H)) continue;
+      const size_t u = (size_t)it->request * (size_t)max_tiles + (size_t)it->tile;
+      const int32_t end = tile_end(it->tile, H, q, p->kv_len[it->request]);
+      CHECKF(it->kv_begin == next[u], "%s: unit (%d, %d): chunk starts at %d, expected %d", what,
+             it->request, it->tile, it->kv_begin, next[u]);
+      CHECKF(it->kv_begin % INA_MLA_KV_BLOCK == 0, "%s: chunk begins at %d, not a block boundary", what, it->kv_begin);
+      CHECKF(it->kv_end > it->kv_begin && it->kv_end <= end, "%s: unit (%d, %d): chunk [%d, %d) of [0, %d)",
+             what, it->request, it->tile, it->kv_begin, it->kv_end, end);
+      if (splits[u] == 0) first_slot[u] = it->slot;
+      else CHECKF(it->slot == first_slot[u] + splits[u], "%s: unit (%d, %d): slots not consecutive", what,
+                  it->request, it->tile);
+      if (it->slot >= 0 && it->slot < v.l.max_slots) {
+        CHECKF(!slot_used[it->slot], "%s: slot %d used twice", what, it->slot);
+        slot_used[it->slot] = 1;
+      }
+      CHECK(it->slot >= -1 && it->slot < v.l.max_slots);
+      next[u] = it->kv_end;
+      splits[u]++;
+      cost += INA_MLA_CHUNK_COST + (it->kv_end - it->kv_begin);
+    }
+    const double bound = share + 1 + INA_MLA_KV_BLOCK + INA_MLA_CHUNK_COST;
+    CHECKF(cost <= bound, "%s: CTA %d costs %lld, more than the even share %.1f + a block + a chunk", what, c,
+           (long long)cost, share);
+    if (share > 0 && cost / share > out.max_over_share) out.max_over_share = cost / share;
+  }
+  int32_t split_units = 0;
+  for (int32_t b = 0; b < p->batch; b++) {
+    const int32_t q = p->qo_indptr[b + 1] - p->qo_indptr[b];
+    for (int32_t t = 0; t < ina_mla_tiles(q, H); t++) {
+      const size_t u = (size_t)b * (size_t)max_tiles + (size_t)t;
+      CHECKF(next[u] == tile_end(t, H, q, p->kv_len[b]), "%s: unit (%d, %d) covered up to %d of %d", what, b, t,
+             next[u], tile_end(t, H, q, p->kv_len[b]));
+      if (splits[u] > out.max_splits) out.max_splits = splits[u];
+      if (splits[u] == 1) CHECKF(first_slot[u] == -1, "%s: unsplit unit (%d, %d) has slot %d", what, b, t, first_slot[u]);
+      if (splits[u] > 1) {
+        CHECKF(first_slot[u] >= 0, "%s: split unit (%d, %d) writes no partials", what, b, t);
+        split_units++;
+      }
+    }
+  }
+  CHECKF(hd->num_merges == split_units, "%s: %d merges for %d split units", what, hd->num_merges, split_units);
+  for (int32_t m = 0; m < hd->num_merges; m++) {
+    const ina_mla_sched_merge_t *mg = &v.merges[m];
+    const int ok = mg->request >= 0 && mg->request < p->batch && mg->tile >= 0 && mg->tile < max_tiles;
+    CHECKF(ok, "%s: merge %d names unit (%d, %d)", what, m, mg->request, mg->tile);
+    if (!ok) continue;
+    const size_t u = (size_t)mg->request * (size_t)max_tiles + (size_t)mg->tile;
+    CHECKF(mg->num_splits == splits[u] && mg->first_slot == first_slot[u], "%s: merge %d disagrees with its items",
+           what, m);
+  }
+  CHECK(info.num_splits_max == out.max_splits);
+  out.items = hd->num_items;
+  out.merges = hd->num_merges;
+done:
+  free(next);
+  free(splits);
+  free(first_slot);
+  free(slot_used);
+  free(ws);
+  return out;
+}
+
+typedef enum { DIST_UNIFORM, DIST_SKEWED, DIST_SHORT, DIST_EQUAL } dist_t;
+
+static void random_batch(test_rng_t *rng, int32_t batch, int32_t max_q, dist_t dist, int32_t kv_max,
+                         int32_t *qo_indptr, int32_t *kv_len) {
+  const int32_t long_one = batch > 0 ? (int32_t)test_rng_int(rng, 0, batch - 1) : 0;
+  qo_indptr[0] = 0;
+  for (int32_t b = 0; b < batch; b++) {
+    int32_t q = (int32_t)test_rng_int(rng, 0, max_q);
+    int32_t kv = 0;
+    switch (dist) {
+    case DIST_UNIFORM: kv = (int32_t)test_rng_int(rng, q, kv_max > q ? kv_max : q); break;
+    case DIST_SKEWED: kv = b == long_one ? kv_max : (int32_t)test_rng_int(rng, q, 64 > q ? 64 : q); break;
+    case DIST_SHORT: kv = q + (int32_t)test_rng_int(rng, 0, 5); break;
+    case DIST_EQUAL: kv = kv_max; break;
+    }
+    qo_indptr[b + 1] = qo_indptr[b] + q;
+    kv_len[b] = kv;
+  }
+}
+
+static void random_plans(test_rng_t *rng) {
+  static const int32_t heads[] = {1, 3, 16, 128};
+  static const int32_t sms[] = {1, 7, 132, 264};
+  static const int32_t max_qs[] = {1, 2, 16, 64};
+  int32_t qo[257], kv[256];
+  double worst = 0;
+  for (int trial = 0; trial < 300; trial++) {
+    const int32_t max_batch = (int32_t)test_rng_int(rng, 1, 256);
+    const int32_t batch = (int32_t)test_rng_int(rng, 0, max_batch);
+    const int32_t H = heads[test_rng_int(rng, 0, 3)], max_q = max_qs[test_rng_int(rng, 0, 3)];
+    const dist_t dist = (dist_t)test_rng_int(rng, 0, 3);
+    const int32_t kv_max = (int32_t)test_rng_int(rng, max_q, 40000);
+    random_batch(rng, batch, max_q, dist, kv_max, qo, kv);
+    ina_mla_plan_params_t p = params(batch, max_batch, max_q, H, qo, kv, sms[test_rng_int(rng, 0, 3)]);
+    if (test_rng_int(rng, 0, 3) == 0) p.page_size = (int32_t)test_rng_int(rng, 1, 128);
+    char what[128];
+    snprintf(what, sizeof what, "trial %d (batch %d/%d, heads %d, max_q %d, dist %d, kv_max %d, SMs %d)", trial,
+             batch, max_batch, H, max_q, (int)dist, kv_max, p.num_sms);
+    stats_t s = plan_and_check(&p, what);
+    /* With enough work per CTA the worst CTA stays near the even share. */
+    if (s.max_over_share > worst && batch > 0 && qo[batch] * H > 16 * p.num_sms) worst = s.max_over_share;
+  }
+  printf("  300 random plans: worst CTA / even share %.3f (for plans with work for every CTA)\n", worst);
+}
+
+/* One 32k request among 127 of 64 positions, 16 heads, decode, 132 SMs. */
+static void skewed_case(void) {
+  int32_t qo[129], kv[128];
+  for (int32_t b = 0; b < 128; b++) {
+    qo[b] = b;
+    kv[b] = b == 37 ? 32768 : 64;
+  }
+  qo[128] = 128;
+  ina_mla_plan_params_t p = params(128, 128, 1, 16, qo, kv, 132);
+  stats_t s = plan_and_check(&p, "32k among 127 x 64");
+  CHECKF(s.max_splits >= 64, "the 32k request is cut into only %d chunks", s.max_splits);
+  CHECKF(s.max_over_share < 1.5, "worst CTA carries %.2f x the even share", s.max_over_share);
+  printf("  32k among 127 x 64: %d items, %d merges, 32k request in %d chunks, worst CTA %.3f x share\n",
+         s.items, s.merges, s.max_splits, s.max_over_share);
+}
+
+/* Bucket-only sizes: same grid and workspace for any lengths, any batch up to max. */
+static void bucket_independence(test_rng_t *rng) {
+  int32_t qo[65], kv[64];
+  size_t host0 = 0, dev0 = 0;
+  int32_t ctas0 = -1;
+  for (int trial = 0; trial < 20; trial++) {
+    const int32_t batch = (int32_t)test_rng_int(rng, 0, 64);
+    random_batch(rng, batch, 4, (dist_t)test_rng_int(rng, 0, 3), 20000, qo, kv);
+    ina_mla_plan_params_t p = params(batch, 64, 4, 16, qo, kv, 132);
+    size_t host = 0, dev = 0;
+    ina_mla_plan_info_t info;
+    CHECK_OK(ina_mla_workspace_size(&p, &host, &dev));
+    void *ws = malloc(host);
+    CHECK(ws != NULL);
+    if (!ws) return;
+    CHECK_OK(ina_mla_plan(&p, ws, NULL, NULL, &info));
+    free(ws);
+    if (trial == 0) {
+      host0 = host;
+      dev0 = dev;
+      ctas0 = info.num_ctas;
+    }
+    CHECK(host == host0 && dev == dev0 && info.num_ctas == ctas0 && info.max_batch == 64 && info.max_q_len == 4);
+  }
+}
+
+/* Fixed edge cases: empty batch, q_len 0 requests, kv_len == q_len, one position. */
+static void edge_cases(void) {
+  int32_t qo[5] = {0, 0, 3, 3, 4}, kv[4] = {5, 3, 0, 1};
+  ina_mla_plan_params_t p = params(4, 4, 3, 16, qo, kv, 132);
+  stats_t s = plan_and_check(&p, "q_len 0 / kv_len == q_len / one position");
+  CHECK(s.items >= 4); /* request 1: 3 tiles; request 3: 1 tile */
+  p = params(0, 4, 3, 16, qo, kv, 132);
+  s = plan_and_check(&p, "empty batch");
+  CHECK(s.items == 0 && s.merges == 0);
+  /* Long prefill chunk: 1000 query tokens, 128 heads, on one SM. */
+  int32_t qo2[2] = {0, 1000}, kv2[1] = {1500};
+  p = params(1, 1, 1000, 128, qo2, kv2, 1);
+  s = plan_and_check(&p, "1000-token chunk, 128 heads, 1 SM");
+  /* 8000 units; each CTA boundary adds at most one chunk and one split unit */
+  CHECK(s.items >= 8000 && s.items <= 8000 + INA_MLA_CTAS_PER_SM - 1 && s.merges <= INA_MLA_CTAS_PER_SM - 1);
+}
+
+/* Expects `st` to be `code` with the last error containing `needle`. */
+static void expect_error(ina_status_t st, ina_status_t code, const char *needle, const char *what) {
+  CHECKF(st == code, "%s: status %d, expected %d", what, (int)st, (int)code);
+  CHECKF(strstr(ina_last_error(), needle) != NULL, "%s: message '%s' lacks '%s'", what, ina_last_error(), needle);
+}
+
+static void validation(void) {
+  int32_t qo[4] = {0, 2, 1, 3}, kv[3] = {4, 4, 4};
+  size_t hb = 0, db = 0;
+  ina_mla_plan_params_t p = params(3, 4, 4, 16, qo, kv, 132);
+  ina_mla_plan_info_t info;
+  CHECK_OK(ina_mla_workspace_size(&p, &hb, &db));
+  void *ws = malloc(hb);
+  CHECK(ws != NULL);
+  if (!ws) return;
+  ina_log_set_quiet_errors(1);
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "request 1", "qo_indptr decreasing");
+  CHECK(info.num_ctas == 0); /* a failed plan leaves no usable info */
+  qo[2] = 4;
+  qo[3] = 5;
+  kv[1] = 1;
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "kv_len 1", "q_len > kv_len");
+  kv[1] = 4;
+  p.max_q_len = 1;
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "max_q_len", "q_len > max_q_len");
+  p.max_q_len = 4;
+  p.batch = 5;
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "max_batch", "batch > max_batch");
+  p.batch = 3;
+  qo[0] = 1;
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "qo_indptr[0]", "qo_indptr[0] != 0");
+  qo[0] = 0;
+  CHECK_OK(ina_mla_plan(&p, ws, NULL, NULL, &info));
+  p.num_heads = 129;
+  expect_error(ina_mla_workspace_size(&p, &hb, &db), INA_ERR_INVALID_ARGUMENT, "129", "129 heads");
+  p.num_heads = 0;
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "num_heads", "0 heads");
+  p.num_heads = 16;
+  p.page_size = 0;
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "page_size", "page size 0");
+  p.page_size = 64;
+  p.kv_lora_rank = 700;
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_UNSUPPORTED, "700", "dims beyond the generic kernel");
+  p.kv_lora_rank = 512;
+  p.struct_size = 8;
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "INA_MLA_PLAN_PARAMS_INIT",
+               "bad struct_size");
+  p.struct_size = sizeof p;
+  expect_error(ina_mla_plan(&p, NULL, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "host_ws", "NULL host_ws");
+  p.qo_indptr = NULL;
+  expect_error(ina_mla_plan(&p, ws, NULL, NULL, &info), INA_ERR_INVALID_ARGUMENT, "NULL", "NULL qo_indptr");
+  if (ina_cuda_device_count() == 0) { /* num_sms = 0 asks the device: there is none */
+    p = params(3, 4, 4, 16, qo, kv, 0);
+    CHECK(ina_mla_workspace_size(&p, &hb, &db) != INA_OK);
+  }
+  ina_log_set_quiet_errors(0);
+  free(ws);
+}
+
+int main(void) {
+  test_rng_t rng = {test_seed("test_mla_plan")};
+  validation();
+  edge_cases();
+  skewed_case();
+  bucket_independence(&rng);
+  random_plans(&rng);
+  return test_finish("test_mla_plan");
+}
