@@ -1,0 +1,293 @@
+/* Throughput of gemm/gemm.h on DeepSeek-V3 shapes: y[M, N] = x[M, K] . W[N, K]^T for
+ * M = 1 .. 4096 and N x K = 7168x2048 (MoE down), 4096x7168 (MoE gate+up), 2048x7168,
+ * 24576x1536 (q_b_proj), 7168x16384 (o_proj), in bf16 and in block-scaled FP8 (AUTO path,
+ * and for M <= 256 also the kernel path forced), bf16 output.
+ *
+ * Figures per (variant, M, N, K):
+ *   time    median over 7 graph replays of (replay time / GEMMs in the graph); each graph
+ *           holds enough GEMMs for about 2 ms (at least 1), after warm-up replays.
+ *   TFLOP/s 2 M N K / time.
+ *   TB/s    (W bytes + x bytes + y bytes [+ fp32 scales]) / time, the bytes a GEMM must
+ *           move at least; printed for M <= 256, with its ratio to the read ceiling
+ *           measured in the same run (bench/bench_util.h).
+ * Weights, activations and outputs rotate over `sets` copies whose weights total at least
+ * 4x the L2, so a GEMM does not find its weight in L2 from an earlier one. Inputs are
+ * random (never zeros); FP8 operands are quantized from random bf16 on the GPU (weights
+ * 128x128, activations 1x128 by ina_gemm_quantize_x for each M: the scale layout depends
+ * on M). The last lines are a table, and one JSON line with every figure.
+ *
+ * Usage: bench_gemm (exit 0 on success, 77 without a device). gemm/gemm_torch_ref.py
+ * prints torch's figures for the same shapes in the same format. */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench_util.h"
+#include "core/cuda.h"
+#include "core/fp8_quant.h"
+#include "core/log.h"
+#include "gemm/gemm.h"
+
+#define MAX_SETS 16
+#define TIMED_REPLAYS 7
+#define WARMUP_REPLAYS 2
+#define TARGET_GRAPH_MS 2.0
+#define MAX_CALLS_PER_GRAPH 64
+#define KERNEL_MAX_BENCH_M 256
+#define MAX_M 4096
+
+static const int64_t g_ms[] = {1, 8, 64, 128, 256, 512, 1024, 2048, 4096};
+#define NUM_MS ((int)(sizeof g_ms / sizeof g_ms[0]))
+static const int64_t g_shapes[][2] = {
+    {7168, 2048}, {4096, 7168}, {2048, 7168}, {24576, 1536}, {7168, 16384}};
+#define NUM_SHAPES ((int)(sizeof g_shapes / sizeof g_shapes[0]))
+
+typedef enum { V_BF16 = 0, V_FP8, V_FP8_KERNEL, NUM_VARIANTS } variant_t;
+static const char *g_variant_names[NUM_VARIANTS] = {"bf16", "fp8", "fp8_kernel"};
+
+/* TFLOP/s of every (shape, M, variant), 0 when not measured: the closing table. */
+static double g_tflops[NUM_SHAPES][NUM_MS][NUM_VARIANTS];
+
+#define CUDA_OK(call)                                                           \
+  do {                                                                          \
+    cudaError_t e_ = (call);                                                    \
+    if (e_ != cudaSuccess) {                                                    \
+      fprintf(stderr, "bench_gemm: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
+              cudaGetErrorString(e_));                                          \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+#define INA_OK(call)                                                                               \
+  do {                                                                                             \
+    ina_status_t s_ = (call);                                                                      \
+    if (s_ != INA_OK) {                                                                            \
+      fprintf(stderr, "bench_gemm: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, ina_last_error()); \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+static void *dev_alloc(size_t bytes) {
+  void *p = NULL;
+  CUDA_OK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+/* The rotating operand sets of one N x K shape, sized for MAX_M rows. */
+typedef struct operands {
+  int64_t n, k;
+  int sets;
+  uint16_t *w16[MAX_SETS], *x16[MAX_SETS], *y[MAX_SETS];
+  uint8_t *w8[MAX_SETS], *x8[MAX_SETS];
+  float *w_scale[MAX_SETS], *x_scale[MAX_SETS];
+} operands_t;
+
+static void operands_make(operands_t *o, int64_t n, int64_t k, int64_t l2_bytes) {
+  const int64_t kb = (k + 127) / 128, nb = (n + 127) / 128;
+  const int64_t w_scales = ina_gemm_w_scale_count(n, k);
+  float *rows = malloc((size_t)(nb * kb) * sizeof *rows);
+  float *packed = malloc((size_t)w_scales * sizeof *packed);
+  float *raw = dev_alloc((size_t)(nb * kb) * sizeof(float));
+  if (!rows || !packed) exit(1);
+  memset(o, 0, sizeof *o);
+  o->n = n, o->k = k;
+  o->sets = (int)((4 * l2_bytes + n * k - 1) / (n * k)); /* fp8 weights past 4x L2 */
+  if (o->sets < 2) o->sets = 2;
+  if (o->sets > MAX_SETS) o->sets = MAX_SETS;
+  for (int s = 0; s < o->sets; s++) {
+    o->w16[s] = dev_alloc((size_t)(n * k) * 2);
+    o->x16[s] = dev_alloc((size_t)(MAX_M * k) * 2);
+    o->y[s] = dev_alloc((size_t)(MAX_M * n) * 2);
+    o->w8[s] = dev_alloc((size_t)(n * k));
+    o->x8[s] = dev_alloc((size_t)(MAX_M * k));
+    o->w_scale[s] = dev_alloc((size_t)w_scales * sizeof(float));
+    o->x_scale[s] = dev_alloc((size_t)(MAX_M * kb) * sizeof(float));
+    INA_OK(ina_bench_fill_random_bf16(o->w16[s], (size_t)(n * k), 1000 + s, 0.05f));
+    INA_OK(ina_bench_fill_random_bf16(o->x16[s], (size_t)(MAX_M * k), 2000 + s, 2.0f));
+    INA_OK(ina_cuda_fp8_quantize_blocks(o->w16[s], n, k, 128, 128, o->w8[s], raw, NULL));
+    CUDA_OK(cudaMemcpy(rows, raw, (size_t)(nb * kb) * sizeof(float), cudaMemcpyDeviceToHost));
+    INA_OK(ina_gemm_pack_w_scales(rows, n, k, packed));
+    CUDA_OK(cudaMemcpy(o->w_scale[s], packed, (size_t)w_scales * sizeof(float),
+                       cudaMemcpyHostToDevice));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  free(rows);
+  free(packed);
+  CUDA_OK(cudaFree(raw));
+}
+
+static void operands_free(operands_t *o) {
+  for (int s = 0; s < o->sets; s++) {
+    CUDA_OK(cudaFree(o->w16[s]));
+    CUDA_OK(cudaFree(o->x16[s]));
+    CUDA_OK(cudaFree(o->y[s]));
+    CUDA_OK(cudaFree(o->w8[s]));
+    CUDA_OK(cudaFree(o->x8[s]));
+    CUDA_OK(cudaFree(o->w_scale[s]));
+    CUDA_OK(cudaFree(o->x_scale[s]));
+  }
+}
+
+static ina_gemm_args_t args_for(const operands_t *o, variant_t v, int64_t m, int set,
+                                cudaStream_t stream) {
+  ina_gemm_args_t a = INA_GEMM_ARGS_INIT;
+  a.mode = v == V_BF16 ? INA_GEMM_BF16 : INA_GEMM_FP8_BLOCK;
+  a.path = v == V_FP8_KERNEL ? INA_GEMM_PATH_KERNEL : INA_GEMM_PATH_AUTO;
+  a.m = m, a.n = o->n, a.k = o->k;
+  a.x = v == V_BF16 ? (const void *)o->x16[set] : (const void *)o->x8[set];
+  a.w = v == V_BF16 ? (const void *)o->w16[set] : (const void *)o->w8[set];
+  a.x_scale = o->x_scale[set];
+  a.w_scale = o->w_scale[set];
+  a.out_dtype = INA_DTYPE_BF16;
+  a.y = o->y[set];
+  a.stream = stream;
+  return a;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median milliseconds per GEMM of `v` at M rows, from graph replays. */
+static double time_gemm(const ina_gemm_t *h, const operands_t *o, variant_t v, int64_t m,
+                        cudaStream_t stream) {
+  cudaEvent_t e0, e1;
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  double samples[TIMED_REPLAYS];
+  float ms = 0.0f;
+  CUDA_OK(cudaEventCreate(&e0));
+  CUDA_OK(cudaEventCreate(&e1));
+  /* Warm-up and a first estimate from one eager call. */
+  ina_gemm_args_t a = args_for(o, v, m, 0, stream);
+  INA_OK(ina_gemm_run(h, &a));
+  CUDA_OK(cudaEventRecord(e0, stream));
+  INA_OK(ina_gemm_run(h, &a));
+  CUDA_OK(cudaEventRecord(e1, stream));
+  CUDA_OK(cudaEventSynchronize(e1));
+  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+  int calls = ms > 0.0f ? (int)(TARGET_GRAPH_MS / ms) : MAX_CALLS_PER_GRAPH;
+  if (calls < 1) calls = 1;
+  if (calls > MAX_CALLS_PER_GRAPH) calls = MAX_CALLS_PER_GRAPH;
+
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; i++) {
+    a = args_for(o, v, m, i % o->sets, stream);
+    INA_OK(ina_gemm_run(h, &a));
+  }
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < WARMUP_REPLAYS; r++) CUDA_OK(cudaGraphLaunch(exec, stream));
+  for (int r = 0; r < TIMED_REPLAYS; r++) {
+    CUDA_OK(cudaEventRecord(e0, stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaEventRecord(e1, stream));
+    CUDA_OK(cudaEventSynchronize(e1));
+    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+    samples[r] = (double)ms / calls;
+  }
+  qsort(samples, TIMED_REPLAYS, sizeof samples[0], compare_doubles);
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaEventDestroy(e0));
+  CUDA_OK(cudaEventDestroy(e1));
+  return samples[TIMED_REPLAYS / 2];
+}
+
+static void report(const operands_t *o, variant_t v, int64_t m, double ms, double ceiling_tbs) {
+  char name[128], formula[256];
+  const char *vn = g_variant_names[v];
+  const double seconds = ms * 1e-3, n = (double)o->n, k = (double)o->k;
+  const double in_bytes = v == V_BF16 ? 2.0 : 1.0;
+  const double scale_bytes =
+      v == V_BF16
+          ? 0.0
+          : 4.0 * (double)(ina_gemm_w_scale_count(o->n, o->k) + ina_gemm_x_scale_count(m, o->k));
+  const double bytes = in_bytes * (n * k + (double)m * k) + 2.0 * m * n + scale_bytes;
+  const double tflops = 2.0 * m * n * k / seconds * 1e-12;
+  snprintf(name, sizeof name, "gemm_%s_m%lld_n%lld_k%lld_time", vn, (long long)m, (long long)o->n,
+           (long long)o->k);
+  snprintf(formula, sizeof formula,
+           "median over %d CUDA-graph replays of replay time / GEMMs per graph, %d rotating sets",
+           TIMED_REPLAYS, o->sets);
+  ina_bench_result(name, ms * 1e3, "us", formula);
+  snprintf(name, sizeof name, "gemm_%s_m%lld_n%lld_k%lld_tflops", vn, (long long)m, (long long)o->n,
+           (long long)o->k);
+  ina_bench_result(name, tflops, "TFLOP/s", "2*M*N*K / time");
+  if (m <= 256) {
+    const double tbs = bytes / seconds * 1e-12;
+    snprintf(name, sizeof name, "gemm_%s_m%lld_n%lld_k%lld_tbs", vn, (long long)m, (long long)o->n,
+             (long long)o->k);
+    snprintf(formula, sizeof formula,
+             "(W %s + x + bf16 y%s) = %.0f bytes / time; %.3f of the read ceiling %.3f TB/s",
+             v == V_BF16 ? "bf16" : "fp8", v == V_BF16 ? "" : " + fp32 scales", bytes,
+             tbs / ceiling_tbs, ceiling_tbs);
+    ina_bench_result(name, tbs, "TB/s", formula);
+  }
+}
+
+int main(void) {
+  if (ina_bench_no_device("bench_gemm")) return INA_BENCH_SKIP;
+  const double ceiling = ina_bench_read_ceiling_tbs();
+  if (ceiling <= 0.0) {
+    fprintf(stderr, "bench_gemm: read ceiling: %s\n", ina_last_error());
+    return 1;
+  }
+  ina_bench_result("read_ceiling", ceiling, "TB/s",
+                   "read-only reduction over rotating 1 GiB slices (bench_read_ceiling), same run");
+  int device = 0, l2 = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  printf("cuBLASLt version %zu, L2 %d MiB\n", cublasLtGetVersion(), l2 >> 20);
+
+  ina_gemm_t *h = NULL;
+  ina_gemm_config_t config = INA_GEMM_CONFIG_INIT;
+  config.max_m = MAX_M;
+  INA_OK(ina_gemm_create(&config, &h));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  for (int s = 0; s < NUM_SHAPES; s++) {
+    operands_t o;
+    operands_make(&o, g_shapes[s][0], g_shapes[s][1], l2);
+    INA_OK(ina_gemm_prepare(h, INA_GEMM_BF16, INA_DTYPE_BF16, o.n, o.k));
+    INA_OK(ina_gemm_prepare(h, INA_GEMM_FP8_BLOCK, INA_DTYPE_BF16, o.n, o.k));
+    for (int i = 0; i < NUM_MS; i++) {
+      const int64_t m = g_ms[i];
+      for (int set = 0; set < o.sets; set++)
+        INA_OK(ina_gemm_quantize_x(o.x16[set], 0, m, o.k, o.x8[set], 0, o.x_scale[set], stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      ina_gemm_args_t probe = args_for(&o, V_FP8, m, 0, stream);
+      ina_gemm_path_info_t info;
+      INA_OK(ina_gemm_query_path(h, &probe, &info));
+      printf("path fp8 m %lld n %lld k %lld: %s\n", (long long)m, (long long)o.n, (long long)o.k,
+             info.description);
+      for (int v = 0; v < NUM_VARIANTS; v++) {
+        if (v == V_FP8_KERNEL && m > KERNEL_MAX_BENCH_M) continue;
+        const double ms = time_gemm(h, &o, (variant_t)v, m, stream);
+        report(&o, (variant_t)v, m, ms, ceiling);
+        g_tflops[s][i][v] = 2.0 * m * (double)o.n * (double)o.k / (ms * 1e-3) * 1e-12;
+      }
+    }
+    operands_free(&o);
+  }
+
+  printf("\n%6s %13s %10s %10s %12s %9s   (TFLOP/s)\n", "M", "N x K", "bf16", "fp8", "fp8_kernel",
+         "fp8/bf16");
+  for (int s = 0; s < NUM_SHAPES; s++)
+    for (int i = 0; i < NUM_MS; i++) {
+      char shape[32];
+      snprintf(shape, sizeof shape, "%lldx%lld", (long long)g_shapes[s][0],
+               (long long)g_shapes[s][1]);
+      const double *t = g_tflops[s][i];
+      printf("%6lld %13s %10.1f %10.1f %12.1f %9.2f\n", (long long)g_ms[i], shape, t[V_BF16],
+             t[V_FP8], t[V_FP8_KERNEL], t[V_BF16] > 0 ? t[V_FP8] / t[V_BF16] : 0.0);
+    }
+  ina_bench_print_json("gemm");
+  CUDA_OK(cudaStreamDestroy(stream));
+  ina_gemm_destroy(h);
+  return 0;
+}
