@@ -1,7 +1,7 @@
 /* What the MLA kernels share (CUDA C++, internal to mla/): the arguments of a run as the
  * kernels see them, the schedule's device view, the query-row mapping, cache address
  * arithmetic and a few PTX wrappers. The launchers are declared here and defined next to
- * their kernels (mla_decode.cu, mla_decode_generic.cu, mla_combine.cu); mla_run.cu
+ * their kernels (mla_decode.cu, mla_decode_wgmma.cu, mla_decode_generic.cu, mla_combine.cu); mla_run.cu
  * validates a run and calls them. */
 #ifndef INA_MLA_MLA_DEVICE_CUH
 #define INA_MLA_MLA_DEVICE_CUH
@@ -102,6 +102,11 @@ __device__ __forceinline__ float warp_sum(float v) {
 cudaError_t launch_fast(const Args &a, bool fp8, int num_ctas, cudaStream_t stream);
 cudaError_t launch_generic(const Args &a, int num_ctas, cudaStream_t stream);
 cudaError_t launch_combine(const Args &a, int num_ctas, int max_slots, cudaStream_t stream);
+/* The sm_90a wgmma kernel (mla_decode_wgmma.cu) for grouped plans with a bf16 cache;
+ * num_ctas is the plan's (it launches one CTA per INA_MLA_CTAS_PER_SM lists). It runs only
+ * where wgmma_supported() (a compute capability 9.0 device). */
+cudaError_t launch_wgmma(const Args &a, int num_ctas, cudaStream_t stream);
+bool wgmma_supported();
 
 }  // namespace ina_mla
 

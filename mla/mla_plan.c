@@ -13,7 +13,12 @@
  * Order. Units go tile-major (every request's tile 0, then every request's tile 1, ...):
  * with many heads, the row tiles of one request then sit at the same place in the
  * stretches of different CTAs, which run at the same time and share the request's KV
- * blocks through L2 instead of each reading them from memory. */
+ * blocks through L2 instead of each reading them from memory.
+ *
+ * Groups. In grouped buckets (mla_schedule.h) the cost line holds groups of
+ * INA_MLA_GROUP_TILES row tiles instead of single tiles: a group costs its KV length (that
+ * of its last tile) plus one chunk cost, since the wgmma kernel reads each KV block once
+ * for all of its rows, and a cut splits all of its tiles at the same position. */
 #define INA_LOG_SUBSYS "mla"
 #include <stddef.h>
 #include <string.h>
@@ -29,7 +34,7 @@
 static size_t align_up(size_t x) { return (x + INA_MLA_WS_ALIGN - 1) / INA_MLA_WS_ALIGN * INA_MLA_WS_ALIGN; }
 
 ina_status_t ina_mla_sched_layout(int32_t max_batch, int32_t max_q_len, int32_t num_heads,
-                                  int32_t kv_lora_rank, int32_t num_ctas,
+                                  int32_t kv_lora_rank, int32_t rope_dim, int32_t num_ctas,
                                   ina_mla_sched_layout_t *out) {
   ina_status_t st = INA_OK;
   ina_mla_sched_layout_t l;
@@ -39,14 +44,15 @@ ina_status_t ina_mla_sched_layout(int32_t max_batch, int32_t max_q_len, int32_t 
               INA_ERR_INVALID_ARGUMENT, "mla: bad bucket (max_batch %d, max_q_len %d, heads %d, "
               "kv_lora_rank %d, CTAs %d)", max_batch, max_q_len, num_heads, kv_lora_rank, num_ctas);
   const int64_t units = (int64_t)max_batch * ina_mla_tiles(max_q_len, num_heads);
-  INA_REQUIRE(units + num_ctas < INT32_MAX / 2, INA_ERR_INVALID_ARGUMENT,
+  INA_REQUIRE(units + (int64_t)INA_MLA_GROUP_TILES * num_ctas < INT32_MAX / 2, INA_ERR_INVALID_ARGUMENT,
               "mla: bucket too large: %lld row tiles (max_batch %d x max_q_len %d x heads %d)",
               (long long)units, max_batch, max_q_len, num_heads);
   l.num_ctas = num_ctas;
   l.max_batch = max_batch;
-  l.max_items = (int32_t)units + num_ctas;
-  l.max_merges = num_ctas;
-  l.max_slots = 2 * num_ctas;
+  l.group_tiles = ina_mla_group_tiles(max_q_len, num_heads, kv_lora_rank, rope_dim);
+  l.max_items = (int32_t)units + l.group_tiles * num_ctas;
+  l.max_merges = l.group_tiles * num_ctas;
+  l.max_slots = 2 * l.group_tiles * num_ctas;
   l.kv_lora_rank = kv_lora_rank;
   size_t at = 0;
   l.header = at;
@@ -112,7 +118,7 @@ ina_status_t ina_mla_workspace_size(const ina_mla_plan_params_t *p, size_t *host
   *device_bytes = 0;
   INA_CHECK(check_bucket(p, &num_sms));
   INA_CHECK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank,
-                                 num_sms * INA_MLA_CTAS_PER_SM, &l));
+                                 p->rope_dim, num_sms * INA_MLA_CTAS_PER_SM, &l));
   *host_bytes = l.schedule_bytes;
   *device_bytes = l.device_bytes;
 fail:
@@ -187,24 +193,65 @@ static void next_cta(builder_t *s) {
   }
 }
 
-static ina_status_t emit(builder_t *s, int32_t request, int32_t tile, int32_t begin,
-                         int32_t end) {
+/* The group's tiles [first_tile, first_tile + tiles) and their KV ends (non-decreasing:
+ * later rows see more); a single tile in ungrouped plans. */
+typedef struct group {
+  int32_t request, first_tile, tiles;
+  int32_t end[INA_MLA_GROUP_TILES];
+} group_t;
+
+/* One item per tile of the group with positions in [begin, end): the tile's part of the
+ * chunk, the first item carrying the count. */
+static ina_status_t emit(builder_t *s, const group_t *g, int32_t begin, int32_t end) {
   ina_status_t st = INA_OK;
-  INA_REQUIRE(s->header->num_items < s->l->max_items, INA_ERR_INTERNAL,
-              "mla plan: %d work items exceed the workspace's %d", s->header->num_items + 1,
-              s->l->max_items);
-  const ina_mla_sched_item_t it = {request, tile, begin, end, -1, {0, 0, 0}};
-  s->items[s->header->num_items++] = it;
+  const int32_t lead = s->header->num_items;
+  for (int32_t i = 0; i < g->tiles; i++) {
+    if (g->end[i] <= begin) continue;
+    INA_REQUIRE(s->header->num_items < s->l->max_items, INA_ERR_INTERNAL,
+                "mla plan: %d work items exceed the workspace's %d", s->header->num_items + 1,
+                s->l->max_items);
+    const int32_t tile_end = g->end[i] < end ? g->end[i] : end;
+    const ina_mla_sched_item_t it = {g->request, g->first_tile + i, begin, tile_end, -1, 0, {0, 0}};
+    s->items[s->header->num_items++] = it;
+  }
+  s->items[lead].group_items = s->header->num_items - lead;
 fail:
   return st;
 }
 
-/* Places unit (request, tile) with KV range [0, len) on the cost line, cutting it at CTA
- * boundaries. */
-static ina_status_t place_unit(builder_t *s, int32_t request, int32_t tile, int32_t len) {
+/* Partial slots and merges for the group's tiles cut into several chunks; the tiles'
+ * items are interleaved chunk by chunk in items[first_item ..). */
+static ina_status_t assign_slots(builder_t *s, const group_t *g, int32_t first_item) {
+  ina_status_t st = INA_OK;
+  for (int32_t i = 0; i < g->tiles; i++) {
+    const int32_t tile = g->first_tile + i;
+    int32_t splits = 0;
+    for (int32_t k = first_item; k < s->header->num_items; k++) splits += s->items[k].tile == tile;
+    if (splits > s->max_splits) s->max_splits = splits;
+    if (splits <= 1) continue;
+    INA_REQUIRE(s->header->num_merges < s->l->max_merges && s->slots + splits <= s->l->max_slots,
+                INA_ERR_INTERNAL,
+                "mla plan: split unit %d exceeds the workspace (%d merges, %d + %d slots)",
+                s->header->num_merges, s->l->max_merges, s->slots, splits);
+    ina_mla_sched_merge_t *m = &s->merges[s->header->num_merges++];
+    m->request = g->request;
+    m->tile = tile;
+    m->first_slot = s->slots;
+    m->num_splits = splits;
+    for (int32_t k = first_item; k < s->header->num_items; k++)
+      if (s->items[k].tile == tile) s->items[k].slot = s->slots++;
+  }
+fail:
+  return st;
+}
+
+/* Places a group with KV range [0, len) (len = its last tile's end) on the cost line,
+ * cutting it at CTA boundaries. */
+static ina_status_t place_group(builder_t *s, const group_t *g) {
   ina_status_t st = INA_OK;
   const int32_t first_item = s->header->num_items;
   const int32_t last_cta = s->l->num_ctas - 1;
+  const int32_t len = g->end[g->tiles - 1];
   int32_t begin = 0;
   for (;;) {
     /* The unit's fixed cost is charged with its first chunk only: the cost line stays
@@ -213,7 +260,7 @@ static ina_status_t place_unit(builder_t *s, int32_t request, int32_t tile, int3
     const int64_t room = s->bound - s->pos - cost; /* tokens that fit */
     const int32_t remaining = len - begin;
     if (s->cta == last_cta || remaining <= room) {
-      INA_CHECK(emit(s, request, tile, begin, len));
+      INA_CHECK(emit(s, g, begin, len));
       s->pos += cost + remaining;
       break;
     }
@@ -221,12 +268,12 @@ static ina_status_t place_unit(builder_t *s, int32_t request, int32_t tile, int3
     const int64_t blocks = (room + INA_MLA_KV_BLOCK / 2) / INA_MLA_KV_BLOCK;
     const int64_t cut = room > 0 ? begin + blocks * INA_MLA_KV_BLOCK : begin;
     if (cut >= len) { /* the rest overshoots the stretch by under half a block */
-      INA_CHECK(emit(s, request, tile, begin, len));
+      INA_CHECK(emit(s, g, begin, len));
       s->pos += cost + remaining;
       break;
     }
     if (cut > begin) {
-      INA_CHECK(emit(s, request, tile, begin, (int32_t)cut));
+      INA_CHECK(emit(s, g, begin, (int32_t)cut));
       s->pos += cost + (cut - begin);
       begin = (int32_t)cut;
     }
@@ -234,20 +281,24 @@ static ina_status_t place_unit(builder_t *s, int32_t request, int32_t tile, int3
   }
   while (s->cta < last_cta && s->pos >= s->bound) next_cta(s);
 
-  const int32_t splits = s->header->num_items - first_item;
-  if (splits > s->max_splits) s->max_splits = splits;
-  if (splits > 1) {
-    INA_REQUIRE(s->header->num_merges < s->l->max_merges && s->slots + splits <= s->l->max_slots,
-                INA_ERR_INTERNAL,
-                "mla plan: split unit %d exceeds the workspace (%d merges, %d + %d slots)",
-                s->header->num_merges, s->l->max_merges, s->slots, splits);
-    ina_mla_sched_merge_t *m = &s->merges[s->header->num_merges++];
-    m->request = request;
-    m->tile = tile;
-    m->first_slot = s->slots;
-    m->num_splits = splits;
-    for (int32_t i = 0; i < splits; i++) s->items[first_item + i].slot = s->slots + i;
-    s->slots += splits;
+  if (g->tiles == 1) { /* ungrouped: the unit's items are consecutive */
+    const int32_t splits = s->header->num_items - first_item;
+    if (splits > s->max_splits) s->max_splits = splits;
+    if (splits > 1) {
+      INA_REQUIRE(s->header->num_merges < s->l->max_merges && s->slots + splits <= s->l->max_slots,
+                  INA_ERR_INTERNAL,
+                  "mla plan: split unit %d exceeds the workspace (%d merges, %d + %d slots)",
+                  s->header->num_merges, s->l->max_merges, s->slots, splits);
+      ina_mla_sched_merge_t *m = &s->merges[s->header->num_merges++];
+      m->request = g->request;
+      m->tile = g->first_tile;
+      m->first_slot = s->slots;
+      m->num_splits = splits;
+      for (int32_t i = 0; i < splits; i++) s->items[first_item + i].slot = s->slots + i;
+      s->slots += splits;
+    }
+  } else {
+    INA_CHECK(assign_slots(s, g, first_item));
   }
 fail:
   return st;
@@ -256,7 +307,7 @@ fail:
 ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *device_ws,
                           void *stream, ina_mla_plan_info_t *info) {
   ina_status_t st = INA_OK;
-  int32_t num_sms = 0, max_tiles = 0;
+  int32_t num_sms = 0, max_groups = 0;
   ina_mla_sched_layout_t l;
   builder_t s;
   memset(&s, 0, sizeof s);
@@ -266,7 +317,7 @@ ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *d
   INA_CHECK(check_bucket(p, &num_sms));
   INA_CHECK(check_step(p));
   INA_CHECK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank,
-                                 num_sms * INA_MLA_CTAS_PER_SM, &l));
+                                 p->rope_dim, num_sms * INA_MLA_CTAS_PER_SM, &l));
 
   char *ws = host_ws;
   s.l = &l;
@@ -279,28 +330,37 @@ ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *d
   s.header->batch = p->batch;
   s.header->total_tokens = p->batch > 0 ? p->qo_indptr[p->batch] : 0;
 
+  const int32_t G = l.group_tiles;
   for (int32_t b = 0; b < p->batch; b++) {
     ina_mla_sched_request_t *r = &requests[b];
     r->q_begin = p->qo_indptr[b];
     r->q_len = p->qo_indptr[b + 1] - p->qo_indptr[b];
     r->kv_len = p->kv_len[b];
     r->num_tiles = ina_mla_tiles(r->q_len, p->num_heads);
-    if (r->num_tiles > max_tiles) max_tiles = r->num_tiles;
+    const int32_t groups = (r->num_tiles + G - 1) / G;
+    if (groups > max_groups) max_groups = groups;
     if (r->q_len == 1) {
-      s.total += (int64_t)r->num_tiles * (INA_MLA_CHUNK_COST + r->kv_len);
+      s.total += (int64_t)groups * (INA_MLA_CHUNK_COST + r->kv_len);
     } else {
-      for (int32_t t = 0; t < r->num_tiles; t++)
-        s.total += INA_MLA_CHUNK_COST + ina_mla_tile_kv_end(t, p->num_heads, r->q_len, r->kv_len);
+      for (int32_t gi = 0; gi < groups; gi++) { /* a group's cost is its last tile's */
+        const int32_t last = (gi + 1) * G < r->num_tiles ? (gi + 1) * G - 1 : r->num_tiles - 1;
+        s.total += INA_MLA_CHUNK_COST + ina_mla_tile_kv_end(last, p->num_heads, r->q_len, r->kv_len);
+      }
     }
   }
 
   s.cta_indptr[0] = 0;
   first_cta(&s);
-  for (int32_t t = 0; t < max_tiles; t++) {
+  for (int32_t gi = 0; gi < max_groups; gi++) {
     for (int32_t b = 0; b < p->batch; b++) {
       const ina_mla_sched_request_t *r = &requests[b];
-      if (t >= r->num_tiles) continue;
-      INA_CHECK(place_unit(&s, b, t, unit_kv_end(r, t, p->num_heads)));
+      if (gi * G >= r->num_tiles) continue;
+      group_t g;
+      g.request = b;
+      g.first_tile = gi * G;
+      g.tiles = r->num_tiles - g.first_tile < G ? r->num_tiles - g.first_tile : G;
+      for (int32_t i = 0; i < g.tiles; i++) g.end[i] = unit_kv_end(r, g.first_tile + i, p->num_heads);
+      INA_CHECK(place_group(&s, &g));
     }
   }
   while (s.cta < l.num_ctas - 1) next_cta(&s);

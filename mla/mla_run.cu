@@ -8,6 +8,12 @@
 #include "mla/mla.h"
 #include "mla/mla_device.cuh"
 
+/* INA_MLA_WGMMA=0 keeps grouped plans on the mma.sync kernel (the wgmma kernel still
+ * builds): the switch to compare the two, or to fall back if the wgmma kernel misbehaves. */
+#ifndef INA_MLA_WGMMA
+#define INA_MLA_WGMMA 1
+#endif
+
 namespace {
 
 bool aligned(const void *p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
@@ -28,6 +34,12 @@ bool fast_layout_ok(const ina_mla_run_params_t *p) {
   return ok;
 }
 
+/* The wgmma kernel also copies whole query rows in 16-byte pieces. */
+bool wgmma_layout_ok(const ina_mla_run_params_t *p) {
+  return aligned(p->q_nope, 16) && aligned(p->q_pe, 16) && p->q_nope_token_stride % 8 == 0 &&
+         p->q_nope_head_stride % 8 == 0 && p->q_pe_token_stride % 8 == 0 && p->q_pe_head_stride % 8 == 0;
+}
+
 }  // namespace
 
 extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *device_ws,
@@ -35,7 +47,7 @@ extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *devic
   ina_status_t st = INA_OK;
   ina_mla_sched_layout_t l;
   ina_mla::Args a;
-  bool fast = false, fp8 = false;
+  bool fast = false, fp8 = false, wgmma = false;
   char *ws = static_cast<char *>(device_ws);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   INA_REQUIRE(info && device_ws && p, INA_ERR_INVALID_ARGUMENT, "mla run: %s is NULL",
@@ -48,7 +60,7 @@ extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *devic
   INA_REQUIRE(info->num_ctas > 0, INA_ERR_INVALID_ARGUMENT,
               "mla run: info holds no plan (num_ctas %d); call ina_mla_plan first", info->num_ctas);
   INA_CHECK(ina_mla_sched_layout(info->max_batch, info->max_q_len, info->num_heads,
-                                 info->kv_lora_rank, info->num_ctas, &l));
+                                 info->kv_lora_rank, info->rope_dim, info->num_ctas, &l));
   {
     const ina_mla_cache_t &c = p->cache;
     INA_REQUIRE(c.kv_lora_rank == info->kv_lora_rank && c.rope_dim == info->rope_dim &&
@@ -100,7 +112,12 @@ extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *devic
 
   fp8 = p->cache.format == INA_MLA_CACHE_FP8;
   fast = info->path == INA_MLA_PATH_FAST && p->cache.format != INA_MLA_CACHE_F32 && fast_layout_ok(p);
-  if (fast) INA_CUDA_CHECK(ina_mla::launch_fast(a, fp8, info->num_ctas, s));
+  /* Grouped plans (many query rows per request) with a bf16 cache take the wgmma kernel;
+   * the mma.sync kernel runs any plan, grouped or not, item by item. */
+  wgmma = INA_MLA_WGMMA && fast && l.group_tiles > 1 && p->cache.format == INA_MLA_CACHE_BF16 &&
+          wgmma_layout_ok(p) && ina_mla::wgmma_supported();
+  if (wgmma) INA_CUDA_CHECK(ina_mla::launch_wgmma(a, info->num_ctas, s));
+  else if (fast) INA_CUDA_CHECK(ina_mla::launch_fast(a, fp8, info->num_ctas, s));
   else INA_CUDA_CHECK(ina_mla::launch_generic(a, info->num_ctas, s));
   INA_CUDA_CHECK(ina_mla::launch_combine(a, info->num_ctas, l.max_slots, s));
 fail:

@@ -9,6 +9,13 @@
  *   unit      (request, row tile) with its KV range [0, kv_end).
  *   chunk     a piece [kv_begin, kv_end) of a unit's KV range, processed by one CTA as
  *             one work item. Cuts lie on multiples of INA_MLA_KV_BLOCK.
+ *   group     with many query rows per request (ina_mla_group_tiles > 1: the wgmma kernel's
+ *             buckets), G consecutive row tiles of a request (rows [64 g, 64 g + 64) for
+ *             G = 4) are placed and cut together: each cut of the group's KV range gives
+ *             one item per tile that still has positions there, emitted consecutively in
+ *             tile order into one CTA's list, the first carrying the count
+ *             (item.group_items). A kernel may process them as one 64-row tile that reads
+ *             each KV block once; the other kernels just see ordinary items.
  * A unit processed in one chunk writes the final output; a unit cut into several chunks
  * ("split") has each chunk write a partial result (fp32 o normalized by its own softmax
  * sum, and its lse) into a slot, and the combine kernel merges the slots by LSE.
@@ -48,6 +55,8 @@ extern "C" {
 #endif
 
 #define INA_MLA_TILE_ROWS 16  /* query rows per unit: the M of one mma.sync tile */
+#define INA_MLA_GROUP_TILES 4 /* row tiles per group in grouped plans: the M of one wgmma tile */
+#define INA_MLA_GROUP_MIN_ROWS 64 /* query rows per request (bucket) from which plans group */
 #define INA_MLA_KV_BLOCK 64   /* cut granularity: a multiple of every kernel's KV block */
 #define INA_MLA_CHUNK_COST 64 /* fixed cost of a chunk (query load, output write) in tokens */
 #define INA_MLA_CTAS_PER_SM 2 /* the fast kernel fits two CTAs in an SM's shared memory */
@@ -77,7 +86,11 @@ typedef struct ina_mla_sched_item {
   int32_t kv_begin;
   int32_t kv_end;
   int32_t slot; /* partial-result slot, or -1: the unit is not split, write the output */
-  int32_t reserved[3];
+  /* Items of this chunk's group, this one first (the next group_items - 1 items are the
+   * group's later tiles in this chunk, in tile order, same kv_begin, non-decreasing
+   * kv_end); 0 on those later items. Always 1 in ungrouped plans. */
+  int32_t group_items;
+  int32_t reserved[2];
 } ina_mla_sched_item_t;
 
 typedef struct ina_mla_sched_merge {
@@ -90,9 +103,10 @@ typedef struct ina_mla_sched_merge {
 typedef struct ina_mla_sched_layout {
   int32_t num_ctas;
   int32_t max_batch;
-  int32_t max_items;  /* units of the bucket + one extra chunk per CTA boundary */
-  int32_t max_merges; /* at most one split unit per CTA boundary */
-  int32_t max_slots;  /* at most two partial chunks per CTA boundary */
+  int32_t group_tiles; /* ina_mla_group_tiles of the bucket: 1 or INA_MLA_GROUP_TILES */
+  int32_t max_items;  /* units of the bucket + one extra chunk per tile of a group per CTA boundary */
+  int32_t max_merges; /* at most one split group (group_tiles units) per CTA boundary */
+  int32_t max_slots;  /* at most two partial chunks per split unit and CTA boundary */
   int32_t kv_lora_rank;
   size_t header, cta_indptr, requests, merges, items; /* byte offsets */
   size_t schedule_bytes;                              /* host workspace size */
@@ -102,8 +116,19 @@ typedef struct ina_mla_sched_layout {
 
 /* Layout for a bucket; INA_ERR_INVALID_ARGUMENT when it does not fit in 32-bit counts. */
 ina_status_t ina_mla_sched_layout(int32_t max_batch, int32_t max_q_len, int32_t num_heads,
-                                  int32_t kv_lora_rank, int32_t num_ctas,
+                                  int32_t kv_lora_rank, int32_t rope_dim, int32_t num_ctas,
                                   ina_mla_sched_layout_t *out);
+
+/* Row tiles per group of a bucket: INA_MLA_GROUP_TILES for DeepSeek's dims (512 + 64)
+ * when a request may have INA_MLA_GROUP_MIN_ROWS query rows or more (many heads, or
+ * several query tokens), where reading each KV block once for 64 rows pays; else 1. A
+ * function of the bucket alone, like every size of the layout. */
+INA_MLA_HOST_DEVICE static inline int32_t ina_mla_group_tiles(int32_t max_q_len, int32_t num_heads,
+                                                              int32_t kv_lora_rank, int32_t rope_dim) {
+  const int grouped = kv_lora_rank == 512 && rope_dim == 64 &&
+                      (int64_t)max_q_len * num_heads >= INA_MLA_GROUP_MIN_ROWS;
+  return grouped ? INA_MLA_GROUP_TILES : 1;
+}
 
 /* Row tiles of a request with q_len query tokens. */
 INA_MLA_HOST_DEVICE static inline int32_t ina_mla_tiles(int32_t q_len, int32_t num_heads) {

@@ -3,7 +3,10 @@
  * request among short ones), page sizes 1 / 16 / 64 on shuffled page ids, 1 / 3 / 16 /
  * 128 heads, query lengths 1..16 (and a 128-token chunk), bf16 / FP8 / f32 caches,
  * interleaved and separate padded layouts, small dims (generic kernel), and grids of a few
- * CTAs (many items per CTA, many splits) or more CTAs than SMs.
+ * CTAs (many items per CTA, many splits) or more CTAs than SMs. Buckets with 64+ query
+ * rows per request (20 / 64 / 128 heads, or 16 heads with 4+ query tokens) and a bf16
+ * cache take the wgmma kernel (64-row groups; "wgmma" in the report), with FP8 the
+ * mma.sync kernel over the same grouped plan.
  *
  * Outputs are poisoned (NaN) before each run and unread cache slots hold NaN; bf16 out
  * must be within relative L2 1e-2 of the reference, lse within 1e-4 (1e-3 for FP8, whose
@@ -39,6 +42,15 @@ static const spec_t full_specs[] = {
     {"h3 q1..16 fp8 p64", SHAPE(6, 8, 16, 3, 512, 64, 64, FP8, PACKED, 0, 0), 0, KV_UNIFORM, 3000},
     {"h128 decode bf16 p64", SHAPE(3, 4, 1, 128, 512, 64, 64, BF16, PACKED, 0, 0), 0, KV_UNIFORM, 2048},
     {"h128 q1..4 fp8 p16", SHAPE(2, 4, 4, 128, 512, 64, 16, FP8, PACKED, 0, 0), 0, KV_UNIFORM, 1024},
+    {"h128 q1..4 bf16 p1 skewed", SHAPE(6, 8, 4, 128, 512, 64, 1, BF16, PACKED, 0, 0), 0, KV_SKEWED, 6000},
+    {"h128 decode bf16 p64 skewed, 7 CTAs", SHAPE(12, 16, 1, 128, 512, 64, 64, BF16, PACKED, 0, 0), 7, KV_SKEWED, 20000},
+    {"h128 decode bf16 p16, 300 CTAs", SHAPE(5, 8, 1, 128, 512, 64, 16, BF16, PACKED, 0, 0), 300, KV_UNIFORM, 3000},
+    {"h64 decode bf16 p64", SHAPE(8, 8, 1, 64, 512, 64, 64, BF16, PACKED, 0, 0), 0, KV_UNIFORM, 5000},
+    {"h64 q1..2 bf16 p1, 3 CTAs", SHAPE(4, 4, 2, 64, 512, 64, 1, BF16, PACKED, 0, 0), 3, KV_UNIFORM, 1500},
+    {"h20 q1..4 bf16 p16 (80 rows)", SHAPE(6, 8, 4, 20, 512, 64, 16, BF16, PACKED, 0, 0), 0, KV_UNIFORM, 3000},
+    {"mtp h16 q4 bf16 p64, 5 CTAs", SHAPE(9, 12, 4, 16, 512, 64, 64, BF16, PACKED, 0, 0), 5, KV_UNIFORM, 4000},
+    {"h128 q1..3 bf16 separate padded", SHAPE(3, 4, 3, 128, 512, 64, 64, BF16, SEPARATE, 1, 0), 0, KV_UNIFORM, 1200},
+    {"h64 fp8 p64 (grouped plan)", SHAPE(5, 8, 1, 64, 512, 64, 64, FP8, PACKED, 0, 0), 0, KV_UNIFORM, 3000},
     {"mtp h16 q1..16 bf16 p64", SHAPE(6, 8, 16, 16, 512, 64, 64, BF16, PACKED, 0, 0), 0, KV_UNIFORM, 8192},
     {"chunk q1..128 h16 bf16 p64", SHAPE(2, 2, 128, 16, 512, 64, 64, BF16, PACKED, 0, 0), 0, KV_UNIFORM, 700},
     {"separate padded h16 bf16 q1..4", SHAPE(5, 8, 4, 16, 512, 64, 16, BF16, SEPARATE, 1, 0), 0, KV_UNIFORM, 3000},
@@ -50,6 +62,7 @@ static const spec_t full_specs[] = {
     {"generic 32+8 f32 h16", SHAPE(6, 8, 2, 16, 32, 8, 64, F32, PACKED, 0, 0), 0, KV_UNIFORM, 3000},
     {"generic 128+16 fp8 h7, 9 CTAs", SHAPE(5, 8, 2, 7, 128, 16, 16, FP8, PACKED, 0, 0), 9, KV_UNIFORM, 3000},
     {"generic 512+64 odd q stride h16", SHAPE(4, 4, 2, 16, 512, 64, 64, BF16, PACKED, 1, 1), 0, KV_UNIFORM, 2000},
+    {"generic 512+64 odd q stride h32 q1..2", SHAPE(3, 4, 2, 32, 512, 64, 16, BF16, PACKED, 1, 1), 0, KV_UNIFORM, 1500},
     {"generic 512+64 f32 cache h16", SHAPE(3, 4, 1, 16, 512, 64, 64, F32, PACKED, 0, 0), 0, KV_UNIFORM, 2000},
 };
 
@@ -57,6 +70,7 @@ static const spec_t small_specs[] = {
     {"small decode h16 bf16 p16", SHAPE(3, 4, 1, 16, 512, 64, 16, BF16, PACKED, 0, 0), 4, KV_UNIFORM, 300},
     {"small q1..3 h16 fp8 p64", SHAPE(2, 4, 3, 16, 512, 64, 64, FP8, PACKED, 0, 0), 3, KV_UNIFORM, 200},
     {"small q1..5 h3 bf16 p1", SHAPE(2, 2, 5, 3, 512, 64, 1, BF16, PACKED, 0, 0), 2, KV_UNIFORM, 150},
+    {"small h64 q1..2 bf16 p16", SHAPE(2, 2, 2, 64, 512, 64, 16, BF16, PACKED, 0, 0), 3, KV_UNIFORM, 300},
     {"small generic 64+16 bf16 h3", SHAPE(2, 2, 2, 3, 64, 16, 16, BF16, PACKED, 0, 0), 2, KV_UNIFORM, 100},
     {"small generic 128+16 fp8 h2", SHAPE(2, 2, 2, 2, 128, 16, 16, FP8, PACKED, 0, 0), 2, KV_UNIFORM, 100},
 };
@@ -136,8 +150,13 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool, 
   CHECKF(stray == 0, "%s: %lld output elements outside the tensor were written", sp->name, (long long)stray);
   int32_t max_kv = 0;
   for (int32_t b = 0; b < s.batch; b++) max_kv = kv_lens[b] > max_kv ? kv_lens[b] : max_kv;
-  printf("  %-36s tokens %4d max kv %5d plan path %s CTAs %3d max splits %3d: out %.2e lse %.2e%s\n",
-         sp->name, c.tokens, max_kv, info.path == INA_MLA_PATH_FAST ? "fast   " : "generic", info.num_ctas,
+  /* the kernel ina_mla_run picks (mla_run.cu), for the report */
+  const int grouped = ina_mla_group_tiles(s.max_q_len, s.num_heads, s.kv_lora_rank, s.rope_dim) > 1;
+  const char *kernel = info.path != INA_MLA_PATH_FAST || s.odd_stride || s.format == INA_MLA_CACHE_F32 ? "generic"
+                       : grouped && s.format == INA_MLA_CACHE_BF16 ? "wgmma  "
+                                                                   : "mma    ";
+  printf("  %-36s tokens %4d max kv %5d kernel %s CTAs %3d max splits %3d: out %.2e lse %.2e%s\n",
+         sp->name, c.tokens, max_kv, kernel, info.num_ctas,
          info.num_splits_max, out_err, lse_err, ok && stray == 0 ? "" : "  FAILED");
 done:
   mla_dev_free(&d);

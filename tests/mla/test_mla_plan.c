@@ -5,8 +5,12 @@
  *     chunks start on block boundaries, and only the causal range of the tile is covered;
  *   - per-CTA lists are consistent (indptr monotone, every item of a CTA in its range);
  *   - split units (and only they) have a merge entry and distinct partial slots, in order;
- *   - balance: every CTA's cost (KV positions + a fixed cost per chunk) stays within one
- *     block and one chunk cost of the even share;
+ *   - groups: buckets with >= 64 query rows per request (and 512 + 64 dims) group 4 row
+ *     tiles; each chunk of a group is one run of items in one CTA's list, led by the item
+ *     carrying the count, holding exactly the group's tiles that still have positions at
+ *     the chunk's start, in tile order, with the same start; ungrouped plans have runs of 1;
+ *   - balance: every CTA's cost (KV positions + a fixed cost per chunk, once per group
+ *     chunk) stays within one block and one chunk cost of the even share;
  *   - one 32k request among 127 of 64 positions is spread over many CTAs;
  *   - the grid and the workspace sizes depend on the bucket only, not on the lengths;
  *   - invalid inputs fail with INA_ERR_INVALID_ARGUMENT / INA_ERR_UNSUPPORTED and a
@@ -46,7 +50,8 @@ static schedule_view_t view(const ina_mla_plan_params_t *p, const void *ws, int3
   schedule_view_t v;
   const char *b = ws;
   memset(&v, 0, sizeof v);
-  CHECK_OK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank, num_ctas, &v.l));
+  CHECK_OK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank, p->rope_dim, num_ctas,
+                                &v.l));
   v.header = (const ina_mla_sched_header_t *)(b + v.l.header);
   v.cta_indptr = (const int32_t *)(b + v.l.cta_indptr);
   v.requests = (const ina_mla_sched_request_t *)(b + v.l.requests);
@@ -60,6 +65,11 @@ static int32_t tile_end(int32_t tile, int32_t heads, int32_t q_len, int32_t kv_l
   int64_t last_row = (int64_t)(tile + 1) * 16 - 1;
   if (last_row >= (int64_t)q_len * heads) last_row = (int64_t)q_len * heads - 1;
   return kv_len - q_len + (int32_t)(last_row / heads) + 1;
+}
+
+/* Row tiles per group the plan must use: 4 for 512 + 64 with 64+ query rows per request. */
+static int32_t expected_group(const ina_mla_plan_params_t *p) {
+  return p->kv_lora_rank == 512 && p->rope_dim == 64 && (int64_t)p->max_q_len * p->num_heads >= 64 ? 4 : 1;
 }
 
 typedef struct stats {
@@ -116,16 +126,44 @@ static stats_t plan_and_check(const ina_mla_plan_params_t *p, const char *what) 
   uint8_t *slot_used = calloc((size_t)v.l.max_slots, 1);
   CHECK(next && splits && first_slot && slot_used);
   if (!next || !splits || !first_slot || !slot_used) goto done;
-  int64_t total = 0;
+  const int32_t G = expected_group(p);
+  CHECKF(v.l.group_tiles == G, "%s: %d tiles per group, expected %d", what, v.l.group_tiles, G);
+  int64_t total = 0; /* a group costs what its last tile does */
   for (int32_t b = 0; b < p->batch; b++) {
-    const int32_t q = p->qo_indptr[b + 1] - p->qo_indptr[b];
-    for (int32_t t = 0; t < ina_mla_tiles(q, H); t++) total += INA_MLA_CHUNK_COST + tile_end(t, H, q, p->kv_len[b]);
+    const int32_t q = p->qo_indptr[b + 1] - p->qo_indptr[b], tiles = ina_mla_tiles(q, H);
+    for (int32_t t = 0; t < tiles; t++)
+      if (t % G == G - 1 || t == tiles - 1) total += INA_MLA_CHUNK_COST + tile_end(t, H, q, p->kv_len[b]);
   }
   const double share = (double)total / N;
   for (int32_t c = 0; c < N; c++) {
     int64_t cost = 0;
+    int32_t run_end = v.cta_indptr[c]; /* end of the current group chunk's run of items */
     for (int32_t i = v.cta_indptr[c]; i < v.cta_indptr[c + 1]; i++) {
       const ina_mla_sched_item_t *it = &v.items[i];
+      if (i == run_end) { /* a run's lead: check the run and charge its cost once */
+        const int32_t n = it->group_items;
+        CHECKF(n >= 1 && n <= G && i + n <= v.cta_indptr[c + 1], "%s: item %d leads a run of %d items (CTA %d "
+               "ends at %d, groups of %d)", what, i, n, c, v.cta_indptr[c + 1], G);
+        if (n < 1 || n > G || i + n > v.cta_indptr[c + 1]) break;
+        run_end = i + n;
+        const ina_mla_sched_item_t *last = &v.items[i + n - 1];
+        for (int32_t k = 1; k < n; k++) {
+          const ina_mla_sched_item_t *f = &v.items[i + k];
+          CHECKF(f->group_items == 0 && f->request == it->request && f->tile == it->tile + k &&
+                     f->kv_begin == it->kv_begin && f->kv_end >= v.items[i + k - 1].kv_end,
+                 "%s: item %d is not member %d of the run led by item %d", what, i + k, k, i);
+        }
+        if (it->request >= 0 && it->request < p->batch) {
+          const int32_t q = p->qo_indptr[it->request + 1] - p->qo_indptr[it->request], tiles = ina_mla_tiles(q, H);
+          const int32_t kv = p->kv_len[it->request], first = it->tile - it->tile % G;
+          const int32_t group_last = first + G - 1 < tiles - 1 ? first + G - 1 : tiles - 1;
+          /* exactly the group's tiles that still have positions at the chunk's start */
+          CHECKF(last->tile == group_last && (it->tile == first || tile_end(it->tile - 1, H, q, kv) <= it->kv_begin),
+                 "%s: run at item %d holds tiles %d..%d of group %d..%d at position %d", what, i, it->tile,
+                 last->tile, first, group_last, it->kv_begin);
+        }
+        cost += INA_MLA_CHUNK_COST + (last->kv_end - it->kv_begin);
+      }
       CHECKF(it->request >= 0 && it->request < p->batch, "%s: item %d request %d", what, i, it->request);
       if (it->request < 0 || it->request >= p->batch) continue;
       const int32_t q = p->qo_indptr[it->request + 1] - p->qo_indptr[it->request];
@@ -148,7 +186,6 @@ static stats_t plan_and_check(const ina_mla_plan_params_t *p, const char *what) 
       CHECK(it->slot >= -1 && it->slot < v.l.max_slots);
       next[u] = it->kv_end;
       splits[u]++;
-      cost += INA_MLA_CHUNK_COST + (it->kv_end - it->kv_begin);
     }
     const double bound = share + 1 + INA_MLA_KV_BLOCK + INA_MLA_CHUNK_COST;
     CHECKF(cost <= bound, "%s: CTA %d costs %lld, more than the even share %.1f + a block + a chunk", what, c,
@@ -292,8 +329,17 @@ static void edge_cases(void) {
   int32_t qo2[2] = {0, 1000}, kv2[1] = {1500};
   p = params(1, 1, 1000, 128, qo2, kv2, 1);
   s = plan_and_check(&p, "1000-token chunk, 128 heads, 1 SM");
-  /* 8000 units; each CTA boundary adds at most one chunk and one split unit */
-  CHECK(s.items >= 8000 && s.items <= 8000 + INA_MLA_CTAS_PER_SM - 1 && s.merges <= INA_MLA_CTAS_PER_SM - 1);
+  /* 8000 units in 2000 groups of 4 tiles; each CTA boundary cuts at most one group: at
+   * most 4 more chunks and 4 split units */
+  const int32_t cuts = 4 * (INA_MLA_CTAS_PER_SM - 1);
+  CHECK(s.items >= 8000 && s.items <= 8000 + cuts && s.merges <= cuts);
+  /* 16 heads with 4 query tokens: 64 rows, one group of 4 causal tiles per request */
+  int32_t qo3[4] = {0, 4, 8, 11}, kv3[3] = {300, 4, 129};
+  p = params(3, 3, 4, 16, qo3, kv3, 2);
+  s = plan_and_check(&p, "MTP 16 heads x 4 tokens, 2 SMs");
+  /* 8 heads x 4 tokens: 32 rows, not grouped */
+  p = params(3, 3, 4, 8, qo3, kv3, 2);
+  s = plan_and_check(&p, "8 heads x 4 tokens, 2 SMs");
 }
 
 /* Expects `st` to be `code` with the last error containing `needle`. */
