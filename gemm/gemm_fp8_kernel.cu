@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "core/cuda_check.h"
+#include "core/cuda_math.cuh"
 #include "gemm/gemm_internal.h"
 #include "gemm/gemm_scale_layout.h"
 
@@ -122,9 +123,7 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits) {
-  return __uint_as_float(bits << 16);
-}
+using ina_cuda::bf16_to_f32;
 
 /* y[m, n..n+7] = v + beta * residual[m, n..n+7]; n is a multiple of 8 and the row starts
  * are 16-byte aligned (checked by the caller). A residual aliasing y is read before the
@@ -144,8 +143,8 @@ __device__ __forceinline__ void store8(const Params &p, int64_t m, int64_t n, fl
       const uint32_t words[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
       for (int i = 0; i < 4; i++) {
-        v[2 * i] += p.beta * bf16_bits_to_float(words[i] & 0xFFFFu);
-        v[2 * i + 1] += p.beta * bf16_bits_to_float(words[i] >> 16);
+        v[2 * i] += p.beta * bf16_to_f32(words[i] & 0xFFFFu);
+        v[2 * i + 1] += p.beta * bf16_to_f32(words[i] >> 16);
       }
     }
   }

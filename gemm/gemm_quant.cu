@@ -14,6 +14,7 @@
 #include <limits.h>
 
 #include "core/cuda_check.h"
+#include "core/cuda_math.cuh"
 #include "core/fp8_quant_rule.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_scale_layout.h"
@@ -24,8 +25,8 @@ constexpr int kThreads = 256;
 constexpr int kLanesPerBlock = 16; /* 16 lanes x 8 values = one 128-value block */
 constexpr int kBlocksPerCta = kThreads / kLanesPerBlock;
 
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+using ina_cuda::bf16_hi;
+using ina_cuda::bf16_lo;
 
 __global__ void __launch_bounds__(kThreads)
     quantize_x_kernel(const uint16_t *__restrict__ x, int64_t ldx, int64_t rows, int64_t k,

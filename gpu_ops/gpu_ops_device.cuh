@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/fp8_quant_rule.h"
+#include "core/cuda_math.cuh"
 
 namespace ina_gpu {
 
@@ -21,17 +22,11 @@ constexpr int kLanesPerFp8Block = kFp8Block / kLaneValues; /* 16: a half-warp */
 
 /* ---- bf16 ----------------------------------------------------------------------------- */
 
-__device__ __forceinline__ float bf16_to_f32(uint32_t bits16) {
-  return __uint_as_float(bits16 << 16);
-}
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
-__device__ __forceinline__ uint16_t f32_to_bf16(float v) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  return (uint32_t)f32_to_bf16(lo) | ((uint32_t)f32_to_bf16(hi) << 16);
-}
+using ina_cuda::bf16_hi;
+using ina_cuda::bf16_lo;
+using ina_cuda::bf16_to_f32;
+using ina_cuda::f32_to_bf16;
+using ina_cuda::pack_bf16;
 
 /* Eight bf16 values as four little-endian pairs: value 2i is the low half of w[i]. */
 struct Bf16x8 {
@@ -117,19 +112,8 @@ __device__ __forceinline__ void load_weight8(const void *weight, bool weight_f32
 
 /* ---- reductions -------------------------------------------------------------------------- */
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
-  return v;
-}
+using ina_cuda::warp_max;
+using ina_cuda::warp_sum;
 
 __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
 #pragma unroll

@@ -24,6 +24,7 @@
 #include <limits.h>
 
 #include "core/cuda_check.h"
+#include "core/cuda_math.cuh"
 #include "core/fp8_quant_rule.h"
 #include "mla/mla_append_args.h"
 
@@ -53,27 +54,10 @@ struct AppendArgs {
   int64_t scale_page_stride, scale_token_stride;
 };
 
-__device__ __forceinline__ float bf16_to_f32(uint16_t v) {
-  return __uint_as_float((uint32_t)v << 16);
-}
-
-__device__ __forceinline__ uint16_t f32_to_bf16(float v) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
-  return v;
-}
+using ina_cuda::bf16_to_f32;
+using ina_cuda::f32_to_bf16;
+using ina_cuda::warp_max;
+using ina_cuda::warp_sum;
 
 /* The normalized latent value c of the row: w[c] * (x[c] * inv). */
 __device__ __forceinline__ float normalized(const AppendArgs &a, const uint16_t *x, int c,

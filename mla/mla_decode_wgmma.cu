@@ -255,10 +255,7 @@ __device__ __forceinline__ void write_rows(const Args &a, const Group &g, int co
   }
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
+using ina_cuda::pack_bf16;
 
 /* ---- WG0: scores, softmax, left half of P V ------------------------------------------ */
 

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "core/cuda_math.cuh"
 #include "mla/mla_cache.h"
 #include "mla/mla_schedule.h"
 
@@ -86,17 +87,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using ina_cuda::warp_max;
+using ina_cuda::warp_sum;
 
 /* Launchers: enqueue on `stream`, report launch errors. */
 cudaError_t launch_fast(const Args &a, bool fp8, int num_ctas, cudaStream_t stream);
