@@ -27,7 +27,8 @@ struct ina_page_pool {
   size_t entry_bytes;     /* entry_elems * dtype size */
   size_t page_bytes;      /* page_size * entry_bytes: one page of one layer */
   size_t layer_bytes;     /* num_pages * page_bytes */
-  unsigned char *storage; /* [num_layers][num_pages][page_size][entry_elems] */
+  unsigned char *storage; /* [num_layers][num_pages][page_size][entry_elems]; NULL when
+                             the pool stores no entries */
   int32_t *refcount;      /* [num_pages]; 0 means free */
   int32_t *free_stack;    /* [num_pages]; free page ids in [0, num_free) */
   int32_t num_free;
@@ -76,6 +77,11 @@ ina_status_t ina_page_pool_create(const ina_page_pool_config_t *config, ina_page
   pool->num_layers = config->num_layers;
   pool->entry_elems = config->entry_elems;
   pool->dtype = config->dtype;
+  /* store_entries is a version-2 field: read it only when the caller's struct has it. */
+  const int store_entries =
+      config->struct_size >= offsetof(ina_page_pool_config_t, store_entries) + sizeof(int)
+          ? config->store_entries
+          : 1;
 
   int sizes_fit =
       mul_size((size_t)config->entry_elems, ina_dtype_size(config->dtype), &pool->entry_bytes) &&
@@ -90,8 +96,8 @@ ina_status_t ina_page_pool_create(const ina_page_pool_config_t *config, ina_page
               (int)config->entry_elems, ina_dtype_name(config->dtype));
   /* aligned_alloc wants a size that is a multiple of the alignment. */
   total_bytes = (total_bytes + POOL_ALIGNMENT - 1) / POOL_ALIGNMENT * POOL_ALIGNMENT;
-  pool->storage = aligned_alloc(POOL_ALIGNMENT, total_bytes);
-  INA_REQUIRE(pool->storage != NULL, INA_ERR_OUT_OF_MEMORY,
+  if (store_entries) pool->storage = aligned_alloc(POOL_ALIGNMENT, total_bytes);
+  INA_REQUIRE(!store_entries || pool->storage != NULL, INA_ERR_OUT_OF_MEMORY,
               "page pool: cannot allocate %zu bytes of KV storage (%d layers x %d pages x %d "
               "tokens x %zu bytes)",
               total_bytes, (int)config->num_layers, (int)config->num_pages, (int)config->page_size,
@@ -181,6 +187,10 @@ int32_t ina_page_pool_refcount(const ina_page_pool_t *pool, int32_t page) {
 }
 
 void *ina_page_pool_entry(ina_page_pool_t *pool, int32_t layer, int32_t page, int32_t slot) {
+  if (!pool->storage) {
+    ina_error(INA_LOG_SUBSYS, "page pool entry: this pool stores no entries (store_entries 0)");
+    return NULL;
+  }
   if (layer < 0 || layer >= pool->num_layers || !page_in_range(pool, page) || slot < 0 ||
       slot >= pool->page_size) {
     ina_error(INA_LOG_SUBSYS,
@@ -195,9 +205,10 @@ void *ina_page_pool_entry(ina_page_pool_t *pool, int32_t layer, int32_t page, in
 }
 
 ina_tensor_t ina_page_pool_layer(ina_page_pool_t *pool, int32_t layer) {
-  if (layer < 0 || layer >= pool->num_layers) {
-    ina_error(INA_LOG_SUBSYS, "page pool layer: layer %d out of range (%d layers)", (int)layer,
-              (int)pool->num_layers);
+  if (layer < 0 || layer >= pool->num_layers || !pool->storage) {
+    if (pool->storage)
+      ina_error(INA_LOG_SUBSYS, "page pool layer: layer %d out of range (%d layers)", (int)layer,
+                (int)pool->num_layers);
     ina_tensor_t empty;
     memset(&empty, 0, sizeof empty);
     return empty;
@@ -216,6 +227,7 @@ void ina_page_pool_copy(ina_page_pool_t *pool, int32_t src, int32_t dst, int32_t
               (int)src, (int)dst, (int)ntokens, (int)pool->num_pages, (int)pool->page_size);
     return;
   }
+  if (!pool->storage) return; /* the entries live with the pool's owner */
   size_t bytes = (size_t)ntokens * pool->entry_bytes;
   for (int32_t layer = 0; layer < pool->num_layers; layer++) {
     unsigned char *base = pool->storage + (size_t)layer * pool->layer_bytes;

@@ -36,10 +36,16 @@ typedef struct ina_page_pool_config {
   int32_t entry_elems; /* values per token per layer, >= 1 */
   ina_dtype_t dtype;   /* storage dtype */
   ina_device_t device; /* where the storage lives (CPU in this version) */
+  /* Version 2. 1 (default): the pool holds the entries in host memory. 0: bookkeeping
+   * only (page ids, refcounts, free list), for a cache whose entries live elsewhere (the
+   * GPU engine's device cache); then ina_page_pool_entry returns NULL,
+   * ina_page_pool_layer an empty tensor, and ina_page_pool_copy copies nothing (the
+   * owner of the entries copies them). */
+  int store_entries;
 } ina_page_pool_config_t;
 
 #define INA_PAGE_POOL_CONFIG_INIT \
-  {sizeof(ina_page_pool_config_t), 1, 16, 0, 1, 576, INA_DTYPE_F32, {INA_DEVICE_CPU, 0}}
+  {sizeof(ina_page_pool_config_t), 2, 16, 0, 1, 576, INA_DTYPE_F32, {INA_DEVICE_CPU, 0}, 1}
 
 /* Validates the config (struct_size at least the version-1 size, version >= 1, every
  * count >= 1, storage size within size_t) and allocates the storage, whose contents are
@@ -68,13 +74,14 @@ void ina_page_pool_unref(ina_page_pool_t *pool, int32_t page);
 int32_t ina_page_pool_refcount(const ina_page_pool_t *pool, int32_t page);
 
 /* Pointer to the entry of (layer, page, slot) in CPU storage; NULL (and an error
- * logged) when any index is out of range. */
+ * logged) when any index is out of range or the pool stores no entries. */
 void *ina_page_pool_entry(ina_page_pool_t *pool, int32_t layer, int32_t page, int32_t slot);
 /* The storage of one layer as a [num_pages, page_size, entry_elems] view (not owning);
- * an empty tensor when layer is out of range. */
+ * an empty tensor when layer is out of range or the pool stores no entries. */
 ina_tensor_t ina_page_pool_layer(ina_page_pool_t *pool, int32_t layer);
 /* Copy the first ntokens slots of page src to page dst, in every layer. Invalid ids,
- * src == dst or ntokens outside [0, page_size] are logged and ignored. */
+ * src == dst or ntokens outside [0, page_size] are logged and ignored. Nothing to copy
+ * when the pool stores no entries. */
 void ina_page_pool_copy(ina_page_pool_t *pool, int32_t src, int32_t dst, int32_t ntokens);
 
 /* Self-check of the bookkeeping, for tests and debugging: every free-list entry is in

@@ -13,6 +13,7 @@
 #include "core/threadpool.h"
 #include "mla/mla_ref.h"
 #include "model/cpu_ops.h"
+#include "model/engine_backend.h"
 #include "model/model.h"
 #include "moe_ep/router.h"
 
@@ -20,9 +21,7 @@
  * argument, so the latent norms always use the RMSNorm default, not rms_norm_eps. */
 #define LATENT_NORM_EPS 1e-6f
 
-#define ENGINE_OPTIONS_V1_SIZE (offsetof(ina_engine_options_t, expanded_decode) + sizeof(int))
-
-struct ina_engine {
+struct ina_engine_cpu {
   const ina_model_t *model;
   const ina_model_config_t *cfg;
   const ina_weights_t *w;
@@ -34,10 +33,10 @@ struct ina_engine {
   int expanded_decode;
 };
 
-ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
-                               ina_engine_t **out) {
+ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
+                                   ina_engine_cpu_t **out) {
   ina_status_t st = INA_OK;
-  ina_engine_t *e = NULL;
+  ina_engine_cpu_t *e = NULL;
   const ina_engine_options_t defaults = INA_ENGINE_OPTIONS_INIT;
   INA_REQUIRE(out && model, INA_ERR_INVALID_ARGUMENT, "engine: NULL argument");
   *out = NULL;
@@ -75,11 +74,11 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
   *out = e;
   return INA_OK;
 fail:
-  ina_engine_destroy(e);
+  ina_engine_cpu_destroy(e);
   return st;
 }
 
-void ina_engine_destroy(ina_engine_t *e) {
+void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   if (!e) return;
   ina_page_pool_destroy(e->kv);
   ina_threadpool_destroy(e->pool);
@@ -87,13 +86,13 @@ void ina_engine_destroy(ina_engine_t *e) {
   free(e);
 }
 
-ina_page_pool_t *ina_engine_page_pool(ina_engine_t *e) { return e->kv; }
-const ina_model_config_t *ina_engine_config(const ina_engine_t *e) { return e->cfg; }
+ina_page_pool_t *ina_engine_cpu_page_pool(ina_engine_cpu_t *e) { return e->kv; }
+const ina_model_config_t *ina_engine_cpu_config(const ina_engine_cpu_t *e) { return e->cfg; }
 
 /* ---- the step's working memory ---------------------------------------------------- */
 
 typedef struct step {
-  ina_engine_t *e;
+  ina_engine_cpu_t *e;
   const ina_batch_t *b;
   int64_t T;          /* new tokens in the step */
   int64_t *positions; /* [T] */
@@ -149,7 +148,7 @@ fail:
 /* ---- attention -------------------------------------------------------------------- */
 
 /* Copy the latent cache entries [0, L) of a sequence into dense rows. */
-static void gather_entries(ina_engine_t *e, int32_t layer, const ina_kv_seq_t *seq, int64_t L,
+static void gather_entries(ina_engine_cpu_t *e, int32_t layer, const ina_kv_seq_t *seq, int64_t L,
                            float *out) {
   const int32_t page_size = ina_page_pool_page_size(e->kv);
   const int32_t entry = ina_page_pool_entry_elems(e->kv);
@@ -164,7 +163,7 @@ static void gather_entries(ina_engine_t *e, int32_t layer, const ina_kv_seq_t *s
  * through kv_b_proj, then causal attention of the new tokens (qk 192 / v 128 on V3). */
 static ina_status_t attend_expanded(step_t *s, int32_t layer, int32_t i) {
   ina_status_t st = INA_OK;
-  ina_engine_t *e = s->e;
+  ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
   const ina_layer_weights_t *L = &e->w->layers[layer];
   const ina_kv_seq_t *seq = s->b->seqs[i];
@@ -258,7 +257,7 @@ static void absorb_v_heads(void *ctx, int64_t begin, int64_t end, int worker) {
 /* Absorbed MLA over the paged latent cache for the sequences in `seq_ids`. */
 static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq_ids, int32_t nseq) {
   ina_status_t st = INA_OK;
-  ina_engine_t *e = s->e;
+  ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
   const int32_t H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
   const int32_t QK = c->qk_nope_head_dim + R;
@@ -329,7 +328,7 @@ fail:
 
 static ina_status_t attention_block(step_t *s, int32_t layer) {
   ina_status_t st = INA_OK;
-  ina_engine_t *e = s->e;
+  ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
   const ina_layer_weights_t *L = &e->w->layers[layer];
   const int64_t T = s->T, Hd = c->hidden_size;
@@ -394,7 +393,7 @@ fail:
 
 static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
   ina_status_t st = INA_OK;
-  ina_engine_t *e = s->e;
+  ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
   const ina_layer_weights_t *L = &e->w->layers[layer];
   const int64_t T = s->T, Hd = c->hidden_size;
@@ -492,46 +491,13 @@ fail:
 
 /* ---- the step --------------------------------------------------------------------- */
 
-static ina_status_t validate_batch(const ina_engine_t *e, const ina_batch_t *b) {
-  ina_status_t st = INA_OK;
-  INA_REQUIRE(b && b->batch >= 0 && b->qo_indptr && (b->batch == 0 || b->seqs), INA_ERR_INVALID_ARGUMENT,
-              "forward: invalid batch");
-  INA_REQUIRE(b->qo_indptr[0] == 0, INA_ERR_INVALID_ARGUMENT, "forward: qo_indptr[0] must be 0");
-  for (int32_t i = 0; i < b->batch; i++) {
-    INA_REQUIRE(b->qo_indptr[i + 1] >= b->qo_indptr[i], INA_ERR_INVALID_ARGUMENT,
-                "forward: qo_indptr decreases at sequence %d", i);
-    INA_REQUIRE(b->seqs[i] != NULL, INA_ERR_INVALID_ARGUMENT, "forward: sequence %d is NULL", i);
-    if (!b->all_logits)
-      INA_REQUIRE(b->qo_indptr[i + 1] > b->qo_indptr[i], INA_ERR_INVALID_ARGUMENT,
-                  "forward: sequence %d has no new token to take logits from", i);
-  }
-  for (int32_t t = 0; t < b->qo_indptr[b->batch]; t++)
-    INA_REQUIRE(b->tokens[t] >= 0 && b->tokens[t] < e->cfg->vocab_size, INA_ERR_INVALID_ARGUMENT,
-                "forward: token id %d at position %d is outside the vocabulary [0, %d)", b->tokens[t],
-                t, e->cfg->vocab_size);
-fail:
-  return st;
-}
-
-/* Grow every sequence by its new tokens, all or nothing. */
-static ina_status_t append_all(ina_engine_t *e, const ina_batch_t *b) {
-  ina_status_t st = INA_OK;
-  int32_t i = 0;
-  for (; i < b->batch; i++)
-    INA_CHECK(ina_kv_seq_append(e->kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]));
-  return INA_OK;
-fail:
-  while (--i >= 0) ina_kv_seq_truncate(e->kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]);
-  return st;
-}
-
-ina_status_t ina_engine_forward(ina_engine_t *e, const ina_batch_t *b, float *logits) {
+ina_status_t ina_engine_cpu_forward(ina_engine_cpu_t *e, const ina_batch_t *b, float *logits) {
   ina_status_t st = INA_OK;
   step_t s;
   memset(&s, 0, sizeof s);
   float *final = NULL;
   int appended = 0;
-  INA_CHECK(validate_batch(e, b));
+  INA_CHECK(ina_engine_validate_batch(e->cfg, b));
   const ina_model_config_t *c = e->cfg;
   s.e = e;
   s.b = b;
@@ -542,7 +508,7 @@ ina_status_t ina_engine_forward(ina_engine_t *e, const ina_batch_t *b, float *lo
       s.token_seq[t] = i;
       s.positions[t] = b->seqs[i]->num_tokens + (t - b->qo_indptr[i]);
     }
-  INA_CHECK(append_all(e, b));
+  INA_CHECK(ina_engine_append_all(e->kv, b));
   appended = 1;
   for (int64_t t = 0; t < s.T; t++) ina_cpu_tensor_row(&e->w->embed, b->tokens[t], s.x + t * c->hidden_size);
   for (int32_t l = 0; l < c->num_layers; l++) {
@@ -564,8 +530,7 @@ ina_status_t ina_engine_forward(ina_engine_t *e, const ina_batch_t *b, float *lo
   step_free(&s);
   return INA_OK;
 fail:
-  if (appended)
-    for (int32_t i = 0; i < b->batch; i++) ina_kv_seq_truncate(e->kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]);
+  if (appended) ina_engine_truncate_all(e->kv, b);
   free(final);
   step_free(&s);
   return st;

@@ -10,6 +10,10 @@
  * continuous batching mixes them freely. Sequences with one new token and a cached
  * context use absorbed MLA over the latent cache; the others use the expanded form.
  *
+ * Backends: the CPU engine (model/engine_cpu.c) and the CUDA engine (model/engine_gpu.c),
+ * chosen by ina_engine_options_t.device; model/engine.c dispatches. Both validate a batch
+ * the same way and keep the same page bookkeeping (the pool of ina_engine_page_pool).
+ *
  * Ownership: create/destroy pairs; a failed create sets *out = NULL; destroy(NULL) is a
  * no-op. Thread safety: one thread drives an engine at a time. */
 #ifndef INA_MODEL_MODEL_H
@@ -57,9 +61,14 @@ typedef struct ina_engine_options {
   int64_t max_tokens;  /* KV capacity in tokens over all sequences (default 65536) */
   int32_t num_threads; /* <= 0: INA_NUM_THREADS or all CPUs */
   int expanded_decode; /* 1: decode with the expanded form too (for testing absorption) */
+  /* Version 2. Where the engine runs: -1 (default) the CPU backend (fp32 on the stored
+   * weights); >= 0 the CUDA device of that ordinal (model/engine_gpu.c: bf16 activations,
+   * weights uploaded as bf16 or kept FP8; INA_ERR_UNSUPPORTED in a build without CUDA or
+   * for what that backend does not cover). num_threads and expanded_decode are CPU-only. */
+  int32_t device;
 } ina_engine_options_t;
 
-#define INA_ENGINE_OPTIONS_INIT {sizeof(ina_engine_options_t), 1, 16, 65536, 0, 0}
+#define INA_ENGINE_OPTIONS_INIT {sizeof(ina_engine_options_t), 2, 16, 65536, 0, 0, -1}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cuda.h"
 #include "core/log.h"
 #include "core/npy.h"
 #include "model/generate.h"
@@ -14,8 +15,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: ina generate --model DIR|tiny|random:NAME --prompt-ids 1,2,3 [options]\n"
           "\n"
-          "Runs the prompts as one batch (prefill, then batched decode) on the CPU and prints\n"
-          "each prompt's generated token ids, then prefill and decode tokens/s.\n"
+          "Runs the prompts as one batch (prefill, then batched decode) and prints the device\n"
+          "that ran, each prompt's generated token ids, then prefill and decode tokens/s.\n"
           "\n"
           "  --model M            checkpoint directory (config.json + *.safetensors), a built-in\n"
           "                       model with seeded random weights (tiny, random:tiny,\n"
@@ -32,8 +33,30 @@ static void usage(FILE *f) {
           "  --model-seed S       seed of random weights (default 0)\n"
           "  --dtype D            random weights' dtype: bf16 (default), f32, fp8\n"
           "  --page-size N        KV cache page size in tokens (default 16)\n"
+          "  --device D           cpu, cuda (device 0) or cuda:N; default cuda when a CUDA device\n"
+          "                       is present, else cpu. The GPU computes with bf16 activations\n"
+          "                       (the CPU in fp32), so logits differ slightly between them\n"
           "  --threads N          CPU threads (default: INA_NUM_THREADS or all CPUs)\n"
           "  -h, --help           this help\n");
+}
+
+/* "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N. */
+static int parse_device(const char *text, int32_t *out) {
+  int64_t n = 0;
+  if (strcmp(text, "cpu") == 0) {
+    *out = -1;
+    return 0;
+  }
+  if (strcmp(text, "cuda") == 0) {
+    *out = 0;
+    return 0;
+  }
+  if (strncmp(text, "cuda:", 5) == 0 && cli_parse_int("--device", text + 5, 0, 1023, &n) == 0) {
+    *out = (int32_t)n;
+    return 0;
+  }
+  fprintf(stderr, "ina generate: --device '%s': expected cpu, cuda or cuda:N\n", text);
+  return 1;
 }
 
 typedef struct prompts {
@@ -71,7 +94,7 @@ static void dump_path(const char *base, int32_t i, int32_t count, char *out, siz
 
 int cmd_generate(int argc, char **argv) {
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
-         O_MSEED, O_DTYPE, O_PAGE, O_THREADS };
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -79,13 +102,15 @@ int cmd_generate(int argc, char **argv) {
       {"seed", required_argument, 0, O_SEED},         {"ignore-eos", no_argument, 0, O_EOS},
       {"dump-logits", required_argument, 0, O_DUMP},  {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"page-size", required_argument, 0, O_PAGE},
-      {"threads", required_argument, 0, O_THREADS},   {"help", no_argument, 0, 'h'},
+      {"threads", required_argument, 0, O_THREADS},   {"device", required_argument, 0, O_DEVICE},
+      {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
   prompts_t prompts = {NULL, NULL, 0};
   int64_t max_new = 16, top_k = 0, seed = 0, page_size = 16, threads = 0;
   double temperature = 0, top_p = 1;
   int ignore_eos = 0, rc = 1;
+  int32_t device = ina_cuda_device_count() > 0 ? 0 : -1;
   ina_model_options_t mopts = INA_MODEL_OPTIONS_INIT;
   ina_engine_options_t eopts = INA_ENGINE_OPTIONS_INIT;
   ina_model_t *model = NULL;
@@ -112,6 +137,7 @@ int cmd_generate(int argc, char **argv) {
     case O_DTYPE: if (cli_parse_weight_dtype("--dtype", optarg, &mopts.dtype)) goto done; break;
     case O_PAGE: if (cli_parse_int("--page-size", optarg, 1, 1 << 20, &page_size)) goto done; break;
     case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 4096, &threads)) goto done; break;
+    case O_DEVICE: if (parse_device(optarg, &device)) goto done; break;
     case 'h': usage(stdout); rc = 0; goto done;
     default: usage(stderr); rc = 2; goto done;
     }
@@ -137,9 +163,16 @@ int cmd_generate(int argc, char **argv) {
   eopts.page_size = (int32_t)page_size;
   eopts.max_tokens = total + (int64_t)prompts.count * page_size;
   eopts.num_threads = (int32_t)threads;
+  eopts.device = device;
   if (ina_engine_create(model, &eopts, &engine) != INA_OK) {
     fprintf(stderr, "ina generate: %s\n", ina_last_error());
     goto done;
+  }
+  if (device < 0) {
+    printf("device: cpu\n");
+  } else {
+    char name[128];
+    printf("device: cuda:%d, %s\n", device, ina_cuda_device_name(device, name, sizeof name));
   }
   reqs = calloc((size_t)prompts.count, sizeof *reqs);
   if (!reqs) goto done;

@@ -424,7 +424,7 @@ def rel_l2(a, b):
 def run_ina(ina, model_dir, prompts, out_prefix, engine):
     """Runs `ina generate`; returns (command, [logits per prompt] or None, [tokens per prompt] or None, text)."""
     dump = out_prefix + ".npy"
-    cmd = [ina, "generate", "--model", model_dir]
+    cmd = [ina, "generate", "--device", "cpu", "--model", model_dir]
     for prompt in prompts:
         cmd += ["--prompt-ids", ",".join(map(str, prompt))]
     cmd += ["--max-new-tokens", str(MAX_NEW_TOKENS), "--ignore-eos", "--dump-logits", dump,

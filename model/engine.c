@@ -1,0 +1,106 @@
+/* The public engine functions: pick the backend at create (options->device: -1 the CPU,
+ * >= 0 a CUDA device) and forward every call to it. Also the batch checks and the
+ * all-or-nothing page appends both backends share, so they accept and refuse the same
+ * batches with the same errors. */
+#define INA_LOG_SUBSYS "model"
+#include <stdlib.h>
+
+#include "core/check.h"
+#include "model/engine_backend.h"
+#include "model/model.h"
+
+struct ina_engine {
+  ina_engine_cpu_t *cpu; /* exactly one of cpu and gpu is set */
+  ina_engine_gpu_t *gpu;
+};
+
+/* options->device when the caller's struct has it (version 2), else the CPU. */
+static int32_t requested_device(const ina_engine_options_t *o) {
+  return o->struct_size >= offsetof(ina_engine_options_t, device) + sizeof(int32_t) ? o->device : -1;
+}
+
+ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
+                               ina_engine_t **out) {
+  ina_status_t st = INA_OK;
+  ina_engine_t *e = NULL;
+  const ina_engine_options_t defaults = INA_ENGINE_OPTIONS_INIT;
+  INA_REQUIRE(out && model, INA_ERR_INVALID_ARGUMENT, "engine: NULL argument");
+  *out = NULL;
+  if (!options) options = &defaults;
+  INA_REQUIRE_VERSIONED(options, ENGINE_OPTIONS_V1_SIZE, "engine options", "INA_ENGINE_OPTIONS_INIT");
+  const int32_t device = requested_device(options);
+  INA_REQUIRE(device >= -1, INA_ERR_INVALID_ARGUMENT,
+              "engine: device %d is invalid (-1 for the CPU, >= 0 for a CUDA device)", device);
+  e = calloc(1, sizeof *e);
+  INA_CHECK_ALLOC(e);
+  if (device < 0)
+    INA_CHECK(ina_engine_cpu_create(model, options, &e->cpu));
+  else
+    INA_CHECK(ina_engine_gpu_create(model, options, device, &e->gpu));
+  *out = e;
+  return INA_OK;
+fail:
+  ina_engine_destroy(e);
+  return st;
+}
+
+void ina_engine_destroy(ina_engine_t *e) {
+  if (!e) return;
+  ina_engine_cpu_destroy(e->cpu);
+  ina_engine_gpu_destroy(e->gpu);
+  free(e);
+}
+
+ina_page_pool_t *ina_engine_page_pool(ina_engine_t *e) {
+  return e->cpu ? ina_engine_cpu_page_pool(e->cpu) : ina_engine_gpu_page_pool(e->gpu);
+}
+
+const ina_model_config_t *ina_engine_config(const ina_engine_t *e) {
+  return e->cpu ? ina_engine_cpu_config(e->cpu) : ina_engine_gpu_config(e->gpu);
+}
+
+ina_status_t ina_engine_forward(ina_engine_t *e, const ina_batch_t *b, float *logits) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e != NULL, INA_ERR_INVALID_ARGUMENT, "forward: engine is NULL");
+  return e->cpu ? ina_engine_cpu_forward(e->cpu, b, logits) : ina_engine_gpu_forward(e->gpu, b, logits);
+fail:
+  return st;
+}
+
+/* ---- shared by the backends ------------------------------------------------------- */
+
+ina_status_t ina_engine_validate_batch(const ina_model_config_t *cfg, const ina_batch_t *b) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(b && b->batch >= 0 && b->qo_indptr && (b->batch == 0 || b->seqs), INA_ERR_INVALID_ARGUMENT,
+              "forward: invalid batch");
+  INA_REQUIRE(b->qo_indptr[0] == 0, INA_ERR_INVALID_ARGUMENT, "forward: qo_indptr[0] must be 0");
+  for (int32_t i = 0; i < b->batch; i++) {
+    INA_REQUIRE(b->qo_indptr[i + 1] >= b->qo_indptr[i], INA_ERR_INVALID_ARGUMENT,
+                "forward: qo_indptr decreases at sequence %d", i);
+    INA_REQUIRE(b->seqs[i] != NULL, INA_ERR_INVALID_ARGUMENT, "forward: sequence %d is NULL", i);
+    if (!b->all_logits)
+      INA_REQUIRE(b->qo_indptr[i + 1] > b->qo_indptr[i], INA_ERR_INVALID_ARGUMENT,
+                  "forward: sequence %d has no new token to take logits from", i);
+  }
+  for (int32_t t = 0; t < b->qo_indptr[b->batch]; t++)
+    INA_REQUIRE(b->tokens[t] >= 0 && b->tokens[t] < cfg->vocab_size, INA_ERR_INVALID_ARGUMENT,
+                "forward: token id %d at position %d is outside the vocabulary [0, %d)", b->tokens[t],
+                t, cfg->vocab_size);
+fail:
+  return st;
+}
+
+ina_status_t ina_engine_append_all(ina_page_pool_t *kv, const ina_batch_t *b) {
+  ina_status_t st = INA_OK;
+  int32_t i = 0;
+  for (; i < b->batch; i++)
+    INA_CHECK(ina_kv_seq_append(kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]));
+  return INA_OK;
+fail:
+  while (--i >= 0) ina_kv_seq_truncate(kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]);
+  return st;
+}
+
+void ina_engine_truncate_all(ina_page_pool_t *kv, const ina_batch_t *b) {
+  for (int32_t i = 0; i < b->batch; i++) ina_kv_seq_truncate(kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]);
+}

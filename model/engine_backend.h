@@ -1,0 +1,43 @@
+/* The engine backends behind model/model.h's ina_engine_* functions (model/engine.c
+ * dispatches on ina_engine_options_t.device): the CPU engine (engine_cpu.c) and the CUDA
+ * engine (engine_gpu.c, or engine_gpu_none.c in a build without CUDA). Each takes the
+ * caller's options as given (struct_size-checked by engine.c) and has the semantics the
+ * public functions document. Internal to model/. */
+#ifndef INA_MODEL_ENGINE_BACKEND_H
+#define INA_MODEL_ENGINE_BACKEND_H
+
+#include <stddef.h>
+
+#include "model/model.h"
+
+/* Bytes of the version-1 engine options: everything up to and including
+ * expanded_decode. Fields after it are read only when struct_size covers them. */
+#define ENGINE_OPTIONS_V1_SIZE (offsetof(ina_engine_options_t, expanded_decode) + sizeof(int))
+
+typedef struct ina_engine_cpu ina_engine_cpu_t;
+
+ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
+                                   ina_engine_cpu_t **out);
+void ina_engine_cpu_destroy(ina_engine_cpu_t *engine);
+ina_page_pool_t *ina_engine_cpu_page_pool(ina_engine_cpu_t *engine);
+const ina_model_config_t *ina_engine_cpu_config(const ina_engine_cpu_t *engine);
+ina_status_t ina_engine_cpu_forward(ina_engine_cpu_t *engine, const ina_batch_t *batch, float *logits);
+
+typedef struct ina_engine_gpu ina_engine_gpu_t;
+
+/* device: the CUDA ordinal (>= 0). */
+ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_options_t *options,
+                                   int32_t device, ina_engine_gpu_t **out);
+void ina_engine_gpu_destroy(ina_engine_gpu_t *engine);
+ina_page_pool_t *ina_engine_gpu_page_pool(ina_engine_gpu_t *engine);
+const ina_model_config_t *ina_engine_gpu_config(const ina_engine_gpu_t *engine);
+ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *engine, const ina_batch_t *batch, float *logits);
+
+/* Shared by both backends, so a batch is accepted or refused alike (engine.c). */
+ina_status_t ina_engine_validate_batch(const ina_model_config_t *cfg, const ina_batch_t *b);
+/* Grow every sequence by its new tokens, all or nothing. */
+ina_status_t ina_engine_append_all(ina_page_pool_t *kv, const ina_batch_t *b);
+/* Undo ina_engine_append_all. */
+void ina_engine_truncate_all(ina_page_pool_t *kv, const ina_batch_t *b);
+
+#endif

@@ -1,0 +1,761 @@
+/* The CUDA engine: one forward step of DeepSeek-V2/V3 over a ragged batch on one GPU,
+ * the counterpart of engine_cpu.c built from the tested GPU parts:
+ *   embedding -> per layer: RMSNorm (fused residual add) -> q (q_a -> norm -> q_b, or
+ *   q_proj) -> kv_a -> append (kv norm + rope + paged cache write) -> rope on q_pe ->
+ *   W_UK absorption -> MLA attention over the paged latent cache -> W_UV absorption ->
+ *   o_proj -> RMSNorm (fused residual add) -> dense MLP, or MoE (router GEMM in fp32,
+ *   router, permutation, per-expert GEMMs, weighted combine plus shared experts) ->
+ *   final norm -> LM head in fp32 -> logits copied to the host.
+ *
+ * Numerics (DESIGN.md): bf16 activations between ops, fp32 accumulation inside them; the
+ * residual stream is bf16 (as HF's bf16 model). Every step, prefill included, uses
+ * absorbed MLA over the latent cache (mathematically the expanded form).
+ *
+ * Host side per step: validate the batch and grow the sequences exactly as the CPU
+ * engine (engine.c), build positions, cache slots and the page table, upload them in one
+ * copy from a pinned staging buffer, plan attention once for all layers. The MoE layers
+ * read each expert's row count back to the host (one synchronization per MoE layer: the
+ * expert loop launches one GEMM per expert with tokens). The step ends by waiting for
+ * the logits.
+ *
+ * Device memory: weights (engine_gpu_weights.c), the latent cache [layers][num_pages]
+ * [page_size][kv_lora_rank + rope] bf16, and step buffers sized for the largest step
+ * seen so far (grown, never shrunk). The page pool keeps only the bookkeeping
+ * (store_entries 0); a copy on write of a shared last page is done here, on the device. */
+#define INA_LOG_SUBSYS "model"
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "core/cuda.h"
+#include "core/cuda_check.h"
+#include "core/log.h"
+#include "gemm/gemm.h"
+#include "gpu_ops/gpu_ops.h"
+#include "mla/mla.h"
+#include "mla/mla_absorb.h"
+#include "mla/mla_append.h"
+#include "model/engine_backend.h"
+#include "model/engine_gpu.h"
+
+/* HF builds q_a_layernorm and kv_a_layernorm without an eps argument: the latent norms
+ * use the RMSNorm default, not rms_norm_eps (as engine_cpu.c). */
+#define LATENT_NORM_EPS 1e-6f
+
+#define MAX_STEP_BUFFERS 40
+
+/* Device buffers of one step, for up to `cap` tokens. */
+typedef struct gpu_step {
+  int64_t cap;       /* tokens */
+  int64_t rows;      /* expert rows: cap * top_k (cap without MoE) */
+  uint16_t *x;       /* bf16 [cap, hidden]: the residual stream */
+  uint16_t *delta;   /* bf16 [cap, hidden]: a block's output, added by the next norm */
+  uint16_t *h;       /* bf16 [cap, hidden]: normalized input of a block */
+  uint16_t *qa;      /* bf16 [cap, q_lora_rank] */
+  uint16_t *q;       /* bf16 [cap, heads, qk_head_dim] */
+  uint16_t *kv;      /* bf16 [cap, kv_lora_rank + rope] */
+  uint16_t *q_abs;   /* bf16 [cap, heads, kv_lora_rank] */
+  uint16_t *o_lat;   /* bf16 [cap, heads, kv_lora_rank] */
+  uint16_t *attn;    /* bf16 [cap, heads, v_head_dim] */
+  uint16_t *g, *u, *a; /* bf16 [rows, widest intermediate] */
+  uint16_t *xe, *ye; /* bf16 [rows, hidden]: expert inputs / outputs in sorted-slot order */
+  uint16_t *shared;  /* bf16 [cap, hidden] */
+  uint16_t *fin;     /* bf16 [cap, hidden]: final-normed rows that get logits */
+  float *router_logits;            /* f32 [cap, experts] */
+  int32_t *topk_ids;               /* [cap, top_k] */
+  float *topk_weights;             /* [cap, top_k] */
+  int32_t *expert_counts, *expert_offsets; /* [experts], [experts + 1] */
+  int32_t *sorted_token, *slot_of; /* [cap * top_k] */
+  void *permute_ws;
+  size_t permute_ws_bytes;
+  uint8_t *q8;       /* e4m3 [rows, fp8_max_k]: FP8 GEMM input */
+  float *q8_scale;   /* [rows * ceil(fp8_max_k / 128)] */
+  float *logits;     /* f32 [cap, vocab] */
+  void *owned[MAX_STEP_BUFFERS];
+  int32_t num_owned;
+} gpu_step_t;
+
+struct ina_engine_gpu {
+  const ina_model_t *model;
+  const ina_model_config_t *cfg;
+  int32_t device;
+  cudaStream_t stream;
+  gpu_weights_t w;
+  ina_gemm_t *gemm;
+  ina_mla_absorb_t *absorb;
+  int32_t absorb_max_tokens;
+  ina_page_pool_t *kv;
+  void *cache;            /* [layers][num_pages][page_size][C + R] bf16 */
+  size_t cache_page_bytes, cache_layer_bytes;
+  float *inv_freq;        /* device [rope / 2] */
+  float attention_factor, softmax_scale;
+  ina_router_config_t router;
+  gpu_step_t s;
+  /* host inputs of a step: pinned staging and its device mirror (int32 values) */
+  int32_t *stage_host, *stage_dev;
+  int64_t stage_cap;
+  void *mla_host_ws, *mla_dev_ws;
+  size_t mla_host_cap, mla_dev_cap;
+  int32_t *offsets_host;  /* pinned [experts + 1] */
+  ina_page_table_t table;
+  /* host scratch per sequence: attention lengths and the copy-on-write check */
+  int32_t *kv_len, *cow_page, *cow_index, *cow_tokens;
+  int32_t seq_cap;
+};
+
+/* ---- create / destroy --------------------------------------------------------------- */
+
+static ina_status_t check_shapes(const ina_model_config_t *c) {
+  ina_status_t st = INA_OK;
+  const int32_t QK = ina_cfg_qk_head_dim(c);
+  INA_REQUIRE(c->kv_lora_rank % 8 == 0 && QK % 8 == 0 && c->v_head_dim % 8 == 0 && c->qk_nope_head_dim % 8 == 0,
+              INA_ERR_UNSUPPORTED,
+              "gpu engine: the absorption GEMMs need kv_lora_rank (%d), qk_nope + qk_rope (%d), "
+              "qk_nope_head_dim (%d) and v_head_dim (%d) to be multiples of 8",
+              c->kv_lora_rank, QK, c->qk_nope_head_dim, c->v_head_dim);
+  if (c->n_routed_experts > 0)
+    INA_REQUIRE(c->n_routed_experts <= 256 && c->num_experts_per_tok <= 32 && c->n_group <= 32,
+                INA_ERR_UNSUPPORTED,
+                "gpu engine: the GPU router takes at most 256 experts, top-k 32 and 32 groups "
+                "(model: %d experts, top-k %d, %d groups)",
+                c->n_routed_experts, c->num_experts_per_tok, c->n_group);
+fail:
+  return st;
+}
+
+static ina_router_config_t router_config(const ina_model_config_t *c) {
+  ina_router_config_t rc = INA_ROUTER_CONFIG_INIT;
+  rc.method = c->scoring == INA_SCORING_SIGMOID_NOAUX_TC      ? INA_ROUTER_SIGMOID_NOAUX_TC
+              : c->scoring == INA_SCORING_SOFTMAX_GROUP_GREEDY ? INA_ROUTER_SOFTMAX_GROUP_GREEDY
+                                                               : INA_ROUTER_SOFTMAX_GREEDY;
+  rc.num_experts = c->n_routed_experts;
+  rc.top_k = c->num_experts_per_tok;
+  rc.n_group = c->n_group;
+  rc.topk_group = c->topk_group;
+  rc.norm_topk_prob = c->norm_topk_prob;
+  rc.routed_scaling_factor = (float)c->routed_scaling_factor;
+  return rc;
+}
+
+static ina_status_t create_absorb(ina_engine_gpu_t *e, int32_t max_tokens) {
+  ina_status_t st = INA_OK;
+  ina_mla_absorb_dims_t d = INA_MLA_ABSORB_DIMS_INIT;
+  ina_mla_absorb_destroy(e->absorb);
+  e->absorb = NULL;
+  e->absorb_max_tokens = 0;
+  d.num_heads = e->cfg->num_heads;
+  d.qk_nope_head_dim = e->cfg->qk_nope_head_dim;
+  d.v_head_dim = e->cfg->v_head_dim;
+  d.kv_lora_rank = e->cfg->kv_lora_rank;
+  d.max_tokens = max_tokens;
+  INA_CHECK(ina_mla_absorb_create(&d, &e->absorb));
+  e->absorb_max_tokens = max_tokens;
+fail:
+  return st;
+}
+
+ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_options_t *options, int32_t device,
+                                   ina_engine_gpu_t **out) {
+  ina_status_t st = INA_OK;
+  ina_engine_gpu_t *e = NULL;
+  float *inv_freq = NULL;
+  char name[128];
+  *out = NULL;
+  INA_REQUIRE(options->page_size >= 1 && options->max_tokens >= 1, INA_ERR_INVALID_ARGUMENT,
+              "engine: page_size (%d) and max_tokens (%lld) must be positive", options->page_size,
+              (long long)options->max_tokens);
+  {
+    const int count = ina_cuda_device_count();
+    INA_REQUIRE(count > 0, INA_ERR_UNSUPPORTED, "gpu engine: no CUDA device (device %d requested)", device);
+    INA_REQUIRE(device < count, INA_ERR_INVALID_ARGUMENT, "gpu engine: device %d out of range (%d devices)",
+                device, count);
+  }
+  e = calloc(1, sizeof *e);
+  INA_CHECK_ALLOC(e);
+  e->model = model;
+  e->cfg = ina_model_config(model);
+  e->device = device;
+  const ina_model_config_t *c = e->cfg;
+  const ina_weights_t *w = ina_model_weights(model);
+  INA_REQUIRE(w->expert_begin == 0 && w->expert_end == c->n_routed_experts, INA_ERR_UNSUPPORTED,
+              "engine: this model holds experts [%d, %d) of %d; a single-rank engine needs all",
+              w->expert_begin, w->expert_end, c->n_routed_experts);
+  INA_CHECK(check_shapes(c));
+  INA_CUDA_CHECK(cudaSetDevice(device));
+  INA_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
+  INA_CHECK(ina_gpu_weights_upload(w, c, e->stream, &e->w));
+  INA_CHECK(ina_gemm_create(NULL, &e->gemm));
+  INA_CHECK(create_absorb(e, 256));
+  {
+    ina_page_pool_config_t pc = INA_PAGE_POOL_CONFIG_INIT;
+    const int64_t pages = (options->max_tokens + options->page_size - 1) / options->page_size;
+    INA_REQUIRE(pages <= INT32_MAX, INA_ERR_INVALID_ARGUMENT, "engine: max_tokens too large");
+    pc.page_size = options->page_size;
+    pc.num_pages = (int32_t)pages;
+    pc.num_layers = c->num_layers;
+    pc.entry_elems = c->kv_lora_rank + c->qk_rope_head_dim;
+    pc.dtype = INA_DTYPE_BF16;
+    pc.store_entries = 0; /* the entries live in e->cache, on the device */
+    INA_CHECK(ina_page_pool_create(&pc, &e->kv));
+    e->cache_page_bytes = (size_t)options->page_size * (size_t)pc.entry_elems * sizeof(uint16_t);
+    e->cache_layer_bytes = e->cache_page_bytes * (size_t)pages;
+    INA_CUDA_CHECK(cudaMalloc(&e->cache, e->cache_layer_bytes * (size_t)c->num_layers));
+  }
+  inv_freq = malloc((size_t)c->qk_rope_head_dim / 2 * sizeof(float));
+  INA_CHECK_ALLOC(inv_freq);
+  ina_cfg_rope_inv_freq(c, inv_freq, &e->attention_factor);
+  INA_CUDA_CHECK(cudaMalloc((void **)&e->inv_freq, (size_t)c->qk_rope_head_dim / 2 * sizeof(float)));
+  INA_CUDA_CHECK(cudaMemcpy(e->inv_freq, inv_freq, (size_t)c->qk_rope_head_dim / 2 * sizeof(float),
+                            cudaMemcpyHostToDevice));
+  e->softmax_scale = (float)ina_cfg_softmax_scale(c);
+  e->router = router_config(c);
+  if (c->n_routed_experts > 0)
+    INA_CUDA_CHECK(cudaHostAlloc((void **)&e->offsets_host, (size_t)(c->n_routed_experts + 1) * sizeof(int32_t),
+                                 cudaHostAllocDefault));
+  INA_LOG_I(INA_LOG_SUBSYS, "gpu engine on %s: %.1f MiB of weights, %.1f MiB of latent cache",
+            ina_cuda_device_name(device, name, sizeof name), (double)e->w.device_bytes / (1 << 20),
+            (double)(e->cache_layer_bytes * (size_t)c->num_layers) / (1 << 20));
+  free(inv_freq);
+  *out = e;
+  return INA_OK;
+fail:
+  free(inv_freq);
+  ina_engine_gpu_destroy(e);
+  return st;
+}
+
+static void step_free(gpu_step_t *s) {
+  for (int32_t i = 0; i < s->num_owned; i++) cudaFree(s->owned[i]);
+  memset(s, 0, sizeof *s);
+}
+
+void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
+  if (!e) return;
+  if (e->stream) (void)cudaStreamSynchronize(e->stream);
+  step_free(&e->s);
+  ina_gpu_weights_free(&e->w);
+  ina_gemm_destroy(e->gemm);
+  ina_mla_absorb_destroy(e->absorb);
+  ina_page_pool_destroy(e->kv);
+  cudaFree(e->cache);
+  cudaFree(e->inv_freq);
+  cudaFreeHost(e->stage_host);
+  cudaFree(e->stage_dev);
+  cudaFreeHost(e->mla_host_ws);
+  cudaFree(e->mla_dev_ws);
+  cudaFreeHost(e->offsets_host);
+  ina_page_table_release(&e->table);
+  free(e->kv_len);
+  free(e->cow_page);
+  free(e->cow_index);
+  free(e->cow_tokens);
+  if (e->stream) cudaStreamDestroy(e->stream);
+  (void)cudaGetLastError(); /* leave no error of the teardown behind */
+  free(e);
+}
+
+ina_page_pool_t *ina_engine_gpu_page_pool(ina_engine_gpu_t *e) { return e->kv; }
+const ina_model_config_t *ina_engine_gpu_config(const ina_engine_gpu_t *e) { return e->cfg; }
+
+/* ---- buffers ------------------------------------------------------------------------ */
+
+static ina_status_t step_alloc(ina_engine_gpu_t *e, int64_t cap) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  gpu_step_t *s = &e->s;
+  const int64_t Hd = c->hidden_size, H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
+  const int64_t E = c->n_routed_experts, K = E > 0 ? c->num_experts_per_tok : 1;
+  const int64_t inter = e->w.max_expert_inter > 0 ? e->w.max_expert_inter : 1;
+  const int64_t rows = cap * K, fp8_k = e->w.fp8_max_k;
+  step_free(s);
+  s->cap = cap;
+  s->rows = rows;
+#define DEV(field, bytes)                                                                \
+  do {                                                                                   \
+    const size_t n_ = (size_t)(bytes);                                                   \
+    INA_CUDA_CHECK(cudaMalloc((void **)&s->field, n_ > 0 ? n_ : 16));                    \
+    s->owned[s->num_owned++] = (void *)s->field;                                         \
+  } while (0)
+  DEV(x, cap * Hd * 2);
+  DEV(delta, cap * Hd * 2);
+  DEV(h, cap * Hd * 2);
+  DEV(qa, cap * (c->q_lora_rank > 0 ? c->q_lora_rank : 1) * 2);
+  DEV(q, cap * H * ina_cfg_qk_head_dim(c) * 2);
+  DEV(kv, cap * (C + R) * 2);
+  DEV(q_abs, cap * H * C * 2);
+  DEV(o_lat, cap * H * C * 2);
+  DEV(attn, cap * H * c->v_head_dim * 2);
+  DEV(g, rows * inter * 2);
+  DEV(u, rows * inter * 2);
+  DEV(a, rows * inter * 2);
+  DEV(shared, cap * Hd * 2);
+  DEV(fin, cap * Hd * 2);
+  DEV(logits, cap * (int64_t)c->vocab_size * 4);
+  if (fp8_k > 0) {
+    DEV(q8, rows * fp8_k);
+    DEV(q8_scale, rows * ((fp8_k + INA_GEMM_BLOCK - 1) / INA_GEMM_BLOCK) * 4);
+  }
+  if (E > 0) {
+    DEV(xe, rows * Hd * 2);
+    DEV(ye, rows * Hd * 2);
+    DEV(router_logits, cap * E * 4);
+    DEV(topk_ids, cap * K * 4);
+    DEV(topk_weights, cap * K * 4);
+    DEV(expert_counts, E * 4);
+    DEV(expert_offsets, (E + 1) * 4);
+    DEV(sorted_token, cap * K * 4);
+    DEV(slot_of, cap * K * 4);
+    s->permute_ws_bytes = ina_gpu_moe_permute_workspace_size(cap, (int32_t)K, (int32_t)E);
+    DEV(permute_ws, s->permute_ws_bytes);
+  }
+#undef DEV
+  return INA_OK;
+fail:
+  step_free(s);
+  return st;
+}
+
+static int64_t round_up_pow2(int64_t n, int64_t floor) {
+  int64_t p = floor;
+  while (p < n) p *= 2;
+  return p;
+}
+
+/* Grow whatever a step of T tokens over `batch` sequences and `pages` page-table entries
+ * needs. The device is idle here (every step ends synchronized). */
+static ina_status_t ensure_capacity(ina_engine_gpu_t *e, int64_t T, int32_t batch) {
+  ina_status_t st = INA_OK;
+  if (T > e->s.cap) INA_CHECK(step_alloc(e, round_up_pow2(T, 16)));
+  if (T > e->absorb_max_tokens) {
+    INA_REQUIRE(T <= INT32_MAX / 2, INA_ERR_INVALID_ARGUMENT, "forward: %lld tokens in one step", (long long)T);
+    INA_CHECK(create_absorb(e, (int32_t)round_up_pow2(T, 256)));
+  }
+  if (batch > e->seq_cap) {
+    const int32_t cap = (int32_t)round_up_pow2(batch, 16);
+    int32_t **arrays[4] = {&e->kv_len, &e->cow_page, &e->cow_index, &e->cow_tokens};
+    for (int i = 0; i < 4; i++) {
+      int32_t *grown = realloc(*arrays[i], (size_t)cap * sizeof(int32_t));
+      INA_CHECK_ALLOC(grown);
+      *arrays[i] = grown;
+    }
+    e->seq_cap = cap;
+  }
+fail:
+  return st;
+}
+
+/* ---- host inputs of a step ---------------------------------------------------------- */
+
+/* Offsets (in int32 values) of the step's inputs in the staging buffers. */
+typedef struct stage_layout {
+  int64_t tokens, positions, page_ids, slots, last_rows, kv_indptr, kv_indices, total;
+} stage_layout_t;
+
+static stage_layout_t stage_layout(int64_t T, int32_t batch, int64_t pages) {
+  stage_layout_t l;
+  l.tokens = 0;
+  l.positions = T;
+  l.page_ids = 2 * T;
+  l.slots = 3 * T;
+  l.last_rows = 4 * T;
+  l.kv_indptr = l.last_rows + batch;
+  l.kv_indices = l.kv_indptr + batch + 1;
+  l.total = l.kv_indices + pages;
+  return l;
+}
+
+/* Fill the pinned staging buffer (the sequences already grown) and copy it to the device. */
+static ina_status_t stage_inputs(ina_engine_gpu_t *e, const ina_batch_t *b, int64_t T, stage_layout_t *out) {
+  ina_status_t st = INA_OK;
+  const int32_t page_size = ina_page_pool_page_size(e->kv);
+  const stage_layout_t l = stage_layout(T, b->batch, e->table.indptr[b->batch]);
+  if (l.total > e->stage_cap) {
+    const int64_t cap = round_up_pow2(l.total, 1024);
+    cudaFreeHost(e->stage_host);
+    cudaFree(e->stage_dev);
+    e->stage_host = NULL;
+    e->stage_dev = NULL;
+    e->stage_cap = 0;
+    INA_CUDA_CHECK(cudaHostAlloc((void **)&e->stage_host, (size_t)cap * sizeof(int32_t), cudaHostAllocDefault));
+    INA_CUDA_CHECK(cudaMalloc((void **)&e->stage_dev, (size_t)cap * sizeof(int32_t)));
+    e->stage_cap = cap;
+  }
+  int32_t *h = e->stage_host;
+  memcpy(h + l.tokens, b->tokens, (size_t)T * sizeof(int32_t));
+  for (int32_t i = 0; i < b->batch; i++) {
+    const int32_t q0 = b->qo_indptr[i], n = b->qo_indptr[i + 1] - q0;
+    const int64_t first = b->seqs[i]->num_tokens - n; /* position of the first new token */
+    for (int32_t j = 0; j < n; j++) {
+      int32_t page, slot;
+      ina_kv_seq_locate(b->seqs[i], page_size, first + j, &page, &slot);
+      h[l.positions + q0 + j] = (int32_t)(first + j);
+      h[l.page_ids + q0 + j] = page;
+      h[l.slots + q0 + j] = slot;
+    }
+    h[l.last_rows + i] = n > 0 ? b->qo_indptr[i + 1] - 1 : 0;
+  }
+  memcpy(h + l.kv_indptr, e->table.indptr, (size_t)(b->batch + 1) * sizeof(int32_t));
+  memcpy(h + l.kv_indices, e->table.indices, (size_t)e->table.indptr[b->batch] * sizeof(int32_t));
+  INA_CUDA_CHECK(cudaMemcpyAsync(e->stage_dev, h, (size_t)l.total * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                 e->stream));
+  *out = l;
+fail:
+  return st;
+}
+
+/* Before the sequences grow: the partial last page of each, which ina_kv_seq_append
+ * replaces by a fresh copy when it is shared (copy on write). */
+static void remember_last_pages(ina_engine_gpu_t *e, const ina_batch_t *b) {
+  const int32_t page_size = ina_page_pool_page_size(e->kv);
+  for (int32_t i = 0; i < b->batch; i++) {
+    const ina_kv_seq_t *q = b->seqs[i];
+    const int32_t partial = (int32_t)(q->num_tokens % page_size);
+    e->cow_page[i] = q->num_pages > 0 && partial > 0 ? q->pages[q->num_pages - 1] : -1;
+    e->cow_index[i] = q->num_pages - 1;
+    e->cow_tokens[i] = partial;
+  }
+}
+
+/* After they grew: copy the entries of every replaced last page on the device, in
+ * every layer (the pool stores no entries, so its own copy did nothing). */
+static ina_status_t copy_replaced_pages(ina_engine_gpu_t *e, const ina_batch_t *b) {
+  ina_status_t st = INA_OK;
+  const size_t entry_bytes = e->cache_page_bytes / (size_t)ina_page_pool_page_size(e->kv);
+  for (int32_t i = 0; i < b->batch; i++) {
+    if (e->cow_page[i] < 0) continue;
+    const int32_t now = b->seqs[i]->pages[e->cow_index[i]];
+    if (now == e->cow_page[i]) continue;
+    for (int32_t l = 0; l < e->cfg->num_layers; l++) {
+      char *base = (char *)e->cache + (size_t)l * e->cache_layer_bytes;
+      INA_CUDA_CHECK(cudaMemcpyAsync(base + (size_t)now * e->cache_page_bytes,
+                                     base + (size_t)e->cow_page[i] * e->cache_page_bytes,
+                                     (size_t)e->cow_tokens[i] * entry_bytes, cudaMemcpyDeviceToDevice, e->stream));
+    }
+  }
+fail:
+  return st;
+}
+
+/* Plan attention for the step (the same schedule serves every layer). */
+static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, ina_mla_plan_info_t *info) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  ina_mla_plan_params_t p = INA_MLA_PLAN_PARAMS_INIT;
+  size_t host_bytes = 0, dev_bytes = 0;
+  int32_t max_q = 1;
+  for (int32_t i = 0; i < b->batch; i++) {
+    const int32_t n = b->qo_indptr[i + 1] - b->qo_indptr[i];
+    e->kv_len[i] = (int32_t)b->seqs[i]->num_tokens;
+    if (n > max_q) max_q = n;
+  }
+  p.batch = b->batch;
+  p.max_batch = b->batch;
+  p.max_q_len = max_q;
+  p.qo_indptr = b->qo_indptr;
+  p.kv_len = e->kv_len;
+  p.num_heads = c->num_heads;
+  p.kv_lora_rank = c->kv_lora_rank;
+  p.rope_dim = c->qk_rope_head_dim;
+  p.page_size = ina_page_pool_page_size(e->kv);
+  INA_CHECK(ina_mla_workspace_size(&p, &host_bytes, &dev_bytes));
+  if (host_bytes > e->mla_host_cap) {
+    cudaFreeHost(e->mla_host_ws);
+    e->mla_host_ws = NULL;
+    e->mla_host_cap = 0;
+    INA_CUDA_CHECK(cudaHostAlloc(&e->mla_host_ws, host_bytes, cudaHostAllocDefault));
+    e->mla_host_cap = host_bytes;
+  }
+  if (dev_bytes > e->mla_dev_cap) {
+    cudaFree(e->mla_dev_ws);
+    e->mla_dev_ws = NULL;
+    e->mla_dev_cap = 0;
+    INA_CUDA_CHECK(cudaMalloc(&e->mla_dev_ws, dev_bytes));
+    e->mla_dev_cap = dev_bytes;
+  }
+  INA_CHECK(ina_mla_plan(&p, e->mla_host_ws, e->mla_dev_ws, e->stream, info));
+fail:
+  return st;
+}
+
+/* ---- ops ---------------------------------------------------------------------------- */
+
+/* y[m, n] = x[m, k] . W^T (+ residual, which may be y), x bf16 dense. FP8 weights
+ * quantize x first (1 x 128 blocks, the GEMM's scale layout for this m). */
+static ina_status_t linear(ina_engine_gpu_t *e, const gpu_linear_t *L, const uint16_t *x, int64_t m, void *y,
+                           ina_dtype_t out_dtype, const void *residual) {
+  ina_status_t st = INA_OK;
+  ina_gemm_args_t a = INA_GEMM_ARGS_INIT;
+  if (m == 0) return INA_OK;
+  a.m = m;
+  a.n = L->n;
+  a.k = L->k;
+  a.w = L->w;
+  a.out_dtype = out_dtype;
+  a.y = y;
+  a.residual = residual;
+  a.beta = 1.0f;
+  a.stream = e->stream;
+  if (L->fp8) {
+    INA_CHECK(ina_gemm_quantize_x(x, 0, m, L->k, e->s.q8, 0, e->s.q8_scale, e->stream));
+    a.mode = INA_GEMM_FP8_BLOCK;
+    a.x = e->s.q8;
+    a.x_scale = e->s.q8_scale;
+    a.w_scale = L->w_scale;
+  } else {
+    a.mode = INA_GEMM_BF16;
+    a.x = x;
+  }
+  INA_CHECK(ina_gemm_run(e->gemm, &a));
+fail:
+  return st;
+}
+
+/* y = rmsnorm(x (+ residual, written back)) * weight over [rows, cols], all dense. */
+static ina_status_t rmsnorm(ina_engine_gpu_t *e, int64_t rows, int64_t cols, const uint16_t *x, uint16_t *residual,
+                            const float *weight, float eps, uint16_t *y) {
+  ina_gpu_rmsnorm_params_t p = INA_GPU_RMSNORM_PARAMS_INIT;
+  p.rows = rows;
+  p.cols = cols;
+  p.x = x;
+  p.residual = residual;
+  p.weight = weight;
+  p.weight_dtype = INA_DTYPE_F32;
+  p.eps = eps;
+  p.y = y;
+  return ina_gpu_rmsnorm(&p, e->stream);
+}
+
+/* out = down(SiLU(gate(in)) * up(in)) for `rows` dense rows. */
+static ina_status_t mlp(ina_engine_gpu_t *e, const gpu_mlp_t *m, const uint16_t *in, int64_t rows, uint16_t *out) {
+  ina_status_t st = INA_OK;
+  const int64_t inter = m->gate.n;
+  INA_CHECK(linear(e, &m->gate, in, rows, e->s.g, INA_DTYPE_BF16, NULL));
+  INA_CHECK(linear(e, &m->up, in, rows, e->s.u, INA_DTYPE_BF16, NULL));
+  INA_CHECK(ina_gpu_silu_mul(rows, inter, e->s.g, e->s.u, inter, e->s.a, NULL, NULL, e->stream));
+  INA_CHECK(linear(e, &m->down, e->s.a, rows, out, INA_DTYPE_BF16, NULL));
+fail:
+  return st;
+}
+
+/* ---- one layer ---------------------------------------------------------------------- */
+
+typedef struct step_inputs {
+  const int32_t *positions, *page_ids, *slots, *kv_indptr, *kv_indices; /* device */
+  ina_mla_plan_info_t plan;
+} step_inputs_t;
+
+/* s.h (normalized) -> s.delta (attention output). */
+static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const step_inputs_t *in) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  const gpu_layer_t *L = &e->w.layers[l];
+  gpu_step_t *s = &e->s;
+  const int64_t H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim, V = c->v_head_dim;
+  const int64_t nope = c->qk_nope_head_dim, QK = nope + R;
+  const ina_mla_cache_t cache = ina_mla_cache_interleaved(
+      INA_MLA_CACHE_BF16, (char *)e->cache + (size_t)l * e->cache_layer_bytes, ina_page_pool_page_size(e->kv),
+      c->kv_lora_rank, c->qk_rope_head_dim);
+
+  if (c->q_lora_rank > 0) {
+    INA_CHECK(linear(e, &L->q_a_proj, s->h, T, s->qa, INA_DTYPE_BF16, NULL));
+    INA_CHECK(rmsnorm(e, T, c->q_lora_rank, s->qa, NULL, L->q_a_norm, LATENT_NORM_EPS, s->qa));
+    INA_CHECK(linear(e, &L->q_b_proj, s->qa, T, s->q, INA_DTYPE_BF16, NULL));
+  } else {
+    INA_CHECK(linear(e, &L->q_proj, s->h, T, s->q, INA_DTYPE_BF16, NULL));
+  }
+  INA_CHECK(linear(e, &L->kv_a_proj, s->h, T, s->kv, INA_DTYPE_BF16, NULL));
+  {
+    ina_mla_append_params_t p = INA_MLA_APPEND_PARAMS_INIT;
+    p.num_tokens = (int32_t)T;
+    p.kv = s->kv;
+    p.kv_stride = C + R;
+    p.norm_weight = L->kv_a_norm;
+    p.eps = LATENT_NORM_EPS;
+    p.inv_freq = e->inv_freq;
+    p.attention_factor = e->attention_factor;
+    p.rope_layout = c->rope_layout == INA_ROPE_PAIRS ? INA_MLA_ROPE_PAIRS : INA_MLA_ROPE_HALVES;
+    p.positions = in->positions;
+    p.positions_dtype = INA_DTYPE_I32;
+    p.page_ids = in->page_ids;
+    p.slots = in->slots;
+    p.cache = cache;
+    INA_CHECK(ina_mla_append(&p, e->stream));
+  }
+  {
+    ina_gpu_rope_params_t p = INA_GPU_ROPE_PARAMS_INIT;
+    p.tokens = T;
+    p.heads = (int32_t)H;
+    p.x = s->q;
+    p.token_stride = H * QK;
+    p.head_stride = QK;
+    p.rope_offset = (int32_t)nope;
+    p.rope_dim = (int32_t)R;
+    p.inv_freq = e->inv_freq;
+    p.attention_factor = e->attention_factor;
+    p.pairs_layout = c->rope_layout == INA_ROPE_PAIRS;
+    p.positions = in->positions;
+    p.positions_dtype = INA_DTYPE_I32;
+    INA_CHECK(ina_gpu_rope(&p, e->stream));
+  }
+  INA_CHECK(ina_mla_absorb_q(e->absorb, L->kv_b, (int32_t)T, s->q, H * QK, QK, s->q_abs, H * C, C, e->stream));
+  {
+    ina_mla_run_params_t p = INA_MLA_RUN_PARAMS_INIT;
+    p.q_nope = s->q_abs;
+    p.q_nope_token_stride = H * C;
+    p.q_nope_head_stride = C;
+    p.q_pe = s->q + nope;
+    p.q_pe_token_stride = H * QK;
+    p.q_pe_head_stride = QK;
+    p.cache = cache;
+    p.kv_indptr = in->kv_indptr;
+    p.kv_indices = in->kv_indices;
+    p.softmax_scale = e->softmax_scale;
+    p.out = s->o_lat;
+    p.out_token_stride = H * C;
+    p.out_head_stride = C;
+    p.lse = NULL;
+    INA_CHECK(ina_mla_run(&in->plan, e->mla_dev_ws, &p, e->stream));
+  }
+  INA_CHECK(ina_mla_absorb_v(e->absorb, L->kv_b, (int32_t)T, s->o_lat, H * C, C, s->attn, H * V, V, e->stream));
+  INA_CHECK(linear(e, &L->o_proj, s->attn, T, s->delta, INA_DTYPE_BF16, NULL));
+fail:
+  return st;
+}
+
+/* s.h (normalized) -> s.delta: routed experts weighted and summed, plus shared experts. */
+static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  const gpu_layer_t *L = &e->w.layers[l];
+  gpu_step_t *s = &e->s;
+  const int64_t Hd = c->hidden_size;
+  const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok;
+  /* The router in fp32 out: hi (+ lo for an f32 router, see engine_gpu.h). */
+  const gpu_linear_t hi = {E, Hd, 0, L->router_hi, NULL}, lo = {E, Hd, 0, L->router_lo, NULL};
+  INA_CHECK(linear(e, &hi, s->h, T, s->router_logits, INA_DTYPE_F32, NULL));
+  if (L->router_lo) INA_CHECK(linear(e, &lo, s->h, T, s->router_logits, INA_DTYPE_F32, s->router_logits));
+  INA_CHECK(ina_gpu_router(&e->router, s->router_logits, L->router_bias, T, s->topk_ids, s->topk_weights, e->stream));
+  {
+    ina_gpu_moe_permute_params_t p = INA_GPU_MOE_PERMUTE_PARAMS_INIT;
+    p.tokens = T;
+    p.top_k = K;
+    p.num_experts = E;
+    p.ids = s->topk_ids;
+    p.expert_counts = s->expert_counts;
+    p.expert_offsets = s->expert_offsets;
+    p.sorted_token = s->sorted_token;
+    p.slot_of = s->slot_of;
+    p.workspace = s->permute_ws;
+    p.workspace_bytes = s->permute_ws_bytes;
+    INA_CHECK(ina_gpu_moe_permute(&p, e->stream));
+  }
+  INA_CUDA_CHECK(cudaMemcpyAsync(e->offsets_host, s->expert_offsets, (size_t)(E + 1) * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, e->stream));
+  INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+  const int32_t *off = e->offsets_host;
+  const int64_t rows = off[E];
+  INA_REQUIRE(rows >= 0 && rows <= T * K, INA_ERR_INTERNAL, "gpu engine: layer %d routed %lld rows for %lld tokens",
+              l, (long long)rows, (long long)T);
+  /* Gather each slot's input row: the embedding gather with h as the table. */
+  INA_CHECK(ina_gpu_embedding(s->sorted_token, rows, s->h, INA_DTYPE_BF16, T, Hd, s->xe, NULL, e->stream));
+  int64_t inter = 0;
+  for (int32_t x = 0; x < E; x++) {
+    const int64_t n = off[x + 1] - off[x];
+    const gpu_mlp_t *m = &L->experts[x];
+    if (n == 0) continue;
+    inter = m->gate.n;
+    INA_CHECK(linear(e, &m->gate, s->xe + off[x] * Hd, n, s->g + off[x] * inter, INA_DTYPE_BF16, NULL));
+    INA_CHECK(linear(e, &m->up, s->xe + off[x] * Hd, n, s->u + off[x] * inter, INA_DTYPE_BF16, NULL));
+  }
+  if (rows > 0) INA_CHECK(ina_gpu_silu_mul(rows, inter, s->g, s->u, inter, s->a, NULL, NULL, e->stream));
+  for (int32_t x = 0; x < E; x++) {
+    const int64_t n = off[x + 1] - off[x];
+    if (n == 0) continue;
+    INA_CHECK(linear(e, &L->experts[x].down, s->a + off[x] * inter, n, s->ye + off[x] * Hd, INA_DTYPE_BF16, NULL));
+  }
+  if (L->has_shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
+  INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights,
+                                L->has_shared ? s->shared : NULL, s->delta, e->stream));
+fail:
+  return st;
+}
+
+/* ---- the step ----------------------------------------------------------------------- */
+
+static ina_status_t run_layers(ina_engine_gpu_t *e, const ina_batch_t *b, int64_t T, const step_inputs_t *in,
+                               const int32_t *tokens_dev, const int32_t *last_rows_dev, float *logits) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  gpu_step_t *s = &e->s;
+  const int64_t Hd = c->hidden_size;
+  const float eps = (float)c->rms_norm_eps;
+  INA_CHECK(ina_gpu_embedding(tokens_dev, T, e->w.embed, INA_DTYPE_BF16, c->vocab_size, Hd, s->x, NULL, e->stream));
+  for (int32_t l = 0; l < c->num_layers; l++) {
+    const gpu_layer_t *L = &e->w.layers[l];
+    /* The residual stream s.x takes the previous block's output as it is normalized. */
+    if (l == 0)
+      INA_CHECK(rmsnorm(e, T, Hd, s->x, NULL, L->input_norm, eps, s->h));
+    else
+      INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, L->input_norm, eps, s->h));
+    INA_CHECK(attention_block(e, l, T, in));
+    INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, L->post_attention_norm, eps, s->h));
+    if (L->is_moe)
+      INA_CHECK(moe_block(e, l, T));
+    else
+      INA_CHECK(mlp(e, &L->mlp, s->h, T, s->delta));
+  }
+  INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, e->w.final_norm, eps, s->h));
+  {
+    const int64_t rows = b->all_logits ? T : b->batch;
+    const uint16_t *final_rows = s->h;
+    if (!b->all_logits) {
+      /* Each sequence's last token: gather its row (the embedding gather again). */
+      INA_CHECK(ina_gpu_embedding(last_rows_dev, rows, s->h, INA_DTYPE_BF16, T, Hd, s->fin, NULL, e->stream));
+      final_rows = s->fin;
+    }
+    INA_CHECK(linear(e, &e->w.lm_head, final_rows, rows, s->logits, INA_DTYPE_F32, NULL));
+    INA_CUDA_CHECK(cudaMemcpyAsync(logits, s->logits, (size_t)rows * (size_t)c->vocab_size * sizeof(float),
+                                   cudaMemcpyDeviceToHost, e->stream));
+  }
+  INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+fail:
+  return st;
+}
+
+ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *logits) {
+  ina_status_t st = INA_OK;
+  int appended = 0;
+  INA_CHECK(ina_engine_validate_batch(e->cfg, b));
+  const int64_t T = b->qo_indptr[b->batch];
+  if (T == 0) return INA_OK; /* no token: nothing grows, no logits row */
+  INA_REQUIRE(logits != NULL, INA_ERR_INVALID_ARGUMENT, "forward: logits is NULL");
+  INA_CUDA_CHECK(cudaSetDevice(e->device));
+  INA_CHECK(ensure_capacity(e, T, b->batch));
+  remember_last_pages(e, b);
+  INA_CHECK(ina_engine_append_all(e->kv, b));
+  appended = 1;
+  INA_CHECK(copy_replaced_pages(e, b));
+  INA_CHECK(ina_page_table_build(&e->table, (const ina_kv_seq_t *const *)b->seqs, b->batch,
+                                 ina_page_pool_page_size(e->kv)));
+  {
+    stage_layout_t l;
+    step_inputs_t in;
+    INA_CHECK(stage_inputs(e, b, T, &l));
+    in.positions = e->stage_dev + l.positions;
+    in.page_ids = e->stage_dev + l.page_ids;
+    in.slots = e->stage_dev + l.slots;
+    in.kv_indptr = e->stage_dev + l.kv_indptr;
+    in.kv_indices = e->stage_dev + l.kv_indices;
+    INA_CHECK(plan_attention(e, b, &in.plan));
+    INA_CHECK(run_layers(e, b, T, &in, e->stage_dev + l.tokens, e->stage_dev + l.last_rows, logits));
+  }
+  return INA_OK;
+fail:
+  if (appended) {
+    /* Let queued work that may read the staging buffers finish before they are reused. */
+    (void)cudaStreamSynchronize(e->stream);
+    (void)cudaGetLastError();
+    ina_engine_truncate_all(e->kv, b);
+  }
+  return st;
+}

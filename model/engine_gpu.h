@@ -1,0 +1,73 @@
+/* The CUDA engine's device copy of the weights (engine_gpu_weights.c) and what the
+ * forward pass (engine_gpu.c) reads of it. Internal to model/; host C over the CUDA
+ * runtime, built only with CUDA.
+ *
+ * Upload rules (ina_gpu_weights_upload):
+ *   - FP8 e4m3 linears (128 x 128 block scales) stay FP8, their scales packed for
+ *     gemm/gemm.h (ina_gemm_pack_w_scales), when the FP8 GEMM takes the shape (N and K
+ *     multiples of 16). Other FP8 linears, and kv_b_proj always (the absorption GEMMs
+ *     are bf16, mla/mla_absorb.h), are dequantized once to bf16 on the device.
+ *   - f32, f16 and bf16 linears, the embedding and the router become bf16 (f32 and f16
+ *     rounded to nearest even): the GPU computes with bf16 operands and fp32
+ *     accumulation. An f32 (or f16) router is kept as two bf16 matrices hi + lo (hi = bf16(W),
+ *     lo = bf16(W - hi)) whose two GEMMs add up in fp32, so routing sees the weights to
+ *     about 16 significant bits (routing still sees bf16 activations).
+ *   - RMSNorm weights become f32 (exact for every stored dtype), except kv_a_layernorm,
+ *     which the fused append reads in bf16; the router's correction bias f32.
+ *   - Linear biases (attention_bias, V2 mlp_bias) are INA_ERR_UNSUPPORTED for now.
+ * Ownership: every device buffer is recorded in gpu_weights_t.allocs and freed by
+ * ina_gpu_weights_free. */
+#ifndef INA_MODEL_ENGINE_GPU_H
+#define INA_MODEL_ENGINE_GPU_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "model/weights.h"
+
+typedef struct gpu_linear {
+  int64_t n, k;   /* weight [n, k] */
+  int fp8;        /* 1: e4m3 weight + packed scales; 0: bf16 weight */
+  void *w;        /* device */
+  float *w_scale; /* FP8 only: ina_gemm_w_scale_count(n, k) packed scales */
+} gpu_linear_t;
+
+typedef struct gpu_mlp {
+  gpu_linear_t gate, up, down;
+} gpu_mlp_t;
+
+typedef struct gpu_layer {
+  float *input_norm, *post_attention_norm, *q_a_norm; /* f32 [hidden] / [q_lora_rank] */
+  uint16_t *kv_a_norm;                                /* bf16 [kv_lora_rank] */
+  gpu_linear_t q_proj, q_a_proj, q_b_proj, kv_a_proj, o_proj;
+  uint16_t *kv_b;      /* bf16 [heads * (nope + v), kv_lora_rank] */
+  int is_moe, has_shared;
+  gpu_mlp_t mlp;       /* dense MLP, or the shared experts of a MoE layer */
+  uint16_t *router_hi; /* bf16 [experts, hidden] */
+  uint16_t *router_lo; /* bf16 [experts, hidden]: the f32 router's remainder; NULL if none */
+  float *router_bias;  /* f32 [experts] or NULL */
+  gpu_mlp_t *experts;  /* [experts] (host array of device weights) */
+} gpu_layer_t;
+
+typedef struct gpu_weights {
+  uint16_t *embed;     /* bf16 [vocab, hidden] */
+  float *final_norm;   /* f32 [hidden] */
+  gpu_linear_t lm_head;
+  gpu_layer_t *layers; /* [num_layers] */
+  int32_t num_layers;
+  int64_t fp8_max_k;   /* largest K of an FP8 linear; 0 when none */
+  int64_t max_expert_inter; /* widest gate/up output of any MLP (dense, shared, routed) */
+  int64_t device_bytes;
+  void **allocs;       /* every device buffer, for ina_gpu_weights_free */
+  int64_t num_allocs, cap_allocs;
+} gpu_weights_t;
+
+/* Upload w for cfg onto the current device (synchronously, through `stream`). On
+ * failure everything allocated is freed and *out is zeroed. */
+ina_status_t ina_gpu_weights_upload(const ina_weights_t *w, const ina_model_config_t *cfg,
+                                    cudaStream_t stream, gpu_weights_t *out);
+/* Free every device buffer; *g becomes zeroed. NULL is a no-op. */
+void ina_gpu_weights_free(gpu_weights_t *g);
+
+#endif

@@ -1,0 +1,29 @@
+/* The CUDA engine in a build without CUDA: creating one reports INA_ERR_UNSUPPORTED, so
+ * ina_engine_create with options->device >= 0 fails cleanly and callers fall back to the
+ * CPU (device -1). The other entry points are never reached without an engine. */
+#define INA_LOG_SUBSYS "model"
+#include "core/check.h"
+#include "model/engine_backend.h"
+
+ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_options_t *options, int32_t device,
+                                   ina_engine_gpu_t **out) {
+  ina_status_t st = INA_OK;
+  *out = NULL;
+  INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "gpu engine: device %d requested, but this build has no CUDA", device);
+fail:
+  return st;
+}
+
+void ina_engine_gpu_destroy(ina_engine_gpu_t *engine) { (void)engine; }
+ina_page_pool_t *ina_engine_gpu_page_pool(ina_engine_gpu_t *engine) { (void)engine; return NULL; }
+const ina_model_config_t *ina_engine_gpu_config(const ina_engine_gpu_t *engine) { (void)engine; return NULL; }
+
+ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *engine, const ina_batch_t *batch, float *logits) {
+  ina_status_t st = INA_OK;
+  (void)engine;
+  (void)batch;
+  (void)logits;
+  INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "gpu engine: this build has no CUDA");
+fail:
+  return st;
+}
