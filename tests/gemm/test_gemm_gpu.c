@@ -15,7 +15,6 @@
  *   to run, a captured CUDA graph replayed on new inputs, argument checks, and the path
  *   each DeepSeek-V3 shape takes (printed).
  * Skipped (exit 77) without a CUDA device. */
-#include <time.h> /* test_seed uses timespec_get */
 
 #include "core/cuda.h"
 #include "core/dtype.h"

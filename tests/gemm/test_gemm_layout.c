@@ -2,7 +2,6 @@
  * scale index and packing), the kernel's launch plan, argument checks, and the CPU
  * reference against an independent computation from ina_fp8_dequantize_blocks. Runs
  * everywhere; also checks that the device entry points refuse cleanly without a device. */
-#include <time.h> /* test_seed uses timespec_get */
 
 #include "core/cuda.h"
 #include "core/dtype.h"

@@ -1,7 +1,6 @@
 /* core/cuda.h on any machine: the device count never fails, and without a device every
  * call that needs one says INA_ERR_UNSUPPORTED and leaves a message; with a device,
  * allocation, copies and synchronization work and bad arguments are refused. */
-#include <time.h> /* test_seed uses timespec_get */
 
 #include "tests/test_util.h"
 

@@ -4,7 +4,6 @@
  * 128x128 blocks, on the vectorized and the unaligned paths. Outputs are poisoned before
  * each run and guarded past their ends, so unwritten and out-of-bounds bytes show.
  * Skipped (exit 77) without a CUDA device. */
-#include <time.h> /* test_seed uses timespec_get */
 
 #include "tests/test_util.h"
 

@@ -4,7 +4,6 @@
  * signs) is quantized in blocks led by amax; scales and e4m3 bytes must match bit for
  * bit. Each run checks the edge amax values and fresh random ones;
  * INA_TEST_EXHAUSTIVE=1 checks all 32639 finite positive bf16 amax (about a minute). */
-#include <time.h> /* test_seed uses timespec_get */
 
 #include "tests/test_util.h"
 

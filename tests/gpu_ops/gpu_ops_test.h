@@ -4,7 +4,6 @@
 #ifndef INA_TESTS_GPU_OPS_GPU_OPS_TEST_H
 #define INA_TESTS_GPU_OPS_GPU_OPS_TEST_H
 
-#include <time.h> /* test_seed uses timespec_get */
 
 #include "tests/test_util.h"
 

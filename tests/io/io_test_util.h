@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h> /* test_util.h's test_seed uses timespec_get without including it */
 #include <unistd.h>
 
 #include "core/log.h"

@@ -1,7 +1,6 @@
 /* kv_seq: fixed cases of append, locate, fork at chosen prefixes, copy on write,
  * truncate, running out of pages (with rollback) and page tables, over several page
  * sizes. The randomized model check lives in test_kvcache.c. */
-#include <time.h> /* test_util.h uses timespec_get without including it */
 
 #include "tests/test_util.h"
 

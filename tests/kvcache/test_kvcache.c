@@ -12,7 +12,6 @@
  *     reading a sibling's tokens;
  *   - appends: success exactly when the model says enough pages are free, and on
  *     failure the sequence and the pool are bit-for-bit as before. */
-#include <time.h> /* test_util.h uses timespec_get without including it */
 
 #include "tests/test_util.h"
 

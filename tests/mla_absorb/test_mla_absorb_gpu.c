@@ -7,7 +7,6 @@
  * buffers whose gaps must keep the poison. Relative L2 error <= 1e-2; NaN never passes.
  * Also: the dequantization kernel byte for byte, replay of a captured CUDA graph with
  * new inputs, and argument checks. Skipped (exit 77) without a CUDA device. */
-#include <time.h> /* test_seed uses timespec_get */
 
 #include "tests/test_util.h"
 

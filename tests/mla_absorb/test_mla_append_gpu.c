@@ -12,7 +12,6 @@
  * 1), which could round differently to float once in about 2^28 values. The number of
  * values not bit-identical is printed and must stay below 1 in 10^4.
  * Skipped (exit 77) without a CUDA device. */
-#include <time.h> /* test_seed uses timespec_get */
 
 #include "tests/test_util.h"
 

@@ -6,7 +6,6 @@
  * positions; untouched bytes and skipped tokens must keep their poison; bad arguments
  * must be refused. Also checks that the GPU entry points refuse to run where there is
  * no device. */
-#include <time.h> /* test_seed uses timespec_get */
 
 #include "tests/test_util.h"
 

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h> /* test_util.h uses timespec_get */
 
 #include "core/log.h"
 #include "moe_ep/router.h"
