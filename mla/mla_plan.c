@@ -151,13 +151,15 @@ fail:
   return st;
 }
 
-/* Builds the schedule in host_ws; the state of the walk along the cost line. */
+/* Builds the schedule in host_ws; the state of the walk along the cost line. The counts
+ * live here and reach the header at the end: kept in the workspace, they would have to
+ * be reloaded after every item stored (the same memory, as far as the compiler knows). */
 typedef struct builder {
   const ina_mla_sched_layout_t *l;
-  ina_mla_sched_header_t *header;
   int32_t *cta_indptr;
   ina_mla_sched_item_t *items;
   ina_mla_sched_merge_t *merges;
+  int32_t num_items, num_merges;
   int64_t total; /* T: the cost line's length */
   int64_t pos;   /* cost placed so far */
   int32_t cta;   /* CTA being filled */
@@ -167,9 +169,30 @@ typedef struct builder {
   int32_t max_splits;
 } builder_t;
 
-/* KV range of a unit; decode (one query token) needs no division. */
-static inline int32_t unit_kv_end(const ina_mla_sched_request_t *r, int32_t tile, int32_t heads) {
-  return r->q_len == 1 ? r->kv_len : ina_mla_tile_kv_end(tile, heads, r->q_len, r->kv_len);
+/* The head count with its reciprocal: the query token of a row is row / heads, and the
+ * plan takes it for every row tile, so without a divide instruction:
+ * row / heads = (row * recip) >> 34 with recip = 2^34 / heads + 1, exact for rows below
+ * 2^27 (max_q_len <= 2^20, heads <= 128): the rounding error row * (recip - 2^34 / heads)
+ * / 2^34 stays below 2^-7 <= 1 / heads. */
+typedef struct heads {
+  int32_t n;
+  uint64_t recip;
+} heads_t;
+
+static heads_t heads_of(int32_t n) {
+  const heads_t h = {n, ((uint64_t)1 << 34) / (uint64_t)n + 1};
+  return h;
+}
+
+/* KV range of a unit: ina_mla_tile_kv_end (which the kernels use), the same value with
+ * the division above; decode (one query token) needs none. */
+static inline int32_t unit_kv_end(const ina_mla_sched_request_t *r, int32_t tile, heads_t heads) {
+  if (r->q_len == 1) return r->kv_len;
+  const int32_t rows = r->q_len * heads.n;
+  int32_t last = (tile + 1) * INA_MLA_TILE_ROWS;
+  if (last > rows) last = rows;
+  const int32_t token = (int32_t)(((uint64_t)(last - 1) * heads.recip) >> 34);
+  return r->kv_len - r->q_len + token + 1;
 }
 
 /* Stretch ends: bound(c) = floor((c + 1) * T / N) = (c + 1) * share + floor((c + 1) *
@@ -184,7 +207,7 @@ static void first_cta(builder_t *s) {
 
 static void next_cta(builder_t *s) {
   s->cta++;
-  s->cta_indptr[s->cta] = s->header->num_items;
+  s->cta_indptr[s->cta] = s->num_items;
   s->bound += s->share;
   s->bound_rem += s->share_rem;
   if (s->bound_rem >= s->l->num_ctas) {
@@ -193,53 +216,55 @@ static void next_cta(builder_t *s) {
   }
 }
 
-/* The group's tiles [first_tile, first_tile + tiles) and their KV ends (non-decreasing:
- * later rows see more); a single tile in ungrouped plans. */
+/* The group's tiles [first_tile, first_tile + tiles), their KV ends (non-decreasing:
+ * later rows see more) and the chunks each was cut into (counted by emit, from 0); a
+ * single tile in ungrouped plans. */
 typedef struct group {
   int32_t request, first_tile, tiles;
   int32_t end[INA_MLA_GROUP_TILES];
+  int32_t chunks[INA_MLA_GROUP_TILES];
 } group_t;
 
 /* One item per tile of the group with positions in [begin, end): the tile's part of the
  * chunk, the first item carrying the count. */
-static ina_status_t emit(builder_t *s, const group_t *g, int32_t begin, int32_t end) {
+static inline ina_status_t emit(builder_t *s, group_t *g, int32_t begin, int32_t end) {
   ina_status_t st = INA_OK;
-  const int32_t lead = s->header->num_items;
+  const int32_t lead = s->num_items;
   for (int32_t i = 0; i < g->tiles; i++) {
     if (g->end[i] <= begin) continue;
-    INA_REQUIRE(s->header->num_items < s->l->max_items, INA_ERR_INTERNAL,
-                "mla plan: %d work items exceed the workspace's %d", s->header->num_items + 1,
-                s->l->max_items);
+    INA_REQUIRE(s->num_items < s->l->max_items, INA_ERR_INTERNAL,
+                "mla plan: %d work items exceed the workspace's %d", s->num_items + 1, s->l->max_items);
     const int32_t tile_end = g->end[i] < end ? g->end[i] : end;
     const ina_mla_sched_item_t it = {g->request, g->first_tile + i, begin, tile_end, -1, 0, {0, 0}};
-    s->items[s->header->num_items++] = it;
+    s->items[s->num_items++] = it;
+    g->chunks[i]++;
   }
-  s->items[lead].group_items = s->header->num_items - lead;
+  s->items[lead].group_items = s->num_items - lead;
 fail:
   return st;
 }
 
-/* Partial slots and merges for the group's tiles cut into several chunks; the tiles'
- * items are interleaved chunk by chunk in items[first_item ..). */
+/* Partial slots and merges of a group that was cut, for its tiles in several chunks
+ * (at least the last), in tile order; each such tile's chunks get consecutive slots. The
+ * tiles' items are interleaved chunk by chunk in items[first_item ..). */
 static ina_status_t assign_slots(builder_t *s, const group_t *g, int32_t first_item) {
   ina_status_t st = INA_OK;
+  int32_t next_slot[INA_MLA_GROUP_TILES]; /* of each split tile */
   for (int32_t i = 0; i < g->tiles; i++) {
-    const int32_t tile = g->first_tile + i;
-    int32_t splits = 0;
-    for (int32_t k = first_item; k < s->header->num_items; k++) splits += s->items[k].tile == tile;
+    const int32_t splits = g->chunks[i];
     if (splits > s->max_splits) s->max_splits = splits;
     if (splits <= 1) continue;
-    INA_REQUIRE(s->header->num_merges < s->l->max_merges && s->slots + splits <= s->l->max_slots,
-                INA_ERR_INTERNAL,
-                "mla plan: split unit %d exceeds the workspace (%d merges, %d + %d slots)",
-                s->header->num_merges, s->l->max_merges, s->slots, splits);
-    ina_mla_sched_merge_t *m = &s->merges[s->header->num_merges++];
-    m->request = g->request;
-    m->tile = tile;
-    m->first_slot = s->slots;
-    m->num_splits = splits;
-    for (int32_t k = first_item; k < s->header->num_items; k++)
-      if (s->items[k].tile == tile) s->items[k].slot = s->slots++;
+    INA_REQUIRE(s->num_merges < s->l->max_merges && s->slots + splits <= s->l->max_slots,
+                INA_ERR_INTERNAL, "mla plan: split unit %d exceeds the workspace (%d merges, %d + %d slots)",
+                s->num_merges, s->l->max_merges, s->slots, splits);
+    const ina_mla_sched_merge_t m = {g->request, g->first_tile + i, s->slots, splits};
+    s->merges[s->num_merges++] = m;
+    next_slot[i] = s->slots;
+    s->slots += splits;
+  }
+  for (int32_t k = first_item; k < s->num_items; k++) {
+    const int32_t i = s->items[k].tile - g->first_tile;
+    if (g->chunks[i] > 1) s->items[k].slot = next_slot[i]++;
   }
 fail:
   return st;
@@ -247,9 +272,9 @@ fail:
 
 /* Places a group with KV range [0, len) (len = its last tile's end) on the cost line,
  * cutting it at CTA boundaries. */
-static ina_status_t place_group(builder_t *s, const group_t *g) {
+static ina_status_t place_group(builder_t *s, group_t *g) {
   ina_status_t st = INA_OK;
-  const int32_t first_item = s->header->num_items;
+  const int32_t first_item = s->num_items;
   const int32_t last_cta = s->l->num_ctas - 1;
   const int32_t len = g->end[g->tiles - 1];
   int32_t begin = 0;
@@ -280,25 +305,10 @@ static ina_status_t place_group(builder_t *s, const group_t *g) {
     next_cta(s);
   }
   while (s->cta < last_cta && s->pos >= s->bound) next_cta(s);
-
-  if (g->tiles == 1) { /* ungrouped: the unit's items are consecutive */
-    const int32_t splits = s->header->num_items - first_item;
-    if (splits > s->max_splits) s->max_splits = splits;
-    if (splits > 1) {
-      INA_REQUIRE(s->header->num_merges < s->l->max_merges && s->slots + splits <= s->l->max_slots,
-                  INA_ERR_INTERNAL,
-                  "mla plan: split unit %d exceeds the workspace (%d merges, %d + %d slots)",
-                  s->header->num_merges, s->l->max_merges, s->slots, splits);
-      ina_mla_sched_merge_t *m = &s->merges[s->header->num_merges++];
-      m->request = g->request;
-      m->tile = g->first_tile;
-      m->first_slot = s->slots;
-      m->num_splits = splits;
-      for (int32_t i = 0; i < splits; i++) s->items[first_item + i].slot = s->slots + i;
-      s->slots += splits;
-    }
-  } else {
+  if (begin > 0) { /* cut: the tiles that reach past the first cut are split */
     INA_CHECK(assign_slots(s, g, first_item));
+  } else if (s->max_splits < 1) { /* the common case, one chunk: every item writes the output */
+    s->max_splits = 1;
   }
 fail:
   return st;
@@ -321,16 +331,14 @@ ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *d
 
   char *ws = host_ws;
   s.l = &l;
-  s.header = (ina_mla_sched_header_t *)(ws + l.header);
   s.cta_indptr = (int32_t *)(ws + l.cta_indptr);
   s.items = (ina_mla_sched_item_t *)(ws + l.items);
   s.merges = (ina_mla_sched_merge_t *)(ws + l.merges);
   ina_mla_sched_request_t *requests = (ina_mla_sched_request_t *)(ws + l.requests);
-  memset(s.header, 0, sizeof *s.header);
-  s.header->batch = p->batch;
-  s.header->total_tokens = p->batch > 0 ? p->qo_indptr[p->batch] : 0;
+  ina_mla_sched_header_t *header = (ina_mla_sched_header_t *)(ws + l.header);
 
   const int32_t G = l.group_tiles;
+  const heads_t heads = heads_of(p->num_heads);
   for (int32_t b = 0; b < p->batch; b++) {
     ina_mla_sched_request_t *r = &requests[b];
     r->q_begin = p->qo_indptr[b];
@@ -344,7 +352,7 @@ ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *d
     } else {
       for (int32_t gi = 0; gi < groups; gi++) { /* a group's cost is its last tile's */
         const int32_t last = (gi + 1) * G < r->num_tiles ? (gi + 1) * G - 1 : r->num_tiles - 1;
-        s.total += INA_MLA_CHUNK_COST + ina_mla_tile_kv_end(last, p->num_heads, r->q_len, r->kv_len);
+        s.total += INA_MLA_CHUNK_COST + unit_kv_end(r, last, heads);
       }
     }
   }
@@ -355,19 +363,22 @@ ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *d
     for (int32_t b = 0; b < p->batch; b++) {
       const ina_mla_sched_request_t *r = &requests[b];
       if (gi * G >= r->num_tiles) continue;
-      group_t g;
+      group_t g = {0};
       g.request = b;
       g.first_tile = gi * G;
       g.tiles = r->num_tiles - g.first_tile < G ? r->num_tiles - g.first_tile : G;
-      for (int32_t i = 0; i < g.tiles; i++) g.end[i] = unit_kv_end(r, g.first_tile + i, p->num_heads);
+      for (int32_t i = 0; i < g.tiles; i++) g.end[i] = unit_kv_end(r, g.first_tile + i, heads);
       INA_CHECK(place_group(&s, &g));
     }
   }
   while (s.cta < l.num_ctas - 1) next_cta(&s);
-  s.cta_indptr[l.num_ctas] = s.header->num_items;
+  s.cta_indptr[l.num_ctas] = s.num_items;
+  const ina_mla_sched_header_t hd = {p->batch, p->batch > 0 ? p->qo_indptr[p->batch] : 0, s.num_items,
+                                     s.num_merges};
+  *header = hd;
 
   if (device_ws) {
-    const size_t used = l.items + sizeof(ina_mla_sched_item_t) * (size_t)s.header->num_items;
+    const size_t used = l.items + sizeof(ina_mla_sched_item_t) * (size_t)s.num_items;
     INA_CHECK(ina_mla_copy_schedule(device_ws, host_ws, used, stream));
   }
 
@@ -380,7 +391,7 @@ ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *d
   info->page_size = p->page_size;
   info->num_ctas = l.num_ctas;
   info->num_splits_max = s.max_splits;
-  info->total_tokens = s.header->total_tokens;
+  info->total_tokens = hd.total_tokens;
   info->device_bytes = l.device_bytes;
   info->path = p->kv_lora_rank == 512 && p->rope_dim == 64 ? INA_MLA_PATH_FAST : INA_MLA_PATH_GENERIC;
 fail:

@@ -333,6 +333,12 @@ static void edge_cases(void) {
    * most 4 more chunks and 4 split units */
   const int32_t cuts = 4 * (INA_MLA_CTAS_PER_SM - 1);
   CHECK(s.items >= 8000 && s.items <= 8000 + cuts && s.merges <= cuts);
+  /* 4096 query tokens of 127 heads: tile ends straddle tokens at every remainder, up
+   * to row 520191 (the plan divides rows by the head count with a reciprocal) */
+  int32_t qo4[3] = {0, 4096, 4097}, kv4[2] = {5000, 3};
+  p = params(2, 2, 4096, 127, qo4, kv4, 3);
+  s = plan_and_check(&p, "4096-token chunk, 127 heads, 3 SMs");
+  CHECK(s.items >= 32512 + 8); /* request 1: one token, 8 tiles */
   /* 16 heads with 4 query tokens: 64 rows, one group of 4 causal tiles per request */
   int32_t qo3[4] = {0, 4, 8, 11}, kv3[3] = {300, 4, 129};
   p = params(3, 3, 4, 16, qo3, kv3, 2);
