@@ -7,7 +7,6 @@
  * The bound is the issue's fp32 bound for every fixture, bf16 and fp8 ones included:
  * the CPU engine computes in fp32 on the stored weights, exactly the computation HF ran
  * in float32 on the same (dequantized) weights. */
-#include <dirent.h>
 #include <string.h>
 
 #include "core/json.h"
@@ -16,54 +15,9 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "../test_util.h"
+#include "golden_fixture.h"
 
-#define MAX_PROMPTS 8
 #define BOUND 1e-4
-
-typedef struct fixture {
-  char dir[512];
-  int32_t count, max_new;
-  int32_t *prompts[MAX_PROMPTS];
-  int32_t lens[MAX_PROMPTS];
-  int32_t generated[MAX_PROMPTS][64];
-  ina_tensor_t logits[MAX_PROMPTS];
-} fixture_t;
-
-static int read_ids(const json_t *arr, int32_t *out, int32_t cap) {
-  if (!json_is_array(arr) || (int32_t)json_array_size(arr) > cap) return -1;
-  for (size_t i = 0; i < json_array_size(arr); i++) out[i] = (int32_t)json_integer_value(json_array_get(arr, i));
-  return (int32_t)json_array_size(arr);
-}
-
-static int load_fixture(const char *dir, fixture_t *f) {
-  char path[600];
-  json_t *root = NULL;
-  memset(f, 0, sizeof *f);
-  snprintf(f->dir, sizeof f->dir, "%s", dir);
-  snprintf(path, sizeof path, "%s/expected.json", dir);
-  if (ina_json_load_file(path, &root) != INA_OK) return -1;
-  const json_t *prompts = json_object_get(root, "prompts"), *gen = json_object_get(root, "generated");
-  f->max_new = (int32_t)json_integer_value(json_object_get(root, "max_new_tokens"));
-  f->count = (int32_t)json_array_size(prompts);
-  if (f->count > MAX_PROMPTS || f->max_new > 64 || f->max_new < 1) f->count = 0;
-  for (int32_t p = 0; p < f->count; p++) {
-    const json_t *ids = json_array_get(prompts, p);
-    f->prompts[p] = malloc(json_array_size(ids) * sizeof(int32_t) + 1);
-    f->lens[p] = read_ids(ids, f->prompts[p], 1 << 20);
-    CHECK(read_ids(json_array_get(gen, p), f->generated[p], 64) == f->max_new);
-    snprintf(path, sizeof path, "%s/logits_%d.npy", dir, p);
-    CHECK_OK(ina_npy_read(path, &f->logits[p]));
-  }
-  json_decref(root);
-  return f->count > 0 ? 0 : -1;
-}
-
-static void free_fixture(fixture_t *f) {
-  for (int32_t p = 0; p < f->count; p++) {
-    free(f->prompts[p]);
-    ina_tensor_release(&f->logits[p]);
-  }
-}
 
 /* Run the prompts [first, first + n) as one batch and compare each with HF. */
 static void run_and_compare(const fixture_t *f, const ina_model_t *m, int32_t page_size, int32_t first,
@@ -76,7 +30,7 @@ static void run_and_compare(const fixture_t *f, const ina_model_t *m, int32_t pa
   ina_engine_t *e = NULL;
   CHECK_OK(ina_engine_create(m, &eo, &e));
   if (!e) return;
-  ina_generate_request_t r[MAX_PROMPTS];
+  ina_generate_request_t r[GOLDEN_MAX_PROMPTS];
   memset(r, 0, sizeof r);
   for (int32_t k = 0; k < n; k++) {
     const int32_t p = first + k;
@@ -109,20 +63,10 @@ static void run_and_compare(const fixture_t *f, const ina_model_t *m, int32_t pa
   ina_engine_destroy(e);
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 int main(int argc, char **argv) {
   const char *root = argc > 1 ? argv[1] : "tests/golden/fixtures";
-  DIR *d = opendir(root);
-  CHECKF(d != NULL, "cannot open %s", root);
-  if (!d) return test_finish("test_golden");
-  char *names[64];
-  int count = 0;
-  struct dirent *ent;
-  while ((ent = readdir(d)) && count < 64)
-    if (ent->d_name[0] != '.') names[count++] = strdup(ent->d_name);
-  closedir(d);
-  qsort(names, (size_t)count, sizeof *names, cmp_str);
+  char *names[GOLDEN_MAX_FIXTURES];
+  const int count = golden_fixture_names(root, names);
   CHECKF(count >= 6, "only %d fixtures in %s", count, root);
   for (int i = 0; i < count; i++) {
     char dir[512];

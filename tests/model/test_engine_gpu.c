@@ -29,7 +29,6 @@
  *      were, and the next step computes what it would have without the failed calls.
  *
  * Labelled gpu: exit 77 (skipped) without a CUDA device. */
-#include <dirent.h>
 #include <string.h>
 
 #include "core/cuda.h"
@@ -39,9 +38,10 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "../test_util.h"
+#include "../golden/golden_fixture.h"
 
-#define MAX_PROMPTS 8
-#define MAX_NEW 64
+#define MAX_PROMPTS GOLDEN_MAX_PROMPTS
+#define MAX_NEW GOLDEN_MAX_NEW
 #define STRICT_BOUND 2e-2    /* the whole-run bound */
 #define MEDIAN_BOUND 6e-2    /* median row error against fp32, bf16 activations */
 #define MEDIAN_BOUND_FP8 0.15 /* ... with e4m3 activations into FP8 GEMMs */
@@ -243,54 +243,6 @@ static void check_against_fp32(stats_t *s, double median_bound, const char *what
 
 /* ---- 1. golden fixtures ------------------------------------------------------------- */
 
-typedef struct fixture {
-  char dir[512];
-  int32_t count, max_new;
-  int32_t *prompts[MAX_PROMPTS];
-  int32_t lens[MAX_PROMPTS];
-  int32_t generated[MAX_PROMPTS][MAX_NEW];
-  ina_tensor_t logits[MAX_PROMPTS];
-} fixture_t;
-
-static int32_t read_ids(const json_t *arr, int32_t *out, int32_t cap) {
-  if (!json_is_array(arr) || (int32_t)json_array_size(arr) > cap) return -1;
-  for (size_t i = 0; i < json_array_size(arr); i++) out[i] = (int32_t)json_integer_value(json_array_get(arr, i));
-  return (int32_t)json_array_size(arr);
-}
-
-static int load_fixture(const char *dir, fixture_t *f) {
-  char path[600];
-  json_t *root = NULL;
-  memset(f, 0, sizeof *f);
-  snprintf(f->dir, sizeof f->dir, "%s", dir);
-  snprintf(path, sizeof path, "%s/expected.json", dir);
-  if (ina_json_load_file(path, &root) != INA_OK) return -1;
-  const json_t *prompts = json_object_get(root, "prompts"), *gen = json_object_get(root, "generated");
-  f->max_new = (int32_t)json_integer_value(json_object_get(root, "max_new_tokens"));
-  f->count = (int32_t)json_array_size(prompts);
-  if (f->count > MAX_PROMPTS || f->max_new > MAX_NEW || f->max_new < 1) f->count = 0;
-  for (int32_t p = 0; p < f->count; p++) {
-    const json_t *ids = json_array_get(prompts, p);
-    f->prompts[p] = malloc(json_array_size(ids) * sizeof(int32_t) + 1);
-    f->lens[p] = read_ids(ids, f->prompts[p], 1 << 20);
-    CHECK(read_ids(json_array_get(gen, p), f->generated[p], MAX_NEW) == f->max_new);
-    snprintf(path, sizeof path, "%s/logits_%d.npy", dir, p);
-    CHECK_OK(ina_npy_read(path, &f->logits[p]));
-    const ina_tensor_t *t = &f->logits[p];
-    CHECKF(t->ndim == 2 && t->shape[0] == f->lens[p] + f->max_new - 1, "%s: logits_%d.npy has the wrong shape", dir, p);
-    if (!(t->ndim == 2 && t->shape[0] == f->lens[p] + f->max_new - 1)) f->count = 0;
-  }
-  json_decref(root);
-  return f->count > 0 ? 0 : -1;
-}
-
-static void free_fixture(fixture_t *f) {
-  for (int32_t p = 0; p < f->count; p++) {
-    free(f->prompts[p]);
-    ina_tensor_release(&f->logits[p]);
-  }
-}
-
 /* Modes of a fixture run: prompts alone or batched, page size 1 or 16. */
 #define NUM_MODES 4
 static const int32_t mode_page[NUM_MODES] = {1, 1, 16, 16};
@@ -368,19 +320,9 @@ static void golden_fixture(const char *name, const fixture_t *f, const ina_model
     for (int32_t p = 0; p < MAX_PROMPTS; p++) free_run(&runs[mode][p]);
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 static void test_golden(const char *root) {
-  DIR *d = opendir(root);
-  CHECKF(d != NULL, "cannot open %s", root);
-  if (!d) return;
-  char *names[64];
-  int count = 0;
-  struct dirent *ent;
-  while ((ent = readdir(d)) && count < 64)
-    if (ent->d_name[0] != '.') names[count++] = strdup(ent->d_name);
-  closedir(d);
-  qsort(names, (size_t)count, sizeof *names, cmp_str);
+  char *names[GOLDEN_MAX_FIXTURES];
+  const int count = golden_fixture_names(root, names);
   CHECKF(count >= 9, "only %d fixtures in %s", count, root);
   for (int i = 0; i < count; i++) {
     char dir[512];
