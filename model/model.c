@@ -22,6 +22,12 @@ static int is_directory(const char *path) {
   return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
+static int is_builtin(const char *name) {
+  for (const char *const *n = ina_model_config_builtin_names(); *n; n++)
+    if (strcmp(*n, name) == 0) return 1;
+  return 0;
+}
+
 ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options, ina_model_t **out) {
   ina_status_t st = INA_OK;
   ina_model_t *m = NULL;
@@ -39,13 +45,11 @@ ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options
   } else {
     const char *name = strncmp(spec, "random:", 7) == 0 ? spec + 7 : spec;
     ina_model_config_t cfg;
-    if (ina_model_config_builtin(name, &cfg) != INA_OK) {
-      st = INA_ERR_NOT_FOUND;
-      ina_error(INA_LOG_SUBSYS,
+    /* Look the name up first so an unknown spec records one error, this one. */
+    INA_REQUIRE(is_builtin(name), INA_ERR_NOT_FOUND,
                 "model '%s' is neither a checkpoint directory nor a built-in model (tiny, "
                 "random:tiny, random:v2-lite, random:v3-layers)", spec);
-      goto fail;
-    }
+    INA_CHECK(ina_model_config_builtin(name, &cfg));
     INA_LOG_I(INA_LOG_SUBSYS, "building random weights for '%s' (seed %llu, %s)", name,
               (unsigned long long)options->seed, ina_dtype_name(options->dtype));
     INA_CHECK(ina_weights_random(&cfg, options->seed, options->dtype, &options->shard, &m->weights));
