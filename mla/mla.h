@@ -97,8 +97,9 @@ typedef struct ina_mla_run_params {
  * length from device_ws; only pointers, strides, the softmax scale and the bucket are
  * baked into a captured graph. kv_lora_rank 512 + rope 64 with a bf16 or FP8 cache in
  * 16-byte aligned layouts (and 4-byte aligned queries and outputs with even strides)
- * take the tensor-core kernel (its FP8 variant computes in f16: cache and query values
- * must stay below 65504 in magnitude); anything else takes a generic fp32 kernel
+ * take the tensor-core kernel (its FP8 variant computes in f16: query values must stay
+ * below 65504 and cached latent values below 28000 in magnitude); anything else takes a
+ * generic fp32 kernel
  * (kv_lora_rank + rope_dim <= 640). */
 ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *device_ws,
                          const ina_mla_run_params_t *p, void *stream);

@@ -56,6 +56,7 @@ __device__ float entry_value(const ina_mla_cache_t &c, const char *lat, const ch
 }
 
 __global__ void __launch_bounds__(kThreads) mla_generic_kernel(const Args a) {
+  allow_dependent_launch(); /* the combine pass may be scheduled behind this grid */
   extern __shared__ __align__(16) float sm[];
   const int C = a.kv_lora_rank, R = a.rope_dim, D = C + R, H = a.num_heads;
   float *q = sm;

@@ -476,6 +476,7 @@ __device__ __forceinline__ void run_values(const Args &a, const Smem &sm, int it
 
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const Args a, int num_lists) {
 #if defined(__CUDA_ARCH__) && INA_MLA_WGMMA_CODE
+  allow_dependent_launch(); /* the combine pass may be scheduled behind this grid */
   extern __shared__ __align__(128) char smem_raw[];
   Smem sm;
   {

@@ -1,7 +1,8 @@
 /* What the MLA kernels share (CUDA C++, internal to mla/): the arguments of a run as the
  * kernels see them, the schedule's device view, the query-row mapping, cache address
  * arithmetic and a few PTX wrappers. The launchers are declared here and defined next to
- * their kernels (mla_decode.cu, mla_decode_wgmma.cu, mla_decode_generic.cu, mla_combine.cu); mla_run.cu
+ * their kernels (mla_decode.cu, mla_decode_fp8.cu, mla_decode_wgmma.cu, mla_decode_generic.cu,
+ * mla_combine.cu); mla_run.cu
  * validates a run and calls them. */
 #ifndef INA_MLA_MLA_DEVICE_CUH
 #define INA_MLA_MLA_DEVICE_CUH
@@ -87,13 +88,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+/* Programmatic dependent launch (sm_90): the attention kernels let the combine pass be
+ * launched while they run, so its launch latency hides behind their tail; the combine
+ * pass waits for them to finish (and their writes to be visible) before reading partial
+ * results. Both are no-ops for a kernel launched without the PDL attribute. */
+__device__ __forceinline__ void allow_dependent_launch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 using ina_cuda::warp_max;
 using ina_cuda::warp_sum;
 
 /* Launchers: enqueue on `stream`, report launch errors. */
 cudaError_t launch_fast(const Args &a, bool fp8, int num_ctas, cudaStream_t stream);
+cudaError_t launch_fast_fp8(const Args &a, int num_ctas, cudaStream_t stream); /* mla_decode_fp8.cu */
 cudaError_t launch_generic(const Args &a, int num_ctas, cudaStream_t stream);
-cudaError_t launch_combine(const Args &a, int num_ctas, int max_slots, cudaStream_t stream);
+cudaError_t launch_combine(const Args &a, int num_ctas, cudaStream_t stream);
 /* The sm_90a wgmma kernel (mla_decode_wgmma.cu) for grouped plans with a bf16 cache;
  * num_ctas is the plan's (it launches one CTA per INA_MLA_CTAS_PER_SM lists). It runs only
  * where wgmma_supported() (a compute capability 9.0 device). */

@@ -119,7 +119,7 @@ extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *devic
   if (wgmma) INA_CUDA_CHECK(ina_mla::launch_wgmma(a, info->num_ctas, s));
   else if (fast) INA_CUDA_CHECK(ina_mla::launch_fast(a, fp8, info->num_ctas, s));
   else INA_CUDA_CHECK(ina_mla::launch_generic(a, info->num_ctas, s));
-  INA_CUDA_CHECK(ina_mla::launch_combine(a, info->num_ctas, l.max_slots, s));
+  INA_CUDA_CHECK(ina_mla::launch_combine(a, info->num_ctas, s));
 fail:
   return st;
 }
