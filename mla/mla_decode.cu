@@ -43,8 +43,8 @@ __device__ __forceinline__ void issue_block(const Args &a, Cursor &cur, char *st
       const bool ok = cur.page[pass] >= 0;
       const char *lat = static_cast<const char *>(c.latent), *rope = lat;
       if (ok) {
-        lat = cur.entry(c.latent, c.latent_page_stride, c.latent_token_stride, pass, c.page_size);
-        rope = cur.entry(c.rope, c.rope_page_stride, c.rope_token_stride, pass, c.page_size);
+        lat = cur.entry(a, c.latent, c.latent_page_stride, c.latent_token_stride, pass);
+        rope = cur.entry(a, c.rope, c.rope_page_stride, c.rope_token_stride, pass);
       }
       const int bytes = ok ? 16 : 0;
       const uint32_t dst = smem_addr(stage + Cursor::token(pass) * kRowBytes);
@@ -90,9 +90,11 @@ __device__ __forceinline__ void compute_block(const Args &a, const char *tile, f
 
   /* S partial (16 x 32) over this warp's K slice. ldmatrix (no trans) of [token][dim] rows gives
    * B fragments of K^T: matrices (tokens +0, dims +0), (+0, +8), (+8, +0), (+8, +8). */
-  float s[kNTiles][4];
+  float s[kNTiles][4], s_odd[kNTiles][4]; /* even and odd k-steps: two chains of dependent mma */
 #pragma unroll
-  for (int j = 0; j < kNTiles; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+  for (int j = 0; j < kNTiles; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[j][e] = s_odd[j][e] = 0.0f;
   const uint32_t qk_lane = base + ((lane >> 4) * 8 + (lane & 7)) * kRowBytes + ((lane >> 3) & 1) * 16;
 #pragma unroll
   for (int ks = 0; ks < 9; ks++) {
@@ -101,10 +103,15 @@ __device__ __forceinline__ void compute_block(const Args &a, const char *tile, f
     for (int p = 0; p < kNTiles / 2; p++) {
       uint32_t b[4];
       ldsm_x4(qk_lane + 16 * p * kRowBytes + 2 * kdim, b);
-      mma<false>(s[2 * p], st.q[ks], b[0], b[1]);
-      mma<false>(s[2 * p + 1], st.q[ks], b[2], b[3]);
+      float(*acc)[4] = ks & 1 ? s_odd : s;
+      mma<false>(acc[2 * p], st.q[ks], b[0], b[1]);
+      mma<false>(acc[2 * p + 1], st.q[ks], b[2], b[3]);
     }
   }
+#pragma unroll
+  for (int j = 0; j < kNTiles; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[j][e] += s_odd[j][e];
 
   softmax_block(a, partials, blk, s, st);
 

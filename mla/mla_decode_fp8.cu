@@ -69,9 +69,9 @@ __device__ __forceinline__ void issue_block(const Args &a, Cursor &cur, char *st
       const bool ok = cur.page[pass] >= 0;
       const char *lat = static_cast<const char *>(c.latent), *rope = lat, *scale = lat;
       if (ok) {
-        lat = cur.entry(c.latent, c.latent_page_stride, c.latent_token_stride, pass, c.page_size);
-        rope = cur.entry(c.rope, c.rope_page_stride, c.rope_token_stride, pass, c.page_size);
-        scale = cur.entry(c.scale, c.scale_page_stride, c.scale_token_stride, pass, c.page_size);
+        lat = cur.entry(a, c.latent, c.latent_page_stride, c.latent_token_stride, pass);
+        rope = cur.entry(a, c.rope, c.rope_page_stride, c.rope_token_stride, pass);
+        scale = cur.entry(a, c.scale, c.scale_page_stride, c.scale_token_stride, pass);
       }
       const int bytes = ok ? 16 : 0;
       const uint32_t lat_dst = smem_addr(stage + tok * kLatent);
@@ -155,12 +155,13 @@ __device__ __forceinline__ void compute_block(const Args &a, const char *stage, 
 #pragma unroll
     for (int e = 0; e < 2; e++) sc[j][e] = scales[(8 * j + 2 * tig + e) * 4 + w];
 
-  /* Latent scores: B fragments of position 8j + g from 8 bytes at dims 32c + 8 tig. */
-  float s[kNTiles][4], sl[kNTiles][4];
+  /* Latent scores: B fragments of position 8j + g from 8 bytes at dims 32c + 8 tig; the
+   * two k-steps of a load accumulate apart (two chains of dependent mma instead of one). */
+  float s[kNTiles][4], sl[kNTiles][4], sl_odd[kNTiles][4];
 #pragma unroll
   for (int j = 0; j < kNTiles; j++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) s[j][e] = sl[j][e] = 0.0f;
+    for (int e = 0; e < 4; e++) s[j][e] = sl[j][e] = sl_odd[j][e] = 0.0f;
   const int swz_s = swizzle(g);
 #pragma unroll
   for (int c = 0; c < 4; c++) {
@@ -169,7 +170,7 @@ __device__ __forceinline__ void compute_block(const Args &a, const char *stage, 
     for (int j = 0; j < kNTiles; j++) {
       const uint2 raw = *reinterpret_cast<const uint2 *>(lat + (8 * j + g) * kLatent + 16 * unit + 8 * (tig & 1));
       mma<true>(sl[j], st.q[2 * c], e4m3x2_to_f16x2(raw.x), e4m3x2_to_f16x2(raw.x >> 16));
-      mma<true>(sl[j], st.q[2 * c + 1], e4m3x2_to_f16x2(raw.y), e4m3x2_to_f16x2(raw.y >> 16));
+      mma<true>(sl_odd[j], st.q[2 * c + 1], e4m3x2_to_f16x2(raw.y), e4m3x2_to_f16x2(raw.y >> 16));
     }
   }
   /* Rope scores (bf16, unscaled), as in the bf16 kernel. */
@@ -185,7 +186,7 @@ __device__ __forceinline__ void compute_block(const Args &a, const char *stage, 
 #pragma unroll
   for (int j = 0; j < kNTiles; j++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) s[j][e] = fmaf(sl[j][e], sc[j][e & 1], s[j][e]);
+    for (int e = 0; e < 4; e++) s[j][e] = fmaf(sl[j][e] + sl_odd[j][e], sc[j][e & 1], s[j][e]);
 
   softmax_block(a, partials, blk, s, st);
 

@@ -97,15 +97,12 @@ __global__ void __launch_bounds__(kThreads) mla_generic_kernel(const Args a) {
       if (tid < kBlock) {
         const int t = blk + tid;
         const bool ok = t < item.kv_end;
-        lat_ptr[tid] = ok ? cache_entry(c.latent, c.latent_page_stride, c.latent_token_stride,
-                                        a.kv_indices, page_base, c.page_size, t)
+        lat_ptr[tid] = ok ? cache_entry(a, c.latent, c.latent_page_stride, c.latent_token_stride, page_base, t)
                           : nullptr;
-        rope_ptr[tid] = ok && R > 0 ? cache_entry(c.rope, c.rope_page_stride, c.rope_token_stride,
-                                                  a.kv_indices, page_base, c.page_size, t)
+        rope_ptr[tid] = ok && R > 0 ? cache_entry(a, c.rope, c.rope_page_stride, c.rope_token_stride, page_base, t)
                                     : nullptr;
         scale_ptr[tid] = ok && c.format == INA_MLA_CACHE_FP8
-                             ? cache_entry(c.scale, c.scale_page_stride, c.scale_token_stride,
-                                           a.kv_indices, page_base, c.page_size, t)
+                             ? cache_entry(a, c.scale, c.scale_page_stride, c.scale_token_stride, page_base, t)
                              : nullptr;
       }
       __syncthreads();

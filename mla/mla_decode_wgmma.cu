@@ -149,7 +149,7 @@ struct KvLoader {
 #pragma unroll
     for (int pass = 0; pass < 4; pass++) {
       const int t = start + pass * 16 + (ltid >> 3);
-      page[pass] = valid() && t < g.kv_end ? __ldg(a.kv_indices + page_base + t / a.cache.page_size) : -1;
+      page[pass] = valid() && t < g.kv_end ? __ldg(a.kv_indices + page_base + page_index(a, t)) : -1;
     }
   }
   __device__ void begin_group(const Args &a, int ltid) {
@@ -185,7 +185,7 @@ __device__ __forceinline__ void issue_block(const Args &a, KvLoader &ld, uint32_
     const bool ok = page >= 0;
     const char *lat = static_cast<const char *>(c.latent), *rope = lat;
     if (ok) {
-      const int64_t slot = (ld.start + tok) % c.page_size;
+      const int64_t slot = page_slot(a, ld.start + tok);
       lat += page * c.latent_page_stride + slot * c.latent_token_stride;
       rope = static_cast<const char *>(c.rope) + page * c.rope_page_stride + slot * c.rope_token_stride;
     }

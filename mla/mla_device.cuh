@@ -37,6 +37,7 @@ struct Args {
   const __nv_bfloat16 *q_pe;
   int64_t q_pe_ts, q_pe_hs;
   ina_mla_cache_t cache;
+  int page_shift; /* log2(cache.page_size) when that is a power of two, else -1 */
   const int32_t *kv_indptr, *kv_indices;
   float scale_log2; /* softmax_scale * log2(e): scores are kept in base 2 */
   /* outputs */
@@ -73,13 +74,22 @@ __device__ __forceinline__ int row_kv_limit(const ina_mla_sched_request_t &r, in
   return limit < kv_end ? limit : kv_end;
 }
 
+/* Position t of a request -> its page (index into the request's page list) and slot in
+ * that page: shifts for the power-of-two page sizes caches use in practice, a division
+ * (some twenty instructions, on every position of every block) otherwise. */
+__device__ __forceinline__ int page_index(const Args &a, int t) {
+  return a.page_shift >= 0 ? t >> a.page_shift : t / a.cache.page_size;
+}
+__device__ __forceinline__ int page_slot(const Args &a, int t) {
+  return a.page_shift >= 0 ? t & (a.cache.page_size - 1) : t % a.cache.page_size;
+}
+
 /* Byte address of part `base` (latent, rope or scale) of cache position t of a request
  * whose pages start at kv_indices[page_base]. */
-__device__ __forceinline__ const char *cache_entry(const void *base, int64_t page_stride,
-                                                   int64_t token_stride, const int32_t *kv_indices,
-                                                   int page_base, int page_size, int t) {
-  const int64_t page = __ldg(kv_indices + page_base + t / page_size);
-  return static_cast<const char *>(base) + page * page_stride + (int64_t)(t % page_size) * token_stride;
+__device__ __forceinline__ const char *cache_entry(const Args &a, const void *base, int64_t page_stride,
+                                                   int64_t token_stride, int page_base, int t) {
+  const int64_t page = __ldg(a.kv_indices + page_base + page_index(a, t));
+  return static_cast<const char *>(base) + page * page_stride + (int64_t)page_slot(a, t) * token_stride;
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {

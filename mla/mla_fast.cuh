@@ -113,11 +113,10 @@ struct Cursor {
   /* Position of pass `pass` of this thread within the block. */
   __device__ static int token(int pass) { return pass * (kThreads / 8) + (threadIdx.x >> 3); }
   __device__ void fetch_pages(const Args &a) {
-    const int page_size = a.cache.page_size;
 #pragma unroll
     for (int pass = 0; pass < kPasses; pass++) {
       const int t = start + token(pass);
-      page[pass] = valid() && t < kv_end ? __ldg(a.kv_indices + page_base + t / page_size) : -1;
+      page[pass] = valid() && t < kv_end ? __ldg(a.kv_indices + page_base + page_index(a, t)) : -1;
     }
   }
   __device__ void load_item(const Args &a) {
@@ -139,9 +138,9 @@ struct Cursor {
     }
   }
   /* Byte address of part `base` of this thread's position in pass `pass` (page >= 0). */
-  __device__ const char *entry(const void *base, int64_t page_stride, int64_t token_stride, int pass,
-                               int page_size) const {
-    const int64_t slot = (start + token(pass)) % page_size;
+  __device__ const char *entry(const Args &a, const void *base, int64_t page_stride, int64_t token_stride,
+                               int pass) const {
+    const int64_t slot = page_slot(a, start + token(pass));
     return static_cast<const char *>(base) + page[pass] * page_stride + slot * token_stride;
   }
 };

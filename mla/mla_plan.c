@@ -18,7 +18,14 @@
  * Groups. In grouped buckets (mla_schedule.h) the cost line holds groups of
  * INA_MLA_GROUP_TILES row tiles instead of single tiles: a group costs its KV length (that
  * of its last tile) plus one chunk cost, since the wgmma kernel reads each KV block once
- * for all of its rows, and a cut splits all of its tiles at the same position. */
+ * for all of its rows, and a cut splits all of its tiles at the same position.
+ *
+ * Cost. The plan runs on the host every step (target: 20 us at batch 256), and most of
+ * its time goes into storing the items, 32 bytes each, thousands of them at batch 256
+ * with 128 heads. The rest is kept small: a request's groups are shaped once per q_len,
+ * a group that fits whole in what is left of the current CTA's stretch (most of them)
+ * takes a short path, and only a group cut at a CTA boundary takes the walk with
+ * per-tile state and then gets its partial slots. */
 #define INA_LOG_SUBSYS "mla"
 #include <stddef.h>
 #include <string.h>
@@ -170,7 +177,7 @@ typedef struct builder {
 } builder_t;
 
 /* The head count with its reciprocal: the query token of a row is row / heads, and the
- * plan takes it for every row tile, so without a divide instruction:
+ * plan takes it for the last row of a tile, so without a divide instruction:
  * row / heads = (row * recip) >> 34 with recip = 2^34 / heads + 1, exact for rows below
  * 2^27 (max_q_len <= 2^20, heads <= 128): the rounding error row * (recip - 2^34 / heads)
  * / 2^34 stays below 2^-7 <= 1 / heads. */
@@ -184,15 +191,16 @@ static heads_t heads_of(int32_t n) {
   return h;
 }
 
-/* KV range of a unit: ina_mla_tile_kv_end (which the kernels use), the same value with
- * the division above; decode (one query token) needs none. */
-static inline int32_t unit_kv_end(const ina_mla_sched_request_t *r, int32_t tile, heads_t heads) {
-  if (r->q_len == 1) return r->kv_len;
-  const int32_t rows = r->q_len * heads.n;
+/* KV end of row tile `tile` of a request with q_len tokens, minus the request's kv_len:
+ * ina_mla_tile_kv_end (which the kernels use) with the division above, a value <= 0
+ * that does not depend on kv_len; decode (one query token) needs none. */
+static inline int32_t tile_end_offset(int32_t q_len, int32_t tile, heads_t heads) {
+  if (q_len == 1) return 0;
+  const int32_t rows = q_len * heads.n;
   int32_t last = (tile + 1) * INA_MLA_TILE_ROWS;
   if (last > rows) last = rows;
   const int32_t token = (int32_t)(((uint64_t)(last - 1) * heads.recip) >> 34);
-  return r->kv_len - r->q_len + token + 1;
+  return token + 1 - q_len;
 }
 
 /* Stretch ends: bound(c) = floor((c + 1) * T / N) = (c + 1) * share + floor((c + 1) *
@@ -216,56 +224,107 @@ static void next_cta(builder_t *s) {
   }
 }
 
-/* The group's tiles [first_tile, first_tile + tiles), their KV ends (non-decreasing:
- * later rows see more) and the chunks each was cut into (counted by emit, from 0); a
- * single tile in ungrouped plans. */
+/* How the groups of a request look: a function of its q_len alone (with the bucket's
+ * heads and group size), so the plan works it out once for a run of requests with the
+ * same q_len rather than once per request. Steps usually give every request one q_len
+ * (1 for decode, 2 for MTP), which makes that once per step. */
+typedef struct group_shape {
+  int32_t q_len;     /* the q_len it describes; -1 before the first */
+  int32_t tiles;     /* row tiles of the group (G, or fewer in a request's last group) */
+  int32_t end_offset[INA_MLA_GROUP_TILES]; /* tile i's KV end minus kv_len: <= 0, non-decreasing */
+} group_shape_t;
+
+/* Group gi of a request with q_len tokens (num_tiles row tiles, gi * G < num_tiles). */
+static void shape_group(group_shape_t *gs, int32_t q_len, int32_t num_tiles, int32_t gi, int32_t G,
+                        heads_t heads) {
+  const int32_t first = gi * G;
+  gs->q_len = q_len;
+  gs->tiles = num_tiles - first < G ? num_tiles - first : G;
+  for (int32_t i = 0; i < gs->tiles; i++) gs->end_offset[i] = tile_end_offset(q_len, first + i, heads);
+}
+
+/* The group's tiles [first_tile, first_tile + tiles) and their KV ends (non-decreasing:
+ * later rows see more); a single tile in ungrouped plans. Its chunks are runs of
+ * consecutive items, one item per tile with positions in the chunk: since the ends do
+ * not decrease, the tiles from the first that ends past the chunk's begin to the last.
+ * A tile drops out of the runs once they start past its end and never comes back. */
 typedef struct group {
   int32_t request, first_tile, tiles;
   int32_t end[INA_MLA_GROUP_TILES];
-  int32_t chunks[INA_MLA_GROUP_TILES];
+  int32_t starts[INA_MLA_GROUP_TILES]; /* chunks placed so far whose run starts at tile i */
 } group_t;
 
-/* One item per tile of the group with positions in [begin, end): the tile's part of the
- * chunk, the first item carrying the count. */
+/* The group's chunk [begin, end): its run of items, the first carrying the count. The
+ * items go through a local pointer and the count is updated once per chunk, because a
+ * store through s->items could, as far as the compiler knows, change the builder's
+ * fields, which would then be reloaded after each item. */
 static inline ina_status_t emit(builder_t *s, group_t *g, int32_t begin, int32_t end) {
   ina_status_t st = INA_OK;
-  const int32_t lead = s->num_items;
-  for (int32_t i = 0; i < g->tiles; i++) {
-    if (g->end[i] <= begin) continue;
-    INA_REQUIRE(s->num_items < s->l->max_items, INA_ERR_INTERNAL,
-                "mla plan: %d work items exceed the workspace's %d", s->num_items + 1, s->l->max_items);
-    const int32_t tile_end = g->end[i] < end ? g->end[i] : end;
-    const ina_mla_sched_item_t it = {g->request, g->first_tile + i, begin, tile_end, -1, 0, {0, 0}};
-    s->items[s->num_items++] = it;
-    g->chunks[i]++;
+  int32_t first = 0;
+  while (g->end[first] <= begin) first++; /* stops at the last tile: begin < its end */
+  const int32_t n = g->tiles - first;
+  INA_REQUIRE(s->num_items + n <= s->l->max_items, INA_ERR_INTERNAL,
+              "mla plan: %d work items exceed the workspace's %d", s->num_items + n, s->l->max_items);
+  ina_mla_sched_item_t *out = s->items + s->num_items;
+  for (int32_t k = 0; k < n; k++) {
+    const int32_t tile_end = g->end[first + k] < end ? g->end[first + k] : end;
+    const ina_mla_sched_item_t it = {g->request, g->first_tile + first + k, begin, tile_end, -1, k == 0 ? n : 0,
+                                     {0, 0}};
+    out[k] = it;
   }
-  s->items[lead].group_items = s->num_items - lead;
+  s->num_items += n;
+  g->starts[first]++;
 fail:
   return st;
 }
 
 /* Partial slots and merges of a group that was cut, for its tiles in several chunks
- * (at least the last), in tile order; each such tile's chunks get consecutive slots. The
- * tiles' items are interleaved chunk by chunk in items[first_item ..). */
+ * (at least the last), in tile order; each such tile's chunks get consecutive slots.
+ * Tile i is in chunks 0 .. chunks(i) - 1, chunks(i) being the runs that start at or
+ * before it: its item in chunk c gets slot first_slot(i) + c. The runs lie in
+ * items[first_item ..) in the order they start. */
 static ina_status_t assign_slots(builder_t *s, const group_t *g, int32_t first_item) {
   ina_status_t st = INA_OK;
-  int32_t next_slot[INA_MLA_GROUP_TILES]; /* of each split tile */
-  for (int32_t i = 0; i < g->tiles; i++) {
-    const int32_t splits = g->chunks[i];
-    if (splits > s->max_splits) s->max_splits = splits;
-    if (splits <= 1) continue;
-    INA_REQUIRE(s->num_merges < s->l->max_merges && s->slots + splits <= s->l->max_slots,
+  const int32_t tiles = g->tiles;
+  ina_mla_sched_item_t *it = s->items + first_item;
+  if (g->end[0] == g->end[tiles - 1]) {
+    /* Equal ends (decode, 64 or 128 heads, ungrouped plans): every tile is in all m
+     * chunks, each run holds every tile, and tile i gets slots slots + i * m ... The
+     * common case, so it skips the per-tile bookkeeping of the general one below. */
+    const int32_t m = g->starts[0];
+    INA_REQUIRE(s->num_merges + tiles <= s->l->max_merges && s->slots + tiles * m <= s->l->max_slots,
+                INA_ERR_INTERNAL, "mla plan: %d split units of %d chunks exceed the workspace (%d of %d merges, "
+                "%d of %d slots used)", tiles, m, s->num_merges, s->l->max_merges, s->slots, s->l->max_slots);
+    for (int32_t i = 0; i < tiles; i++) {
+      const ina_mla_sched_merge_t merge = {g->request, g->first_tile + i, s->slots + i * m, m};
+      s->merges[s->num_merges + i] = merge;
+    }
+    for (int32_t c = 0; c < m; c++)
+      for (int32_t i = 0; i < tiles; i++) (it++)->slot = s->slots + i * m + c;
+    s->num_merges += tiles;
+    s->slots += tiles * m;
+    if (m > s->max_splits) s->max_splits = m;
+    return INA_OK;
+  }
+  int32_t first_slot[INA_MLA_GROUP_TILES];
+  int32_t chunks = 0; /* of tile i */
+  for (int32_t i = 0; i < tiles; i++) {
+    chunks += g->starts[i];
+    first_slot[i] = -1; /* a tile in one chunk: its item writes the output */
+    if (chunks <= 1) continue;
+    INA_REQUIRE(s->num_merges < s->l->max_merges && s->slots + chunks <= s->l->max_slots,
                 INA_ERR_INTERNAL, "mla plan: split unit %d exceeds the workspace (%d merges, %d + %d slots)",
-                s->num_merges, s->l->max_merges, s->slots, splits);
-    const ina_mla_sched_merge_t m = {g->request, g->first_tile + i, s->slots, splits};
-    s->merges[s->num_merges++] = m;
-    next_slot[i] = s->slots;
-    s->slots += splits;
+                s->num_merges, s->l->max_merges, s->slots, chunks);
+    const ina_mla_sched_merge_t merge = {g->request, g->first_tile + i, s->slots, chunks};
+    s->merges[s->num_merges++] = merge;
+    first_slot[i] = s->slots;
+    s->slots += chunks;
   }
-  for (int32_t k = first_item; k < s->num_items; k++) {
-    const int32_t i = s->items[k].tile - g->first_tile;
-    if (g->chunks[i] > 1) s->items[k].slot = next_slot[i]++;
-  }
+  if (chunks > s->max_splits) s->max_splits = chunks; /* the last tile is in every chunk */
+  int32_t c = 0;
+  for (int32_t first = 0; first < tiles; first++)
+    for (int32_t run = 0; run < g->starts[first]; run++, c++)
+      for (int32_t i = first; i < tiles; i++) (it++)->slot = first_slot[i] + c;
 fail:
   return st;
 }
@@ -305,11 +364,30 @@ static ina_status_t place_group(builder_t *s, group_t *g) {
     next_cta(s);
   }
   while (s->cta < last_cta && s->pos >= s->bound) next_cta(s);
-  if (begin > 0) { /* cut: the tiles that reach past the first cut are split */
-    INA_CHECK(assign_slots(s, g, first_item));
-  } else if (s->max_splits < 1) { /* the common case, one chunk: every item writes the output */
-    s->max_splits = 1;
+  if (begin > 0) INA_CHECK(assign_slots(s, g, first_item)); /* cut: tiles past the first cut are split */
+fail:
+  return st;
+}
+
+/* The first step of place_group for a group that fits whole in what is left of the
+ * CTA's stretch (or lands in the last CTA): most groups of a large batch. It writes the
+ * group's items from its shape, without the per-tile state of place_group; its items
+ * write the output (slot -1). */
+static inline ina_status_t place_whole_group(builder_t *s, const group_shape_t *gs, int32_t request,
+                                             int32_t first_tile, int32_t kv_len) {
+  ina_status_t st = INA_OK;
+  const int32_t tiles = gs->tiles;
+  INA_REQUIRE(s->num_items + tiles <= s->l->max_items, INA_ERR_INTERNAL,
+              "mla plan: %d work items exceed the workspace's %d", s->num_items + tiles, s->l->max_items);
+  ina_mla_sched_item_t *out = s->items + s->num_items; /* a local pointer, as in emit */
+  for (int32_t k = 0; k < tiles; k++) {
+    const ina_mla_sched_item_t it = {request, first_tile + k, 0, kv_len + gs->end_offset[k], -1, k == 0 ? tiles : 0,
+                                     {0, 0}};
+    out[k] = it;
   }
+  s->num_items += tiles;
+  s->pos += INA_MLA_CHUNK_COST + kv_len + gs->end_offset[tiles - 1];
+  while (s->cta < s->l->num_ctas - 1 && s->pos >= s->bound) next_cta(s);
 fail:
   return st;
 }
@@ -337,40 +415,55 @@ ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *d
   ina_mla_sched_request_t *requests = (ina_mla_sched_request_t *)(ws + l.requests);
   ina_mla_sched_header_t *header = (ina_mla_sched_header_t *)(ws + l.header);
 
+  /* The requests and the cost line's length: a request's groups cost
+   * groups * (INA_MLA_CHUNK_COST + kv_len) plus the end offsets of their last tiles,
+   * the latter a function of q_len, recomputed only when q_len changes. */
   const int32_t G = l.group_tiles;
   const heads_t heads = heads_of(p->num_heads);
+  int32_t known_q_len = -1, known_groups = 0;
+  int64_t known_offsets = 0; /* sum over the groups of their last tile's end offset */
   for (int32_t b = 0; b < p->batch; b++) {
     ina_mla_sched_request_t *r = &requests[b];
+    const int32_t q_len = p->qo_indptr[b + 1] - p->qo_indptr[b];
+    const int32_t num_tiles = ina_mla_tiles(q_len, p->num_heads);
     r->q_begin = p->qo_indptr[b];
-    r->q_len = p->qo_indptr[b + 1] - p->qo_indptr[b];
+    r->q_len = q_len;
     r->kv_len = p->kv_len[b];
-    r->num_tiles = ina_mla_tiles(r->q_len, p->num_heads);
-    const int32_t groups = (r->num_tiles + G - 1) / G;
-    if (groups > max_groups) max_groups = groups;
-    if (r->q_len == 1) {
-      s.total += (int64_t)groups * (INA_MLA_CHUNK_COST + r->kv_len);
-    } else {
-      for (int32_t gi = 0; gi < groups; gi++) { /* a group's cost is its last tile's */
-        const int32_t last = (gi + 1) * G < r->num_tiles ? (gi + 1) * G - 1 : r->num_tiles - 1;
-        s.total += INA_MLA_CHUNK_COST + unit_kv_end(r, last, heads);
+    r->num_tiles = num_tiles;
+    if (q_len != known_q_len) {
+      known_q_len = q_len;
+      known_groups = (num_tiles + G - 1) / G;
+      known_offsets = 0;
+      for (int32_t gi = 0; gi < known_groups; gi++) {
+        const int32_t last = (gi + 1) * G < num_tiles ? (gi + 1) * G - 1 : num_tiles - 1;
+        known_offsets += tile_end_offset(q_len, last, heads);
       }
     }
+    if (known_groups > max_groups) max_groups = known_groups;
+    s.total += (int64_t)known_groups * (INA_MLA_CHUNK_COST + p->kv_len[b]) + known_offsets;
   }
 
   s.cta_indptr[0] = 0;
   first_cta(&s);
   for (int32_t gi = 0; gi < max_groups; gi++) {
+    group_shape_t shape = {.q_len = -1};
     for (int32_t b = 0; b < p->batch; b++) {
       const ina_mla_sched_request_t *r = &requests[b];
       if (gi * G >= r->num_tiles) continue;
-      group_t g = {0};
-      g.request = b;
-      g.first_tile = gi * G;
-      g.tiles = r->num_tiles - g.first_tile < G ? r->num_tiles - g.first_tile : G;
-      for (int32_t i = 0; i < g.tiles; i++) g.end[i] = unit_kv_end(r, g.first_tile + i, heads);
-      INA_CHECK(place_group(&s, &g));
+      if (r->q_len != shape.q_len) shape_group(&shape, r->q_len, r->num_tiles, gi, G, heads);
+      /* place_group's first step, taken here for a group that fits whole */
+      const int32_t len = r->kv_len + shape.end_offset[shape.tiles - 1];
+      if (s.cta == l.num_ctas - 1 || len <= s.bound - s.pos - INA_MLA_CHUNK_COST) {
+        INA_CHECK(place_whole_group(&s, &shape, b, gi * G, r->kv_len));
+      } else {
+        group_t g = {.request = b, .first_tile = gi * G, .tiles = shape.tiles};
+        for (int32_t i = 0; i < g.tiles; i++) g.end[i] = r->kv_len + shape.end_offset[i];
+        INA_CHECK(place_group(&s, &g));
+      }
     }
   }
+  /* Split units had their count taken in assign_slots; the others are in one chunk. */
+  if (s.num_items > 0 && s.max_splits < 1) s.max_splits = 1;
   while (s.cta < l.num_ctas - 1) next_cta(&s);
   s.cta_indptr[l.num_ctas] = s.num_items;
   const ina_mla_sched_header_t hd = {p->batch, p->batch > 0 ? p->qo_indptr[p->batch] : 0, s.num_items,

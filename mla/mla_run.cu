@@ -102,6 +102,9 @@ extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *devic
   a.q_pe_ts = p->q_pe_token_stride;
   a.q_pe_hs = p->q_pe_head_stride;
   a.cache = p->cache;
+  a.page_shift = -1;
+  for (int shift = 0; shift < 31; shift++)
+    if (p->cache.page_size == (1 << shift)) a.page_shift = shift;
   a.kv_indptr = p->kv_indptr;
   a.kv_indices = p->kv_indices;
   a.scale_log2 = p->softmax_scale * 1.4426950408889634f;

@@ -348,6 +348,72 @@ static void edge_cases(void) {
   s = plan_and_check(&p, "8 heads x 4 tokens, 2 SMs");
 }
 
+/* Groups that end exactly on a CTA boundary, and groups of equal ends cut into many
+ * chunks: decode, 128 heads (two groups of 4 tiles per request), one SM (2 CTAs). Two
+ * requests of equal length fill CTA 0 with their first groups to the last position (the
+ * next CTA must start there, not one group later), their second groups fill CTA 1. */
+static void boundary_cases(void) {
+  int32_t qo[3] = {0, 1, 2}, kv[2] = {1000, 1000};
+  ina_mla_plan_params_t p = params(2, 2, 1, 128, qo, kv, 1);
+  size_t hb = 0, db = 0;
+  ina_mla_plan_info_t info;
+  CHECK_OK(ina_mla_workspace_size(&p, &hb, &db));
+  void *ws = malloc(hb);
+  CHECK(ws != NULL);
+  if (!ws) return;
+  memset(ws, 0xA5, hb);
+  CHECK_OK(ina_mla_plan(&p, ws, NULL, NULL, &info));
+  const schedule_view_t v = view(&p, ws, info.num_ctas);
+  CHECK(info.num_ctas == 2 && info.num_splits_max == 1 && v.header->num_merges == 0);
+  CHECKF(v.cta_indptr[0] == 0 && v.cta_indptr[1] == 8 && v.cta_indptr[2] == 16,
+         "exact fit: CTA lists [%d, %d, %d), expected [0, 8, 16)", v.cta_indptr[0], v.cta_indptr[1], v.cta_indptr[2]);
+  for (int32_t i = 0; i < 16 && i < v.header->num_items; i++) {
+    const ina_mla_sched_item_t *it = &v.items[i];
+    const int32_t request = i / 4 % 2, tile = i / 8 * 4 + i % 4;
+    CHECKF(it->request == request && it->tile == tile && it->kv_begin == 0 && it->kv_end == 1000 && it->slot == -1 &&
+               it->group_items == (i % 4 == 0 ? 4 : 0) && it->reserved[0] == 0 && it->reserved[1] == 0,
+           "exact fit: item %d is (%d, %d, [%d, %d), slot %d, run %d), expected (%d, %d, [0, 1000), -1, %d)", i,
+           it->request, it->tile, it->kv_begin, it->kv_end, it->slot, it->group_items, request, tile,
+           i % 4 == 0 ? 4 : 0);
+  }
+  free(ws);
+  plan_and_check(&p, "two groups per CTA, exact fit");
+  /* One long request among short ones, equal tile ends (128 heads, decode or 2 tokens),
+   * 14 CTAs: each of its groups (a quarter or half of the cost line) is cut into several
+   * chunks of every tile. */
+  int32_t qo2[9], kv2[8];
+  for (int32_t q = 1; q <= 2; q++) {
+    for (int32_t b = 0; b <= 8; b++) qo2[b] = b * q;
+    for (int32_t b = 0; b < 8; b++) kv2[b] = b == 3 ? 50000 : 100 + b;
+    p = params(8, 8, q, 128, qo2, kv2, 7);
+    const stats_t st = plan_and_check(&p, "50k among 7 short ones, 128 heads");
+    CHECKF(st.max_splits >= 4 && st.merges % 4 == 0, "q_len %d: the 50k request is cut into only %d chunks, %d "
+           "split units", q, st.max_splits, st.merges);
+  }
+}
+
+/* Steps whose requests change q_len from one to the next (1, 2, 0, 3, ...), with head
+ * counts whose groups have unequal tile ends (17 heads x 4 tokens: rows of a token
+ * straddle tiles) and equal ones (64, 128), on grids that cut many groups. */
+static void mixed_q_len_cases(test_rng_t *rng) {
+  static const int32_t heads[] = {17, 64, 128, 16};
+  int32_t qo[65], kv[64];
+  for (int trial = 0; trial < 40; trial++) {
+    const int32_t H = heads[trial % 4], batch = (int32_t)test_rng_int(rng, 1, 64);
+    qo[0] = 0;
+    for (int32_t b = 0; b < batch; b++) {
+      const int32_t q = b % 5 == 4 ? 0 : (int32_t)test_rng_int(rng, 1, 4);
+      qo[b + 1] = qo[b] + q;
+      kv[b] = trial % 2 ? 4096 : (int32_t)test_rng_int(rng, q > 0 ? q : 1, 20000);
+    }
+    const int32_t sms = trial % 3 == 0 ? 1 : (trial % 3 == 1 ? 7 : 132);
+    ina_mla_plan_params_t p = params(batch, 64, 4, H, qo, kv, sms);
+    char what[96];
+    snprintf(what, sizeof what, "mixed q_len trial %d (batch %d, heads %d, SMs %d)", trial, batch, H, sms);
+    plan_and_check(&p, what);
+  }
+}
+
 /* Expects `st` to be `code` with the last error containing `needle`. */
 static void expect_error(ina_status_t st, ina_status_t code, const char *needle, const char *what) {
   CHECKF(st == code, "%s: status %d, expected %d", what, (int)st, (int)code);
@@ -412,6 +478,8 @@ int main(void) {
   validation();
   edge_cases();
   skewed_case();
+  boundary_cases();
+  mixed_q_len_cases(&rng);
   bucket_independence(&rng);
   random_plans(&rng);
   return test_finish("test_mla_plan");
