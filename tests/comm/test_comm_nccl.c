@@ -1,6 +1,6 @@
-/* The NCCL backend on GPUs, under mpirun with 2 ranks: all-reduce (f32, bf16),
- * all-gather and all-to-all-v on device buffers against fp64 references. Skipped (77)
- * without a GPU or without NCCL in the build. */
+/* The NCCL backend on GPUs, under mpirun with 2 ranks: all-reduce (f32, bf16) and
+ * all-to-all-v on device buffers against fp64 references. Skipped (77)
+ * without a GPU, with fewer GPUs than ranks on a node, or without NCCL in the build. */
 #include <string.h>
 
 #include "comm/bootstrap.h"
@@ -73,9 +73,14 @@ int main(int argc, char **argv) {
   ina_bootstrap_t *boot = NULL;
   if (ina_bootstrap_init(&argc, &argv, &boot) != INA_OK) return 1;
   int dev = ina_bootstrap_device(boot);
-  if (dev < 0 || !ina_comm_have_nccl() || ina_bootstrap_world_size(boot) > 8) {
+  /* NCCL needs a GPU of its own for every rank of a node. */
+  const int too_few_gpus = dev >= 0 && ina_bootstrap_local_size(boot) > ina_cuda_device_count();
+  if (dev < 0 || !ina_comm_have_nccl() || too_few_gpus || ina_bootstrap_world_size(boot) > 8) {
     if (ina_bootstrap_world_rank(boot) == 0)
-      printf("test_comm_nccl: skipped (%s)\n", dev < 0 ? "no CUDA device" : "no NCCL in this build");
+      printf("test_comm_nccl: skipped (%s)\n", dev < 0              ? "no CUDA device"
+                                               : too_few_gpus       ? "fewer GPUs than ranks on this node"
+                                               : !ina_comm_have_nccl() ? "no NCCL in this build"
+                                                                       : "more than 8 ranks");
     ina_bootstrap_finalize(boot);
     return TEST_SKIP;
   }
