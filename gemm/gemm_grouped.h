@@ -14,8 +14,8 @@
  * for a MoE layer); the kernel reads offsets and skips what lies past offsets[num_groups].
  * Rows past offsets[num_groups] of y are left untouched.
  *
- * Constraints (INA_ERR_INVALID_ARGUMENT otherwise): num_groups >= 1, max_rows >= 0 (0 does
- * nothing), n >= 1 and k >= 1 multiples of 16 (FP8) or 8 (bf16); x, y and the weights
+ * Constraints (INA_ERR_INVALID_ARGUMENT otherwise): num_groups >= 1, 0 <= max_rows < 2^31
+ * (0 does nothing; the offsets are int32), n >= 1 and k >= 1 multiples of 16 (FP8) or 8 (bf16); x, y and the weights
  * 16-byte aligned, ldx and ldy (elements; 0 = dense) keeping rows 16-byte aligned. The
  * offsets must be non-decreasing from offsets[0] = 0 with offsets[num_groups] <= max_rows:
  * that is not checked (it lives on the device); rows outside [0, max_rows) are never

@@ -29,6 +29,13 @@ enum {
 ina_status_t ina_gemm_check_args(const ina_gemm_args_t *args, const char *who, int checks,
                                  ina_gemm_args_t *out);
 
+/* Checks grouped GEMM `args` (`who` names the caller in messages) and copies its
+ * version-1 fields to *out with the default strides filled in. device_rules: also the
+ * device's alignment rules. Used by ina_gemm_grouped_ref and the launcher. */
+struct ina_gemm_grouped_args;
+ina_status_t ina_gemm_grouped_check_args(const struct ina_gemm_grouped_args *args, const char *who,
+                                         int device_rules, struct ina_gemm_grouped_args *out);
+
 /* Bytes per element of a GEMM output dtype (2 or 4). */
 size_t ina_gemm_out_size(ina_dtype_t dtype);
 
