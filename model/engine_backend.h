@@ -14,6 +14,11 @@
  * expanded_decode. Fields after it are read only when struct_size covers them. */
 #define ENGINE_OPTIONS_V1_SIZE (offsetof(ina_engine_options_t, expanded_decode) + sizeof(int))
 
+/* options->cuda_graphs when the caller's struct has it (version 3), else on. */
+static inline int ina_engine_options_cuda_graphs(const ina_engine_options_t *o) {
+  return o->struct_size >= offsetof(ina_engine_options_t, cuda_graphs) + sizeof(int32_t) ? o->cuda_graphs != 0 : 1;
+}
+
 typedef struct ina_engine_cpu ina_engine_cpu_t;
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,

@@ -45,6 +45,9 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   INA_REQUIRE(options->page_size >= 1 && options->max_tokens >= 1, INA_ERR_INVALID_ARGUMENT,
               "engine: page_size (%d) and max_tokens (%lld) must be positive", options->page_size,
               (long long)options->max_tokens);
+  INA_REQUIRE(!ina_model_random_on_device(model, NULL, NULL), INA_ERR_INVALID_ARGUMENT,
+              "cpu engine: the model's random weights were left for a device engine to generate "
+              "(random_on_device); open it without that option to run on the CPU");
   e = calloc(1, sizeof *e);
   INA_CHECK_ALLOC(e);
   e->model = model;

@@ -13,10 +13,19 @@
  *
  * Host side per step: validate the batch and grow the sequences exactly as the CPU
  * engine (engine.c), build positions, cache slots and the page table, upload them in one
- * copy from a pinned staging buffer, plan attention once for all layers. The MoE layers
- * read each expert's row count back to the host (one synchronization per MoE layer: the
- * expert loop launches one GEMM per expert with tokens). The step ends by waiting for
- * the logits.
+ * copy from a pinned staging buffer, plan attention once for all layers. The routed
+ * experts run on the grouped GEMM (gemm/gemm_grouped.h), which reads each expert's rows
+ * from the device, so a step never waits on the host before its logits; a layer whose
+ * experts the grouped GEMM cannot take (mixed FP8 and bf16, odd dims) reads the counts
+ * back and launches one GEMM per expert instead.
+ *
+ * CUDA graphs. A decode step (one new token per sequence) of batch B runs as the replay
+ * of a graph captured for the bucket of B (the next power of two): the step's inputs sit
+ * at fixed places of the staging buffer, the attention plan is made for the bucket
+ * (max_batch) and the rows past B are padding that computes harmlessly (token 0, no
+ * cache write, no attention). Every buffer a graph reads keeps its address while the
+ * graph lives; growing one drops the graphs, which are captured again when next needed.
+ * Prefill and mixed steps run eagerly.
  *
  * Device memory: weights (engine_gpu_weights.c), the latent cache [layers][num_pages]
  * [page_size][kv_lora_rank + rope] bf16, and step buffers sized for the largest step
@@ -30,7 +39,9 @@
 #include "core/cuda.h"
 #include "core/cuda_check.h"
 #include "core/log.h"
+#include "core/fp8_quant.h"
 #include "gemm/gemm.h"
+#include "gemm/gemm_grouped.h"
 #include "gpu_ops/gpu_ops.h"
 #include "mla/mla.h"
 #include "mla/mla_absorb.h"
@@ -43,6 +54,9 @@
 #define LATENT_NORM_EPS 1e-6f
 
 #define MAX_STEP_BUFFERS 40
+/* Decode buckets with a graph: batch 1, 2, 4, ... up to MAX_GRAPH_BATCH. */
+#define MAX_GRAPH_BATCH 512
+#define MAX_GRAPHS 10
 
 /* Device buffers of one step, for up to `cap` tokens. */
 typedef struct gpu_step {
@@ -75,6 +89,12 @@ typedef struct gpu_step {
   int32_t num_owned;
 } gpu_step_t;
 
+/* A captured decode step for batches up to `bucket`. */
+typedef struct step_graph {
+  int32_t bucket;
+  cudaGraphExec_t exec;
+} step_graph_t;
+
 struct ina_engine_gpu {
   const ina_model_t *model;
   const ina_model_config_t *cfg;
@@ -101,7 +121,16 @@ struct ina_engine_gpu {
   /* host scratch per sequence: attention lengths and the copy-on-write check */
   int32_t *kv_len, *cow_page, *cow_index, *cow_tokens;
   int32_t seq_cap;
+  /* decode graphs */
+  int use_graphs;            /* options: cuda_graphs, and every MoE layer grouped */
+  step_graph_t graphs[MAX_GRAPHS];
+  int32_t num_graphs;
 };
+
+static void drop_graphs(ina_engine_gpu_t *e) {
+  for (int32_t i = 0; i < e->num_graphs; i++) cudaGraphExecDestroy(e->graphs[i].exec);
+  e->num_graphs = 0;
+}
 
 /* ---- create / destroy --------------------------------------------------------------- */
 
@@ -140,6 +169,7 @@ static ina_router_config_t router_config(const ina_model_config_t *c) {
 static ina_status_t create_absorb(ina_engine_gpu_t *e, int32_t max_tokens) {
   ina_status_t st = INA_OK;
   ina_mla_absorb_dims_t d = INA_MLA_ABSORB_DIMS_INIT;
+  drop_graphs(e); /* they hold the old handle's buffers */
   ina_mla_absorb_destroy(e->absorb);
   e->absorb = NULL;
   e->absorb_max_tokens = 0;
@@ -183,7 +213,14 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   INA_CHECK(check_shapes(c));
   INA_CUDA_CHECK(cudaSetDevice(device));
   INA_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
-  INA_CHECK(ina_gpu_weights_upload(w, c, e->stream, &e->w));
+  {
+    uint64_t seed = 0;
+    ina_dtype_t dtype = INA_DTYPE_BF16;
+    if (ina_model_random_on_device(model, &seed, &dtype))
+      INA_CHECK(ina_gpu_weights_random(c, seed, dtype, e->stream, &e->w));
+    else
+      INA_CHECK(ina_gpu_weights_upload(w, c, e->stream, &e->w));
+  }
   INA_CHECK(ina_gemm_create(NULL, &e->gemm));
   INA_CHECK(create_absorb(e, 256));
   {
@@ -200,6 +237,9 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
     e->cache_page_bytes = (size_t)options->page_size * (size_t)pc.entry_elems * sizeof(uint16_t);
     e->cache_layer_bytes = e->cache_page_bytes * (size_t)pages;
     INA_CUDA_CHECK(cudaMalloc(&e->cache, e->cache_layer_bytes * (size_t)c->num_layers));
+    /* Zeros, not whatever the memory held: a benchmark may size sequences through the pool
+     * without computing their entries. */
+    INA_CUDA_CHECK(cudaMemset(e->cache, 0, e->cache_layer_bytes * (size_t)c->num_layers));
   }
   inv_freq = malloc((size_t)c->qk_rope_head_dim / 2 * sizeof(float));
   INA_CHECK_ALLOC(inv_freq);
@@ -209,12 +249,18 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
                             cudaMemcpyHostToDevice));
   e->softmax_scale = (float)ina_cfg_softmax_scale(c);
   e->router = router_config(c);
+  e->use_graphs = ina_engine_options_cuda_graphs(options);
+  for (int32_t l = 0; l < c->num_layers; l++)
+    if (e->w.layers[l].is_moe && !e->w.layers[l].grouped_w[0]) e->use_graphs = 0;
   if (c->n_routed_experts > 0)
     INA_CUDA_CHECK(cudaHostAlloc((void **)&e->offsets_host, (size_t)(c->n_routed_experts + 1) * sizeof(int32_t),
                                  cudaHostAllocDefault));
-  INA_LOG_I(INA_LOG_SUBSYS, "gpu engine on %s: %.1f MiB of weights, %.1f MiB of latent cache",
+  INA_LOG_I(INA_LOG_SUBSYS, "gpu engine on %s: %.1f MiB of weights, %.1f MiB of latent cache, decode steps %s",
             ina_cuda_device_name(device, name, sizeof name), (double)e->w.device_bytes / (1 << 20),
-            (double)(e->cache_layer_bytes * (size_t)c->num_layers) / (1 << 20));
+            (double)(e->cache_layer_bytes * (size_t)c->num_layers) / (1 << 20),
+            e->use_graphs ? "replayed from CUDA graphs"
+            : ina_engine_options_cuda_graphs(options) ? "eager (a MoE layer's experts do not fit the grouped GEMM)"
+                                                     : "eager (CUDA graphs off)");
   free(inv_freq);
   *out = e;
   return INA_OK;
@@ -232,6 +278,7 @@ static void step_free(gpu_step_t *s) {
 void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
   if (!e) return;
   if (e->stream) (void)cudaStreamSynchronize(e->stream);
+  drop_graphs(e);
   step_free(&e->s);
   ina_gpu_weights_free(&e->w);
   ina_gemm_destroy(e->gemm);
@@ -267,6 +314,7 @@ static ina_status_t step_alloc(ina_engine_gpu_t *e, int64_t cap) {
   const int64_t E = c->n_routed_experts, K = E > 0 ? c->num_experts_per_tok : 1;
   const int64_t inter = e->w.max_expert_inter > 0 ? e->w.max_expert_inter : 1;
   const int64_t rows = cap * K, fp8_k = e->w.fp8_max_k;
+  drop_graphs(e);
   step_free(s);
   s->cap = cap;
   s->rows = rows;
@@ -275,6 +323,8 @@ static ina_status_t step_alloc(ina_engine_gpu_t *e, int64_t cap) {
     const size_t n_ = (size_t)(bytes);                                                   \
     INA_CUDA_CHECK(cudaMalloc((void **)&s->field, n_ > 0 ? n_ : 16));                    \
     s->owned[s->num_owned++] = (void *)s->field;                                         \
+    /* zeros: the padding rows of a graph step read rows no step wrote */               \
+    INA_CUDA_CHECK(cudaMemset((void *)s->field, 0, n_ > 0 ? n_ : 16));                   \
   } while (0)
   DEV(x, cap * Hd * 2);
   DEV(delta, cap * Hd * 2);
@@ -364,13 +414,19 @@ static stage_layout_t stage_layout(int64_t T, int32_t batch, int64_t pages) {
   return l;
 }
 
-/* Fill the pinned staging buffer (the sequences already grown) and copy it to the device. */
-static ina_status_t stage_inputs(ina_engine_gpu_t *e, const ina_batch_t *b, int64_t T, stage_layout_t *out) {
+/* Fill the pinned staging buffer (the sequences already grown) and copy it to the device.
+ * rows >= the step's T tokens and batch: a graph step lays its inputs out for its bucket
+ * (rows), the tokens and sequences past the step's being padding that writes no cache
+ * entry (page id -1) and attends to nothing. */
+static ina_status_t stage_inputs(ina_engine_gpu_t *e, const ina_batch_t *b, int64_t rows, stage_layout_t *out) {
   ina_status_t st = INA_OK;
   const int32_t page_size = ina_page_pool_page_size(e->kv);
-  const stage_layout_t l = stage_layout(T, b->batch, e->table.indptr[b->batch]);
+  const int64_t T = b->qo_indptr[b->batch];
+  const int32_t seqs = rows > T ? (int32_t)rows : b->batch;
+  const stage_layout_t l = stage_layout(rows, seqs, e->table.indptr[b->batch]);
   if (l.total > e->stage_cap) {
     const int64_t cap = round_up_pow2(l.total, 1024);
+    drop_graphs(e); /* they read the old staging buffer */
     cudaFreeHost(e->stage_host);
     cudaFree(e->stage_dev);
     e->stage_host = NULL;
@@ -394,7 +450,17 @@ static ina_status_t stage_inputs(ina_engine_gpu_t *e, const ina_batch_t *b, int6
     }
     h[l.last_rows + i] = n > 0 ? b->qo_indptr[i + 1] - 1 : 0;
   }
+  for (int64_t j = T; j < rows; j++) {
+    h[l.tokens + j] = 0;
+    h[l.positions + j] = 0;
+    h[l.page_ids + j] = -1;
+    h[l.slots + j] = -1;
+  }
   memcpy(h + l.kv_indptr, e->table.indptr, (size_t)(b->batch + 1) * sizeof(int32_t));
+  for (int32_t i = b->batch; i < seqs; i++) {
+    h[l.last_rows + i] = 0;
+    h[l.kv_indptr + i + 1] = e->table.indptr[b->batch];
+  }
   memcpy(h + l.kv_indices, e->table.indices, (size_t)e->table.indptr[b->batch] * sizeof(int32_t));
   INA_CUDA_CHECK(cudaMemcpyAsync(e->stage_dev, h, (size_t)l.total * sizeof(int32_t), cudaMemcpyHostToDevice,
                                  e->stream));
@@ -436,8 +502,10 @@ fail:
   return st;
 }
 
-/* Plan attention for the step (the same schedule serves every layer). */
-static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, ina_mla_plan_info_t *info) {
+/* Plan attention for the step (the same schedule serves every layer), for a bucket of
+ * max_batch sequences (the step's batch when it runs eagerly). */
+static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, int32_t max_batch,
+                                   ina_mla_plan_info_t *info) {
   ina_status_t st = INA_OK;
   const ina_model_config_t *c = e->cfg;
   ina_mla_plan_params_t p = INA_MLA_PLAN_PARAMS_INIT;
@@ -449,7 +517,7 @@ static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, in
     if (n > max_q) max_q = n;
   }
   p.batch = b->batch;
-  p.max_batch = b->batch;
+  p.max_batch = max_batch;
   p.max_q_len = max_q;
   p.qo_indptr = b->qo_indptr;
   p.kv_len = e->kv_len;
@@ -459,6 +527,7 @@ static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, in
   p.page_size = ina_page_pool_page_size(e->kv);
   INA_CHECK(ina_mla_workspace_size(&p, &host_bytes, &dev_bytes));
   if (host_bytes > e->mla_host_cap) {
+    INA_CUDA_CHECK(cudaStreamSynchronize(e->stream)); /* the last step's copy may still read it */
     cudaFreeHost(e->mla_host_ws);
     e->mla_host_ws = NULL;
     e->mla_host_cap = 0;
@@ -466,6 +535,7 @@ static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, in
     e->mla_host_cap = host_bytes;
   }
   if (dev_bytes > e->mla_dev_cap) {
+    drop_graphs(e); /* they read the old workspace */
     cudaFree(e->mla_dev_ws);
     e->mla_dev_ws = NULL;
     e->mla_dev_cap = 0;
@@ -622,6 +692,82 @@ fail:
   return st;
 }
 
+/* One grouped GEMM of the routed experts: y[rows, n] = x[rows, k] . W_e^T per expert's rows
+ * (part 0 gate, 1 up, 2 down). FP8 experts quantize x first (1 x 128 blocks, row-major
+ * scales). */
+static ina_status_t grouped_linear(ina_engine_gpu_t *e, const gpu_layer_t *L, int part, int64_t n, int64_t k,
+                                   const uint16_t *x, int64_t rows, uint16_t *y) {
+  ina_status_t st = INA_OK;
+  ina_gemm_grouped_args_t a = INA_GEMM_GROUPED_ARGS_INIT;
+  a.mode = L->grouped_fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16;
+  a.num_groups = e->cfg->n_routed_experts;
+  a.max_rows = rows;
+  a.n = n;
+  a.k = k;
+  a.offsets = e->s.expert_offsets;
+  a.w = L->grouped_w[part];
+  a.y = y;
+  a.stream = e->stream;
+  if (L->grouped_fp8) {
+    INA_CHECK(ina_cuda_fp8_quantize_blocks(x, rows, k, 1, INA_GEMM_BLOCK, e->s.q8, e->s.q8_scale, e->stream));
+    a.x = e->s.q8;
+    a.x_scale = e->s.q8_scale;
+    a.w_scale = L->grouped_scale[part];
+  } else {
+    a.x = x;
+  }
+  INA_CHECK(ina_gemm_grouped_run(&a));
+fail:
+  return st;
+}
+
+/* s.xe (expert inputs in sorted-slot order) -> s.ye, with the experts' row counts read on
+ * the device only. */
+static ina_status_t experts_grouped(ina_engine_gpu_t *e, const gpu_layer_t *L, int64_t rows) {
+  ina_status_t st = INA_OK;
+  gpu_step_t *s = &e->s;
+  const int64_t Hd = e->cfg->hidden_size, inter = L->experts[0].gate.n;
+  INA_CHECK(grouped_linear(e, L, 0, inter, Hd, s->xe, rows, s->g));
+  INA_CHECK(grouped_linear(e, L, 1, inter, Hd, s->xe, rows, s->u));
+  INA_CHECK(ina_gpu_silu_mul(rows, inter, s->g, s->u, inter, s->a, NULL, NULL, e->stream));
+  INA_CHECK(grouped_linear(e, L, 2, Hd, inter, s->a, rows, s->ye));
+fail:
+  return st;
+}
+
+/* The same, one GEMM per expert with rows: reads the row counts back to the host (a
+ * synchronization), for layers the grouped GEMM does not take. */
+static ina_status_t experts_one_by_one(ina_engine_gpu_t *e, int32_t l, int64_t rows) {
+  ina_status_t st = INA_OK;
+  const gpu_layer_t *L = &e->w.layers[l];
+  gpu_step_t *s = &e->s;
+  const int64_t Hd = e->cfg->hidden_size;
+  const int32_t E = e->cfg->n_routed_experts;
+  INA_CUDA_CHECK(cudaMemcpyAsync(e->offsets_host, s->expert_offsets, (size_t)(E + 1) * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, e->stream));
+  INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+  const int32_t *off = e->offsets_host;
+  INA_REQUIRE(off[E] == rows, INA_ERR_INTERNAL, "gpu engine: layer %d routed %d rows, expected %lld", l, off[E],
+              (long long)rows);
+  int64_t inter = 0;
+  for (int32_t x = 0; x < E; x++) {
+    const int64_t n = off[x + 1] - off[x];
+    const gpu_mlp_t *m = &L->experts[x];
+    if (n == 0) continue;
+    inter = m->gate.n;
+    INA_CHECK(linear(e, &m->gate, s->xe + off[x] * Hd, n, s->g + off[x] * inter, INA_DTYPE_BF16, NULL));
+    INA_CHECK(linear(e, &m->up, s->xe + off[x] * Hd, n, s->u + off[x] * inter, INA_DTYPE_BF16, NULL));
+  }
+  if (rows > 0) INA_CHECK(ina_gpu_silu_mul(rows, inter, s->g, s->u, inter, s->a, NULL, NULL, e->stream));
+  for (int32_t x = 0; x < E; x++) {
+    const int64_t n = off[x + 1] - off[x];
+    if (n == 0) continue;
+    INA_CHECK(linear(e, &L->experts[x].down, s->a + off[x] * inter, n, s->ye + off[x] * Hd, INA_DTYPE_BF16, NULL));
+  }
+fail:
+  return st;
+}
+
 /* s.h (normalized) -> s.delta: routed experts weighted and summed, plus shared experts. */
 static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
   ina_status_t st = INA_OK;
@@ -649,30 +795,15 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
     p.workspace_bytes = s->permute_ws_bytes;
     INA_CHECK(ina_gpu_moe_permute(&p, e->stream));
   }
-  INA_CUDA_CHECK(cudaMemcpyAsync(e->offsets_host, s->expert_offsets, (size_t)(E + 1) * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, e->stream));
-  INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
-  const int32_t *off = e->offsets_host;
-  const int64_t rows = off[E];
-  INA_REQUIRE(rows >= 0 && rows <= T * K, INA_ERR_INTERNAL, "gpu engine: layer %d routed %lld rows for %lld tokens",
-              l, (long long)rows, (long long)T);
-  /* Gather each slot's input row: the embedding gather with h as the table. */
+  /* Every token takes top_k slots, so the rows are known here; only their split among the
+   * experts lives on the device. Gather each slot's input row (the embedding gather with
+   * h as the table). */
+  const int64_t rows = T * K;
   INA_CHECK(ina_gpu_embedding(s->sorted_token, rows, s->h, INA_DTYPE_BF16, T, Hd, s->xe, NULL, e->stream));
-  int64_t inter = 0;
-  for (int32_t x = 0; x < E; x++) {
-    const int64_t n = off[x + 1] - off[x];
-    const gpu_mlp_t *m = &L->experts[x];
-    if (n == 0) continue;
-    inter = m->gate.n;
-    INA_CHECK(linear(e, &m->gate, s->xe + off[x] * Hd, n, s->g + off[x] * inter, INA_DTYPE_BF16, NULL));
-    INA_CHECK(linear(e, &m->up, s->xe + off[x] * Hd, n, s->u + off[x] * inter, INA_DTYPE_BF16, NULL));
-  }
-  if (rows > 0) INA_CHECK(ina_gpu_silu_mul(rows, inter, s->g, s->u, inter, s->a, NULL, NULL, e->stream));
-  for (int32_t x = 0; x < E; x++) {
-    const int64_t n = off[x + 1] - off[x];
-    if (n == 0) continue;
-    INA_CHECK(linear(e, &L->experts[x].down, s->a + off[x] * inter, n, s->ye + off[x] * Hd, INA_DTYPE_BF16, NULL));
-  }
+  if (L->grouped_w[0])
+    INA_CHECK(experts_grouped(e, L, rows));
+  else
+    INA_CHECK(experts_one_by_one(e, l, rows));
   if (L->has_shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
   INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights,
                                 L->has_shared ? s->shared : NULL, s->delta, e->stream));
@@ -682,8 +813,11 @@ fail:
 
 /* ---- the step ----------------------------------------------------------------------- */
 
-static ina_status_t run_layers(ina_engine_gpu_t *e, const ina_batch_t *b, int64_t T, const step_inputs_t *in,
-                               const int32_t *tokens_dev, const int32_t *last_rows_dev, float *logits) {
+/* Enqueues the forward pass of T token rows up to the logits of `out_rows` rows in s.logits:
+ * every row (all_rows) or the rows listed at last_rows_dev. Waits for nothing. */
+static ina_status_t enqueue_forward(ina_engine_gpu_t *e, int64_t T, int64_t out_rows, int all_rows,
+                                    const step_inputs_t *in, const int32_t *tokens_dev,
+                                    const int32_t *last_rows_dev) {
   ina_status_t st = INA_OK;
   const ina_model_config_t *c = e->cfg;
   gpu_step_t *s = &e->s;
@@ -706,20 +840,57 @@ static ina_status_t run_layers(ina_engine_gpu_t *e, const ina_batch_t *b, int64_
   }
   INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, e->w.final_norm, eps, s->h));
   {
-    const int64_t rows = b->all_logits ? T : b->batch;
     const uint16_t *final_rows = s->h;
-    if (!b->all_logits) {
+    if (!all_rows) {
       /* Each sequence's last token: gather its row (the embedding gather again). */
-      INA_CHECK(ina_gpu_embedding(last_rows_dev, rows, s->h, INA_DTYPE_BF16, T, Hd, s->fin, NULL, e->stream));
+      INA_CHECK(ina_gpu_embedding(last_rows_dev, out_rows, s->h, INA_DTYPE_BF16, T, Hd, s->fin, NULL, e->stream));
       final_rows = s->fin;
     }
-    INA_CHECK(linear(e, &e->w.lm_head, final_rows, rows, s->logits, INA_DTYPE_F32, NULL));
-    INA_CUDA_CHECK(cudaMemcpyAsync(logits, s->logits, (size_t)rows * (size_t)c->vocab_size * sizeof(float),
-                                   cudaMemcpyDeviceToHost, e->stream));
+    INA_CHECK(linear(e, &e->w.lm_head, final_rows, out_rows, s->logits, INA_DTYPE_F32, NULL));
   }
-  INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
 fail:
   return st;
+}
+
+/* The graph of decode bucket `bucket`, captured now if there is none: the forward pass of
+ * `bucket` rows, one per sequence, reading the inputs laid out by stage_inputs. NULL with
+ * INA_OK when capture is not possible (graphs are then switched off for this engine). */
+static ina_status_t decode_graph(ina_engine_gpu_t *e, int32_t bucket, const step_inputs_t *in,
+                                 const stage_layout_t *l, cudaGraphExec_t *out) {
+  ina_status_t st = INA_OK;
+  cudaGraph_t graph = NULL;
+  *out = NULL;
+  for (int32_t i = 0; i < e->num_graphs; i++)
+    if (e->graphs[i].bucket == bucket) {
+      *out = e->graphs[i].exec;
+      return INA_OK;
+    }
+  if (e->num_graphs == MAX_GRAPHS) drop_graphs(e);
+  INA_CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+  const ina_status_t captured =
+      enqueue_forward(e, bucket, bucket, 0, in, e->stage_dev + l->tokens, e->stage_dev + l->last_rows);
+  const cudaError_t ended = cudaStreamEndCapture(e->stream, &graph);
+  if (captured != INA_OK || ended != cudaSuccess || !graph) {
+    INA_LOG_W(INA_LOG_SUBSYS, "gpu engine: decode step capture failed (%s); running steps eagerly",
+              captured != INA_OK ? ina_last_error() : cudaGetErrorString(ended));
+    (void)cudaGetLastError();
+    e->use_graphs = 0;
+    goto fail;
+  }
+  cudaGraphExec_t exec = NULL;
+  INA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  e->graphs[e->num_graphs].bucket = bucket;
+  e->graphs[e->num_graphs].exec = exec;
+  e->num_graphs++;
+  *out = exec;
+fail:
+  if (graph) cudaGraphDestroy(graph);
+  return st;
+}
+
+/* A step with one new token per sequence and a graph bucket for its batch. */
+static int graph_step(const ina_engine_gpu_t *e, const ina_batch_t *b) {
+  return e->use_graphs && b->batch <= MAX_GRAPH_BATCH && b->qo_indptr[b->batch] == b->batch;
 }
 
 ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *logits) {
@@ -730,7 +901,10 @@ ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *e, const ina_batch_t *b, f
   if (T == 0) return INA_OK; /* no token: nothing grows, no logits row */
   INA_REQUIRE(logits != NULL, INA_ERR_INVALID_ARGUMENT, "forward: logits is NULL");
   INA_CUDA_CHECK(cudaSetDevice(e->device));
-  INA_CHECK(ensure_capacity(e, T, b->batch));
+  const int graphed = graph_step(e, b);
+  /* A graph step computes its whole bucket: rows and attention grid are the bucket's. */
+  const int64_t rows = graphed ? round_up_pow2(b->batch, 1) : T;
+  INA_CHECK(ensure_capacity(e, rows, (int32_t)(graphed ? rows : b->batch)));
   remember_last_pages(e, b);
   INA_CHECK(ina_engine_append_all(e->kv, b));
   appended = 1;
@@ -740,14 +914,24 @@ ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *e, const ina_batch_t *b, f
   {
     stage_layout_t l;
     step_inputs_t in;
-    INA_CHECK(stage_inputs(e, b, T, &l));
+    cudaGraphExec_t exec = NULL;
+    const int64_t out_rows = b->all_logits ? T : b->batch;
+    INA_CHECK(stage_inputs(e, b, rows, &l));
     in.positions = e->stage_dev + l.positions;
     in.page_ids = e->stage_dev + l.page_ids;
     in.slots = e->stage_dev + l.slots;
     in.kv_indptr = e->stage_dev + l.kv_indptr;
     in.kv_indices = e->stage_dev + l.kv_indices;
-    INA_CHECK(plan_attention(e, b, &in.plan));
-    INA_CHECK(run_layers(e, b, T, &in, e->stage_dev + l.tokens, e->stage_dev + l.last_rows, logits));
+    INA_CHECK(plan_attention(e, b, (int32_t)(graphed ? rows : b->batch), &in.plan));
+    if (graphed) INA_CHECK(decode_graph(e, (int32_t)rows, &in, &l, &exec));
+    if (exec)
+      INA_CUDA_CHECK(cudaGraphLaunch(exec, e->stream));
+    else
+      INA_CHECK(enqueue_forward(e, T, out_rows, b->all_logits, &in, e->stage_dev + l.tokens,
+                                e->stage_dev + l.last_rows));
+    INA_CUDA_CHECK(cudaMemcpyAsync(logits, e->s.logits, (size_t)out_rows * (size_t)e->cfg->vocab_size * sizeof(float),
+                                   cudaMemcpyDeviceToHost, e->stream));
+    INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
   }
   return INA_OK;
 fail:

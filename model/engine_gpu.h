@@ -15,6 +15,8 @@
  *   - RMSNorm weights become f32 (exact for every stored dtype), except kv_a_layernorm,
  *     which the fused append reads in bf16; the router's correction bias f32.
  *   - Linear biases (attention_bias, V2 mlp_bias) are INA_ERR_UNSUPPORTED for now.
+ *   - The routed experts of a MoE layer also get device tables of their weight pointers
+ *     for the grouped GEMM, when all of them are FP8 or all bf16 and their dims suit it.
  * Ownership: every device buffer is recorded in gpu_weights_t.allocs and freed by
  * ina_gpu_weights_free. */
 #ifndef INA_MODEL_ENGINE_GPU_H
@@ -48,6 +50,12 @@ typedef struct gpu_layer {
   uint16_t *router_lo; /* bf16 [experts, hidden]: the f32 router's remainder; NULL if none */
   float *router_bias;  /* f32 [experts] or NULL */
   gpu_mlp_t *experts;  /* [experts] (host array of device weights) */
+  /* The routed experts as the grouped GEMM (gemm/gemm_grouped.h) reads them: device
+   * arrays [experts] of weight and scale pointers for gate, up and down; NULL when the
+   * experts cannot run grouped (mixed FP8 and bf16, or dims it does not take). */
+  const void **grouped_w[3];
+  const float **grouped_scale[3];
+  int grouped_fp8;
 } gpu_layer_t;
 
 typedef struct gpu_weights {
@@ -67,7 +75,25 @@ typedef struct gpu_weights {
  * failure everything allocated is freed and *out is zeroed. */
 ina_status_t ina_gpu_weights_upload(const ina_weights_t *w, const ina_model_config_t *cfg,
                                     cudaStream_t stream, gpu_weights_t *out);
+/* Seeded random weights made on the current device: bit for bit what
+ * ina_gpu_weights_upload(w, cfg, ...) makes of w = ina_weights_random(cfg, seed, dtype,
+ * NULL shard), without host tensors (engine_gpu_random.c). Same ownership and failure
+ * behaviour as ina_gpu_weights_upload (the same statuses: dtype not f32, bf16 or
+ * fp8_e4m3 and invalid configs as ina_weights_random, linear biases and FP8 blocks other
+ * than 128x128 INA_ERR_UNSUPPORTED); synchronous through `stream`. */
+ina_status_t ina_gpu_weights_random(const ina_model_config_t *cfg, uint64_t seed, ina_dtype_t dtype,
+                                    cudaStream_t stream, gpu_weights_t *out);
 /* Free every device buffer; *g becomes zeroed. NULL is a no-op. */
 void ina_gpu_weights_free(gpu_weights_t *g);
+
+/* Shared by the upload and the random generation. */
+/* A device buffer of `bytes` (16 when 0), recorded in g->allocs and g->device_bytes. */
+ina_status_t ina_gpu_weights_alloc(gpu_weights_t *g, size_t bytes, void **out);
+/* Whether an FP8 linear [n, k] stays FP8 (the FP8 GEMM takes its shape) rather than being
+ * dequantized to bf16. */
+int ina_gpu_weights_fp8_gemm_takes(int64_t n, int64_t k);
+/* The grouped-GEMM pointer tables of L's routed experts (gpu_layer_t.grouped_*), when
+ * the experts suit the grouped GEMM; otherwise L is left as it is. */
+ina_status_t ina_gpu_weights_expert_tables(gpu_weights_t *g, int32_t num_experts, gpu_layer_t *L);
 
 #endif

@@ -15,7 +15,7 @@
  * tensor (a V3 embedding is 0.9 G values) never needs a whole f32 copy on the host. */
 #define CONVERT_CHUNK ((size_t)1 << 20)
 
-static ina_status_t dev_alloc(gpu_weights_t *g, size_t bytes, void **out) {
+ina_status_t ina_gpu_weights_alloc(gpu_weights_t *g, size_t bytes, void **out) {
   ina_status_t st = INA_OK;
   void *p = NULL;
   *out = NULL;
@@ -46,7 +46,7 @@ static ina_status_t upload_as(gpu_weights_t *g, const ina_tensor_t *t, ina_dtype
   INA_REQUIRE(t->dtype == INA_DTYPE_F32 || t->dtype == INA_DTYPE_BF16 || t->dtype == INA_DTYPE_F16,
               INA_ERR_UNSUPPORTED, "gpu engine: tensor %s is stored as %s; expected f32, bf16 or f16",
               what, ina_dtype_name(t->dtype));
-  INA_CHECK(dev_alloc(g, n * esize, out));
+  INA_CHECK(ina_gpu_weights_alloc(g, n * esize, out));
   if (t->dtype == to) {
     INA_CUDA_CHECK(cudaMemcpy(*out, t->data, n * esize, cudaMemcpyHostToDevice));
     return INA_OK;
@@ -89,7 +89,7 @@ static ina_status_t upload_router(gpu_weights_t *g, const ina_tensor_t *t, const
   INA_CHECK(ina_from_f32(f32, hi, INA_DTYPE_BF16, n));
   for (size_t i = 0; i < n; i++) f32[i] -= ina_bf16_to_f32(hi[i]);
   INA_CHECK(ina_from_f32(f32, lo, INA_DTYPE_BF16, n));
-  INA_CHECK(dev_alloc(g, n * sizeof(uint16_t), (void **)&L->router_lo));
+  INA_CHECK(ina_gpu_weights_alloc(g, n * sizeof(uint16_t), (void **)&L->router_lo));
   INA_CUDA_CHECK(cudaMemcpy(L->router_lo, lo, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
 fail:
   free(f32);
@@ -109,7 +109,7 @@ static ina_status_t dequantize_fp8(gpu_weights_t *g, const ina_linear_t *lin, in
   INA_CUDA_CHECK(cudaMalloc((void **)&scale, scale_count * sizeof(float)));
   INA_CUDA_CHECK(cudaMemcpy(w8, lin->weight.data, (size_t)(n * k), cudaMemcpyHostToDevice));
   INA_CUDA_CHECK(cudaMemcpy(scale, lin->scale_inv.data, scale_count * sizeof(float), cudaMemcpyHostToDevice));
-  INA_CHECK(dev_alloc(g, (size_t)(n * k) * sizeof(uint16_t), (void **)out));
+  INA_CHECK(ina_gpu_weights_alloc(g, (size_t)(n * k) * sizeof(uint16_t), (void **)out));
   INA_CHECK(ina_mla_absorb_dequantize_weight(w8, scale, n, k, *out, stream));
   INA_CUDA_CHECK(cudaStreamSynchronize(stream));
 fail:
@@ -119,6 +119,8 @@ fail:
 }
 
 /* One linear. allow_fp8 = 0 forces bf16 (kv_b_proj). */
+int ina_gpu_weights_fp8_gemm_takes(int64_t n, int64_t k) { return n % 16 == 0 && k % 16 == 0; }
+
 static ina_status_t upload_linear(gpu_weights_t *g, const ina_linear_t *lin, const char *what, int allow_fp8,
                                   cudaStream_t stream, gpu_linear_t *out) {
   ina_status_t st = INA_OK;
@@ -141,7 +143,7 @@ static ina_status_t upload_linear(gpu_weights_t *g, const ina_linear_t *lin, con
               "128x128 blocks with f32 scales [%lld, %lld]",
               what, lin->block_rows, lin->block_cols, ina_dtype_name(lin->scale_inv.dtype),
               (long long)ina_tensor_numel(&lin->scale_inv), (long long)sr, (long long)sc);
-  if (!allow_fp8 || out->n % 16 != 0 || out->k % 16 != 0) {
+  if (!allow_fp8 || !ina_gpu_weights_fp8_gemm_takes(out->n, out->k)) {
     if (allow_fp8)
       INA_LOG_I(INA_LOG_SUBSYS,
                 "gpu engine: FP8 linear %s [%lld, %lld] dequantized to bf16 (the FP8 GEMM needs N and K "
@@ -153,9 +155,9 @@ static ina_status_t upload_linear(gpu_weights_t *g, const ina_linear_t *lin, con
     packed = malloc((size_t)count * sizeof(float));
     INA_CHECK_ALLOC(packed);
     INA_CHECK(ina_gemm_pack_w_scales(lin->scale_inv.data, out->n, out->k, packed));
-    INA_CHECK(dev_alloc(g, (size_t)(out->n * out->k), &out->w));
+    INA_CHECK(ina_gpu_weights_alloc(g, (size_t)(out->n * out->k), &out->w));
     INA_CUDA_CHECK(cudaMemcpy(out->w, w->data, (size_t)(out->n * out->k), cudaMemcpyHostToDevice));
-    INA_CHECK(dev_alloc(g, (size_t)count * sizeof(float), (void **)&out->w_scale));
+    INA_CHECK(ina_gpu_weights_alloc(g, (size_t)count * sizeof(float), (void **)&out->w_scale));
     INA_CUDA_CHECK(cudaMemcpy(out->w_scale, packed, (size_t)count * sizeof(float), cudaMemcpyHostToDevice));
     out->fp8 = 1;
     if (out->k > g->fp8_max_k) g->fp8_max_k = out->k;
@@ -177,6 +179,50 @@ static ina_status_t upload_mlp(gpu_weights_t *g, const ina_mlp_weights_t *m, con
   INA_CHECK(upload_linear(g, &m->down, name, 1, s, &out->down));
   if (out->gate.n > g->max_expert_inter) g->max_expert_inter = out->gate.n;
 fail:
+  return st;
+}
+
+/* Part i of an MLP: 0 gate, 1 up, 2 down (the order of gpu_layer_t.grouped_*). */
+static const gpu_linear_t *mlp_part(const gpu_mlp_t *m, int i) { return i == 0 ? &m->gate : i == 1 ? &m->up : &m->down; }
+
+/* The grouped GEMM takes the experts when they share one mode and their N and K are
+ * multiples of 16 for FP8 or 8 for bf16 (which also keeps the rows 16-byte aligned). */
+ina_status_t ina_gpu_weights_expert_tables(gpu_weights_t *g, int32_t num_experts, gpu_layer_t *L) {
+  ina_status_t st = INA_OK;
+  const void **w = NULL;
+  const float **scale = NULL;
+  const int fp8 = L->experts[0].gate.fp8;
+  const int64_t align = fp8 ? 16 : 8;
+  for (int32_t x = 0; x < num_experts; x++) {
+    for (int i = 0; i < 3; i++) {
+      const gpu_linear_t *part = mlp_part(&L->experts[x], i), *first = mlp_part(&L->experts[0], i);
+      if (part->fp8 != fp8 || part->n % align != 0 || part->k % align != 0 || part->n != first->n ||
+          part->k != first->k)
+        return INA_OK; /* the per-expert path serves this layer */
+    }
+  }
+  w = malloc((size_t)num_experts * sizeof *w);
+  scale = malloc((size_t)num_experts * sizeof *scale);
+  INA_CHECK_ALLOC(w);
+  INA_CHECK_ALLOC(scale);
+  for (int i = 0; i < 3; i++) {
+    for (int32_t x = 0; x < num_experts; x++) {
+      const gpu_linear_t *part = mlp_part(&L->experts[x], i);
+      w[x] = part->w;
+      scale[x] = part->w_scale;
+    }
+    INA_CHECK(ina_gpu_weights_alloc(g, (size_t)num_experts * sizeof *w, (void **)&L->grouped_w[i]));
+    INA_CUDA_CHECK(cudaMemcpy(L->grouped_w[i], w, (size_t)num_experts * sizeof *w, cudaMemcpyHostToDevice));
+    if (fp8) {
+      INA_CHECK(ina_gpu_weights_alloc(g, (size_t)num_experts * sizeof *scale, (void **)&L->grouped_scale[i]));
+      INA_CUDA_CHECK(cudaMemcpy(L->grouped_scale[i], scale, (size_t)num_experts * sizeof *scale,
+                                cudaMemcpyHostToDevice));
+    }
+  }
+  L->grouped_fp8 = fp8;
+fail:
+  free(w);
+  free(scale);
   return st;
 }
 
@@ -219,6 +265,7 @@ static ina_status_t upload_layer(gpu_weights_t *g, const ina_layer_weights_t *L,
       snprintf(expert, sizeof expert, "model.layers.%d.mlp.experts.%d", l, x);
       INA_CHECK(upload_mlp(g, &L->experts[x], expert, s, &out->experts[x]));
     }
+    if (c->n_routed_experts > 0) INA_CHECK(ina_gpu_weights_expert_tables(g, c->n_routed_experts, out));
   }
 #undef NAME
 fail:

@@ -15,7 +15,16 @@
 struct ina_model {
   ina_weights_t weights;
   char source[256];
+  int random_on_device; /* weights left for a device engine: seed and dtype below */
+  uint64_t seed;
+  ina_dtype_t dtype;
 };
+
+/* options->random_on_device when the caller's struct has it (version 2). */
+static int wants_random_on_device(const ina_model_options_t *o) {
+  return o->struct_size >= offsetof(ina_model_options_t, random_on_device) + sizeof(int32_t) &&
+         o->random_on_device != 0;
+}
 
 static int is_directory(const char *path) {
   struct stat sb;
@@ -50,9 +59,18 @@ ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options
                 "model '%s' is neither a checkpoint directory nor a built-in model (tiny, "
                 "random:tiny, random:v2-lite, random:v3-layers)", spec);
     INA_CHECK(ina_model_config_builtin(name, &cfg));
-    INA_LOG_I(INA_LOG_SUBSYS, "building random weights for '%s' (seed %llu, %s)", name,
-              (unsigned long long)options->seed, ina_dtype_name(options->dtype));
-    INA_CHECK(ina_weights_random(&cfg, options->seed, options->dtype, &options->shard, &m->weights));
+    if (wants_random_on_device(options)) {
+      INA_LOG_I(INA_LOG_SUBSYS, "random weights for '%s' (seed %llu, %s) left for the device engine", name,
+                (unsigned long long)options->seed, ina_dtype_name(options->dtype));
+      INA_CHECK(ina_weights_random_shell(&cfg, options->dtype, &options->shard, &m->weights));
+      m->random_on_device = 1;
+      m->seed = options->seed;
+      m->dtype = options->dtype;
+    } else {
+      INA_LOG_I(INA_LOG_SUBSYS, "building random weights for '%s' (seed %llu, %s)", name,
+                (unsigned long long)options->seed, ina_dtype_name(options->dtype));
+      INA_CHECK(ina_weights_random(&cfg, options->seed, options->dtype, &options->shard, &m->weights));
+    }
   }
   *out = m;
   return INA_OK;
@@ -69,6 +87,13 @@ void ina_model_destroy(ina_model_t *m) {
 
 const ina_model_config_t *ina_model_config(const ina_model_t *m) { return &m->weights.config; }
 const ina_weights_t *ina_model_weights(const ina_model_t *m) { return &m->weights; }
+
+int ina_model_random_on_device(const ina_model_t *m, uint64_t *seed, ina_dtype_t *dtype) {
+  if (!m->random_on_device) return 0;
+  if (seed) *seed = m->seed;
+  if (dtype) *dtype = m->dtype;
+  return 1;
+}
 
 int64_t ina_model_weight_bytes(const ina_model_t *m) {
   ina_weight_spec_t *specs = NULL;

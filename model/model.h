@@ -39,16 +39,25 @@ typedef struct ina_model_options {
   uint64_t seed;      /* random weights */
   ina_dtype_t dtype;  /* random weights: f32, bf16 (default) or fp8_e4m3 */
   ina_shard_t shard;  /* experts held by this rank */
+  /* Version 2. Random weights only: 1 leaves them unbuilt on the host; an engine on a
+   * CUDA device then generates the same values (same seed, dtype) in its own memory,
+   * which is how 16B-parameter benchmark models load in seconds. The host holds the
+   * configuration alone: ina_model_weights has no tensor data, and a CPU engine refuses
+   * the model. */
+  int32_t random_on_device;
 } ina_model_options_t;
 
 #define INA_MODEL_OPTIONS_INIT \
-  {sizeof(ina_model_options_t), 1, 0, INA_DTYPE_BF16, INA_SHARD_INIT}
+  {sizeof(ina_model_options_t), 2, 0, INA_DTYPE_BF16, INA_SHARD_INIT, 0}
 
 /* `spec` is a checkpoint directory, a built-in name ("tiny"), or "random:NAME". */
 ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options, ina_model_t **out);
 void ina_model_destroy(ina_model_t *model);
 const ina_model_config_t *ina_model_config(const ina_model_t *model);
 const ina_weights_t *ina_model_weights(const ina_model_t *model);
+/* 1 when the model's random weights were left for a device engine to generate
+ * (ina_model_options_t.random_on_device), with their seed and dtype; else 0. */
+int ina_model_random_on_device(const ina_model_t *model, uint64_t *seed, ina_dtype_t *dtype);
 /* Bytes of weight data held (stored dtypes). */
 int64_t ina_model_weight_bytes(const ina_model_t *model);
 
@@ -66,9 +75,12 @@ typedef struct ina_engine_options {
    * weights uploaded as bf16 or kept FP8; INA_ERR_UNSUPPORTED in a build without CUDA or
    * for what that backend does not cover). num_threads and expanded_decode are CPU-only. */
   int32_t device;
+  /* Version 3. CUDA backend: 1 (default) runs decode steps (one new token per sequence)
+   * as replays of CUDA graphs captured per batch bucket; 0 runs every step eagerly. */
+  int32_t cuda_graphs;
 } ina_engine_options_t;
 
-#define INA_ENGINE_OPTIONS_INIT {sizeof(ina_engine_options_t), 2, 16, 65536, 0, 0, -1}
+#define INA_ENGINE_OPTIONS_INIT {sizeof(ina_engine_options_t), 3, 16, 65536, 0, 0, -1, 1}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);

@@ -393,11 +393,11 @@ fail:
   return st;
 }
 
-ina_status_t ina_weights_random(const ina_model_config_t *cfg_in, uint64_t seed, ina_dtype_t dtype,
-                                const ina_shard_t *shard, ina_weights_t *w) {
+/* The configuration random weights of `dtype` have (FP8 block scaling for fp8_e4m3), the
+ * layer arrays prepared and the spec list made; no tensor holds data yet. */
+static ina_status_t random_prepare(const ina_model_config_t *cfg_in, ina_dtype_t dtype, const ina_shard_t *shard,
+                                   ina_weights_t *w, ina_weight_spec_t **specs, int32_t *count) {
   ina_status_t st = INA_OK;
-  ina_weight_spec_t *specs = NULL;
-  int32_t count = 0;
   ina_model_config_t cfg = *cfg_in;
   memset(w, 0, sizeof *w);
   INA_REQUIRE(dtype == INA_DTYPE_F32 || dtype == INA_DTYPE_BF16 || dtype == INA_DTYPE_FP8_E4M3,
@@ -406,7 +406,32 @@ ina_status_t ina_weights_random(const ina_model_config_t *cfg_in, uint64_t seed,
   cfg.fp8_block_scaled = dtype == INA_DTYPE_FP8_E4M3;
   if (cfg.fp8_block_scaled && cfg.fp8_block_rows <= 0) cfg.fp8_block_rows = cfg.fp8_block_cols = 128;
   INA_CHECK(ina_model_config_validate(&cfg, "random weights"));
-  INA_CHECK(ina_weights_prepare(w, &cfg, shard, &specs, &count));
+  INA_CHECK(ina_weights_prepare(w, &cfg, shard, specs, count));
+fail:
+  return st;
+}
+
+ina_status_t ina_weights_random_shell(const ina_model_config_t *cfg, ina_dtype_t dtype, const ina_shard_t *shard,
+                                      ina_weights_t *w) {
+  ina_status_t st = INA_OK;
+  ina_weight_spec_t *specs = NULL;
+  int32_t count = 0;
+  INA_CHECK(random_prepare(cfg, dtype, shard, w, &specs, &count));
+  free(specs);
+  return INA_OK;
+fail:
+  free(specs);
+  ina_weights_release(w);
+  return st;
+}
+
+ina_status_t ina_weights_random(const ina_model_config_t *cfg_in, uint64_t seed, ina_dtype_t dtype,
+                                const ina_shard_t *shard, ina_weights_t *w) {
+  ina_status_t st = INA_OK;
+  ina_weight_spec_t *specs = NULL;
+  int32_t count = 0;
+  INA_CHECK(random_prepare(cfg_in, dtype, shard, w, &specs, &count));
+  const ina_model_config_t cfg = w->config;
   for (int32_t i = 0; i < count; i++) INA_CHECK(make_random(&specs[i], seed, dtype, &cfg));
   if (cfg.tie_word_embeddings) {
     w->lm_head.weight = w->embed;

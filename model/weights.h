@@ -118,6 +118,12 @@ ina_status_t ina_weights_load(const char *dir, const ina_shard_t *shard, ina_wei
 ina_status_t ina_weights_random(const ina_model_config_t *cfg, uint64_t seed, ina_dtype_t dtype,
                                 const ina_shard_t *shard, ina_weights_t *w);
 
+/* What ina_weights_random(cfg, seed, dtype, shard, w) makes, without the data: w's
+ * config (with the FP8 block scaling of dtype), expert range and layer arrays, every
+ * tensor empty. For an engine that generates the same weights in its own memory. */
+ina_status_t ina_weights_random_shell(const ina_model_config_t *cfg, ina_dtype_t dtype, const ina_shard_t *shard,
+                                      ina_weights_t *w);
+
 /* Write w (all experts) as a Hugging Face checkpoint: config.json + model.safetensors. */
 ina_status_t ina_weights_save(const ina_weights_t *w, const char *dir);
 

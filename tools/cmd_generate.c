@@ -20,7 +20,8 @@ static void usage(FILE *f) {
           "\n"
           "  --model M            checkpoint directory (config.json + *.safetensors), a built-in\n"
           "                       model with seeded random weights (tiny, random:tiny,\n"
-          "                       random:v2-lite, random:v3-layers)\n"
+          "                       random:v2-lite, random:v3-layers); on a GPU, random weights\n"
+          "                       are generated in device memory\n"
           "  --prompt-ids IDS     comma-separated token ids; repeat for a batch of prompts\n"
           "  --max-new-tokens N   tokens to generate per prompt (default 16)\n"
           "  --temperature T      0 = greedy (default 0)\n"
@@ -36,6 +37,8 @@ static void usage(FILE *f) {
           "  --device D           cpu, cuda (device 0) or cuda:N; default cuda when a CUDA device\n"
           "                       is present, else cpu. The GPU computes with bf16 activations\n"
           "                       (the CPU in fp32), so logits differ slightly between them\n"
+          "  --no-cuda-graphs     run every GPU step eagerly (default: decode steps replay CUDA\n"
+          "                       graphs captured per batch bucket)\n"
           "  --threads N          CPU threads (default: INA_NUM_THREADS or all CPUs)\n"
           "  -h, --help           this help\n");
 }
@@ -94,7 +97,7 @@ static void dump_path(const char *base, int32_t i, int32_t count, char *out, siz
 
 int cmd_generate(int argc, char **argv) {
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
-         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE };
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -103,6 +106,7 @@ int cmd_generate(int argc, char **argv) {
       {"dump-logits", required_argument, 0, O_DUMP},  {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"page-size", required_argument, 0, O_PAGE},
       {"threads", required_argument, 0, O_THREADS},   {"device", required_argument, 0, O_DEVICE},
+      {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
@@ -138,6 +142,7 @@ int cmd_generate(int argc, char **argv) {
     case O_PAGE: if (cli_parse_int("--page-size", optarg, 1, 1 << 20, &page_size)) goto done; break;
     case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 4096, &threads)) goto done; break;
     case O_DEVICE: if (parse_device(optarg, &device)) goto done; break;
+    case O_NOGRAPHS: eopts.cuda_graphs = 0; break;
     case 'h': usage(stdout); rc = 0; goto done;
     default: usage(stderr); rc = 2; goto done;
     }
@@ -153,6 +158,7 @@ int cmd_generate(int argc, char **argv) {
     rc = 2;
     goto done;
   }
+  mopts.random_on_device = device >= 0; /* random weights are generated on the GPU */
   if (ina_model_open(model_spec, &mopts, &model) != INA_OK) {
     fprintf(stderr, "ina generate: cannot open model: %s\n", ina_last_error());
     goto done;

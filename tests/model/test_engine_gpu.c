@@ -27,6 +27,10 @@
  *      (whole-run rel L2 and free-running token equality printed; checked when strict).
  *   3. Errors: out of pages and bad token ids leave every sequence and the pool as they
  *      were, and the next step computes what it would have without the failed calls.
+ *   4. CUDA graphs: decode steps replayed from graphs against the same steps run eagerly,
+ *      on random:tiny: bf16 with a padding row, FP8 without one, median row error <= 1e-2
+ *      and equal argmax on every row but one; FP8 with a padding row (other GEMM paths
+ *      for some rows, see graphs_vs_eager) within CONSISTENCY_BOUND_FP8.
  *
  * Labelled gpu: exit 77 (skipped) without a CUDA device. */
 #include <string.h>
@@ -61,15 +65,22 @@ static int strict_mode(void) {
 
 /* ---- engines and runs ---------------------------------------------------------------- */
 
-static ina_engine_t *make(const ina_model_t *m, int32_t device, int32_t page_size, int64_t max_tokens) {
+static ina_engine_t *make_with_graphs(const ina_model_t *m, int32_t device, int32_t page_size, int64_t max_tokens,
+                                      int graphs) {
   ina_engine_options_t o = INA_ENGINE_OPTIONS_INIT;
   ina_engine_t *e = NULL;
   o.page_size = page_size;
   o.max_tokens = max_tokens;
   o.num_threads = 2;
   o.device = device;
+  o.cuda_graphs = graphs;
   CHECK_OK(ina_engine_create(m, &o, &e));
   return e;
+}
+
+/* Decode steps replay CUDA graphs (the default) everywhere but in section 4's reference. */
+static ina_engine_t *make(const ina_model_t *m, int32_t device, int32_t page_size, int64_t max_tokens) {
+  return make_with_graphs(m, device, page_size, max_tokens, 1);
 }
 
 /* Logits of the prompts [0, n) and of `steps` forced continuation tokens each:
@@ -507,6 +518,72 @@ done:
   ina_model_destroy(m);
 }
 
+/* ---- 4. CUDA graphs against eager steps --------------------------------------------- */
+
+/* Graph replays against eager steps on one model. With padding rows (batch below its
+ * bucket) a graph step runs its GEMMs on more rows than the eager one; the FP8 GEMM then
+ * takes other paths for some rows (gemm/gemm.h), so FP8 results differ as much as they
+ * do between batch sizes (CONSISTENCY_BOUND_FP8); everything else must agree. */
+static void graphs_vs_eager(const ina_model_t *m, const char *what, int32_t *const *prompts, const int32_t *lens,
+                            int32_t n, const int32_t (*next)[MAX_NEW], int32_t steps, double median_bound,
+                            int check_argmax) {
+  const int32_t vocab = ina_model_config(m)->vocab_size;
+  ina_engine_t *graphed = make_with_graphs(m, 0, 16, 4096, 1), *eager = make_with_graphs(m, 0, 16, 4096, 0);
+  run_t rg = {0}, re = {0};
+  stats_t s = {0};
+  if (!graphed || !eager) goto done;
+  if (forced_run(graphed, prompts, lens, n, next, steps, &rg) != 0) goto done;
+  if (forced_run(eager, prompts, lens, n, next, steps, &re) != 0) goto done;
+  for (int32_t k = 0; k < n; k++) stats_add(&s, rg.logits[k], re.logits[k], lens[k] + steps, vocab);
+  {
+    const double median = stats_median(&s), whole = stats_whole(&s);
+    printf("  %-44s median row %.2e, whole run %.2e, argmax %lld/%lld\n", what, median, whole,
+           (long long)s.argmax_same, (long long)s.rows);
+    CHECKF(median <= median_bound, "%s: median row rel l2 %.3g > %g", what, median, median_bound);
+    if (check_argmax)
+      CHECKF(s.argmax_same >= s.rows - 1, "%s: argmax differs on %lld rows", what,
+             (long long)(s.rows - s.argmax_same));
+  }
+done:
+  stats_free(&s);
+  free_run(&rg);
+  free_run(&re);
+  ina_engine_destroy(graphed);
+  ina_engine_destroy(eager);
+}
+
+static void test_graphs(test_rng_t *rng) {
+  /* bf16 with a padding row (3 of bucket 4); FP8 without padding (4 of 4: every GEMM
+   * sees the same rows in both runs) and with padding. */
+  static const struct {
+    ina_dtype_t dtype;
+    int32_t n;
+    const char *what;
+  } cases[] = {{INA_DTYPE_BF16, 3, "graphs vs eager, bf16, batch 3 (bucket 4)"},
+               {INA_DTYPE_FP8_E4M3, 4, "graphs vs eager, fp8, batch 4 (bucket 4)"},
+               {INA_DTYPE_FP8_E4M3, 3, "graphs vs eager, fp8, batch 3 (bucket 4)"}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+    ina_model_t *m = NULL;
+    mo.seed = test_rng_next(rng);
+    mo.dtype = cases[c].dtype;
+    CHECK_OK(ina_model_open("random:tiny", &mo, &m));
+    if (!m) continue;
+    const int32_t vocab = ina_model_config(m)->vocab_size, n = cases[c].n, steps = 6;
+    int32_t buf[4][24], lens[4], next[MAX_PROMPTS][MAX_NEW];
+    int32_t *prompts[4] = {buf[0], buf[1], buf[2], buf[3]};
+    for (int32_t k = 0; k < n; k++) {
+      lens[k] = 1 + (int32_t)test_rng_int(rng, 0, 23);
+      for (int32_t t = 0; t < lens[k]; t++) buf[k][t] = (int32_t)test_rng_int(rng, 0, vocab - 1);
+      for (int32_t t = 0; t < steps; t++) next[k][t] = (int32_t)test_rng_int(rng, 0, vocab - 1);
+    }
+    const int padded_fp8 = cases[c].dtype == INA_DTYPE_FP8_E4M3 && n != 4;
+    graphs_vs_eager(m, cases[c].what, prompts, lens, n, (const int32_t(*)[MAX_NEW])next, steps,
+                    padded_fp8 ? CONSISTENCY_BOUND_FP8 : CONSISTENCY_BOUND, !padded_fp8);
+    ina_model_destroy(m);
+  }
+}
+
 int main(int argc, char **argv) {
   if (ina_cuda_device_count() == 0) {
     printf("test_engine_gpu: skipped (no CUDA device)\n");
@@ -518,5 +595,6 @@ int main(int argc, char **argv) {
   test_golden(argc > 1 ? argv[1] : "tests/golden/fixtures");
   test_vs_cpu(&rng);
   test_errors(&rng);
+  test_graphs(&rng);
   return test_finish("test_engine_gpu");
 }
