@@ -1,0 +1,391 @@
+/* The custom all-reduce (comm/custom_ar.h) against NCCL on the GPUs of one node, under
+ * mpirun with one rank per GPU (e.g. `mpirun -np 2 build/bench/bench_custom_ar`).
+ *
+ * 1. Plain all-reduce of 8 KiB .. 256 MiB (bytes of bf16 input per rank): custom one-shot,
+ *    custom two-shot, FP8 two-shot (bf16 in and out, e4m3 on the wire) and NCCL bf16. Each
+ *    is captured as a CUDA graph of L back-to-back all-reduces (L from 2 to 200, so a
+ *    replay moves about 256 MiB) and the graph is replayed: the figure is the median over
+ *    15 replays of (replay time / L), the slowest rank's median. Figures:
+ *      latency  microseconds per all-reduce
+ *      busbw    2 (n-1)/n x bytes / time (nccl-tests' bus bandwidth; the FP8 mode counts
+ *               its bf16 bytes, so it can exceed the link)
+ *      vs_nccl  NCCL's time / this time at the same size
+ *    The custom runs read their input from the registered input buffer (zero-copy); NCCL
+ *    reads an ordinary buffer. The same buffers are reused, so inputs below the L2 size
+ *    can stay cached on both sides (as a producer's output would be).
+ * 2. Fused epilogue, [tokens, 7168] bf16: all-reduce + residual add + RMSNorm + FP8
+ *    quantization of the normalized rows in one kernel (AUTO algorithm, bf16 and FP8
+ *    transport) against the same all-reduce followed by ina_gpu_rmsnorm, and against NCCL
+ *    followed by ina_gpu_rmsnorm; timed the same way (graphs of L steps).
+ *
+ * --nccl-eager times NCCL as `L` eager launches per timed batch instead of a graph replay
+ * (for a machine where capturing NCCL misbehaves); the custom runs are always replayed.
+ *
+ * Exit 77 without a device or with a single rank. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench_util.h"
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
+#include "comm/custom_ar.h"
+#include "core/cuda.h"
+#include "core/log.h"
+#include "gpu_ops/gpu_ops.h"
+
+#include <cuda_runtime_api.h>
+
+#define HIDDEN 7168
+#define MAX_BYTES ((size_t)256 << 20)
+#define TARGET_BYTES_PER_REPLAY ((double)(256 << 20))
+#define MIN_REPS 2
+#define MAX_REPS 200
+
+static int g_rank, g_nranks;
+static int g_nccl_eager;
+static ina_bootstrap_t *g_boot;
+
+/* Benchmarks may end the job: a failure on one rank would leave the others waiting. */
+static void die(const char *what) {
+  fprintf(stderr, "bench_custom_ar rank %d: %s: %s\n", g_rank, what, ina_last_error());
+  ina_bootstrap_abort(g_boot, 1);
+}
+
+static void cuda_or_die(cudaError_t e, const char *what) {
+  if (e != cudaSuccess) {
+    fprintf(stderr, "bench_custom_ar rank %d: %s: %s\n", g_rank, what, cudaGetErrorString(e));
+    ina_bootstrap_abort(g_boot, 1);
+  }
+}
+
+/* ---- operations to time: each enqueues one step on a stream ------------------------------ */
+
+typedef ina_status_t (*op_fn)(void *ctx, void *stream);
+
+typedef struct {
+  ina_custom_ar_t *ar;
+  ina_custom_ar_args_t args;
+} car_op_t;
+
+static ina_status_t car_op(void *ctx, void *stream) {
+  car_op_t *c = ctx;
+  ina_custom_ar_args_t a = c->args;
+  a.stream = stream;
+  return ina_custom_ar_run(c->ar, &a);
+}
+
+typedef struct {
+  ina_comm_t *comm;
+  const void *in;
+  void *out;
+  size_t count;
+} nccl_op_t;
+
+static ina_status_t nccl_op(void *ctx, void *stream) {
+  nccl_op_t *c = ctx;
+  return ina_comm_all_reduce(c->comm, c->in, c->out, c->count, INA_DTYPE_BF16, stream);
+}
+
+/* An all-reduce (custom or NCCL) and then the separate norm kernel. */
+typedef struct {
+  op_fn reduce;
+  void *reduce_ctx;
+  ina_gpu_rmsnorm_params_t norm;
+} unfused_op_t;
+
+static ina_status_t unfused_op(void *ctx, void *stream) {
+  unfused_op_t *c = ctx;
+  ina_status_t st = c->reduce(c->reduce_ctx, stream);
+  return st != INA_OK ? st : ina_gpu_rmsnorm(&c->norm, stream);
+}
+
+typedef struct {
+  cudaGraphExec_t exec;
+} graph_t;
+
+static ina_status_t launch_graph(void *ctx, int64_t iteration, void *stream) {
+  (void)iteration;
+  graph_t *g = ctx;
+  return cudaGraphLaunch(g->exec, (cudaStream_t)stream) == cudaSuccess ? INA_OK : INA_ERR_CUDA;
+}
+
+typedef struct {
+  op_fn op;
+  void *ctx;
+} eager_t;
+
+static ina_status_t launch_eager(void *ctx, int64_t iteration, void *stream) {
+  (void)iteration;
+  eager_t *e = ctx;
+  return e->op(e->ctx, stream);
+}
+
+/* As time_op, without a graph: `reps` eager launches per timed batch. Collective. */
+static double time_op_eager(op_fn op, void *ctx, int reps) {
+  eager_t e = {op, ctx};
+  ina_bench_timing_t timing = {3, 15, reps};
+  double ms = 0, slowest = 0;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (ina_bench_time_ms(launch_eager, &e, &timing, &ms) != INA_OK) die("timing (eager)");
+  MPI_Allreduce(&ms, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return slowest;
+}
+
+/* Milliseconds per step: `reps` steps captured in one graph, replayed; the slowest rank's
+ * median. Collective. */
+static double time_op(op_fn op, void *ctx, int reps) {
+  cudaStream_t cap = NULL;
+  cudaGraph_t graph = NULL;
+  graph_t g = {NULL};
+  ina_bench_timing_t timing = {3, 15, 1};
+  double ms = 0, slowest = 0;
+  cuda_or_die(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking), "stream");
+  if (op(ctx, cap) != INA_OK) die("warm-up run"); /* first use outside the graph */
+  cuda_or_die(cudaStreamSynchronize(cap), "warm-up sync");
+  cuda_or_die(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal), "begin capture");
+  for (int i = 0; i < reps; i++)
+    if (op(ctx, cap) != INA_OK) die("captured run");
+  cuda_or_die(cudaStreamEndCapture(cap, &graph), "end capture");
+  cuda_or_die(cudaGraphInstantiate(&g.exec, graph, 0), "instantiate");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (ina_bench_time_ms(launch_graph, &g, &timing, &ms) != INA_OK) die("timing");
+  ms /= reps;
+  MPI_Allreduce(&ms, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  cudaGraphExecDestroy(g.exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(cap);
+  return slowest;
+}
+
+static int reps_for(double bytes) {
+  const double r = TARGET_BYTES_PER_REPLAY / bytes;
+  return r < MIN_REPS ? MIN_REPS : r > MAX_REPS ? MAX_REPS : (int)r;
+}
+
+static void size_label(size_t bytes, char *buf, size_t n) {
+  if (bytes >= ((size_t)1 << 20)) snprintf(buf, n, "%zuMiB", bytes >> 20);
+  else snprintf(buf, n, "%zuKiB", bytes >> 10);
+}
+
+/* Prints (rank 0) the latency, bus bandwidth and, when known, the ratio to NCCL. */
+static void report(const char *variant, const char *label, size_t bytes, double ms, int reps,
+                   double nccl_ms, int eager) {
+  if (g_rank != 0) return;
+  char name[96], formula[256];
+  const double busbw = 2.0 * (g_nranks - 1) / g_nranks * (double)bytes / (ms * 1e-3) / 1e9;
+  snprintf(name, sizeof name, "%s_%s_latency", variant, label);
+  snprintf(formula, sizeof formula,
+           "median over 15 %s of %d all-reduces of %zu bytes (time / %d), slowest of %d ranks",
+           eager ? "batches of eager launches" : "replays of a graph", reps, bytes, reps, g_nranks);
+  ina_bench_result(name, ms * 1e3, "us", formula);
+  snprintf(name, sizeof name, "%s_%s_busbw", variant, label);
+  snprintf(formula, sizeof formula, "2*(n-1)/n * %zu bytes / latency, n = %d", bytes, g_nranks);
+  ina_bench_result(name, busbw, "GB/s", formula);
+  if (nccl_ms > 0) {
+    snprintf(name, sizeof name, "%s_%s_vs_nccl", variant, label);
+    ina_bench_result(name, nccl_ms / ms, "x", "NCCL latency / this latency, same size");
+  }
+}
+
+/* ---- 1. plain all-reduce ----------------------------------------------------------------- */
+
+static void bench_sizes(ina_custom_ar_t *ar, ina_comm_t *nccl, uint16_t *d_in, uint16_t *d_out) {
+  size_t cap = 0;
+  uint16_t *reg = ina_custom_ar_input_buffer(ar, &cap);
+  for (size_t bytes = (size_t)8 << 10; bytes <= MAX_BYTES; bytes *= 2) {
+    const size_t count = bytes / 2;
+    const int reps = reps_for((double)bytes);
+    char label[32];
+    size_label(bytes, label, sizeof label);
+    double nccl_ms = 0;
+    if (nccl) {
+      nccl_op_t n = {nccl, d_in, d_out, count};
+      nccl_ms = g_nccl_eager ? time_op_eager(nccl_op, &n, reps) : time_op(nccl_op, &n, reps);
+      report("nccl_bf16", label, bytes, nccl_ms, reps, 0, g_nccl_eager);
+    }
+    if (!reg) continue;
+    static const struct {
+      const char *name;
+      ina_custom_ar_mode_t mode;
+      ina_custom_ar_algo_t algo;
+    } variants[] = {
+        {"custom_bf16_oneshot", INA_CUSTOM_AR_BF16, INA_CUSTOM_AR_ONE_SHOT},
+        {"custom_bf16_twoshot", INA_CUSTOM_AR_BF16, INA_CUSTOM_AR_TWO_SHOT},
+        {"custom_fp8_twoshot", INA_CUSTOM_AR_FP8, INA_CUSTOM_AR_TWO_SHOT},
+    };
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+      car_op_t c = {ar, INA_CUSTOM_AR_ARGS_INIT};
+      c.args.mode = variants[v].mode;
+      c.args.algo = variants[v].algo;
+      c.args.count = count;
+      c.args.in = reg;
+      c.args.out = d_out;
+      ina_custom_ar_algo_t taken = INA_CUSTOM_AR_AUTO;
+      if (ina_custom_ar_choose(ar, c.args.mode, c.args.algo, count, 0, 0, &taken) != INA_OK ||
+          taken != variants[v].algo)
+        continue; /* does not fit: it would be NCCL again */
+      report(variants[v].name, label, bytes, time_op(car_op, &c, reps), reps, nccl_ms, 0);
+    }
+  }
+}
+
+/* ---- 2. fused epilogue ------------------------------------------------------------------- */
+
+typedef struct {
+  uint16_t *in, *out, *residual, *weight, *tmp;
+  uint8_t *y_fp8;
+  float *y_scale;
+} epi_buffers_t;
+
+static void bench_epilogue(ina_custom_ar_t *ar, ina_comm_t *nccl, const epi_buffers_t *b) {
+  static const int64_t tokens[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+  size_t cap = 0;
+  uint16_t *reg = ina_custom_ar_input_buffer(ar, &cap);
+  if (!reg) return; /* no IPC path: the fused kernel would only follow NCCL */
+  for (size_t k = 0; k < sizeof tokens / sizeof tokens[0]; k++) {
+    const int64_t rows = tokens[k];
+    const size_t count = (size_t)rows * HIDDEN, bytes = count * 2;
+    const int reps = reps_for((double)bytes);
+    char name[96], formula[256];
+    ina_gpu_rmsnorm_params_t norm = INA_GPU_RMSNORM_PARAMS_INIT;
+    norm.rows = rows;
+    norm.cols = HIDDEN;
+    norm.x = b->tmp;
+    norm.residual = b->residual;
+    norm.weight = b->weight;
+    norm.y = b->out;
+    norm.y_fp8 = b->y_fp8;
+    norm.y_scale_inv = b->y_scale;
+
+    car_op_t fused = {ar, INA_CUSTOM_AR_ARGS_INIT};
+    fused.args.count = count;
+    fused.args.in = reg;
+    fused.args.out = b->out;
+    fused.args.rows = rows;
+    fused.args.cols = HIDDEN;
+    fused.args.residual = b->residual;
+    fused.args.norm_weight = b->weight;
+    fused.args.y_fp8 = b->y_fp8;
+    fused.args.y_scale_inv = b->y_scale;
+    car_op_t plain = fused;
+    plain.args.out = b->tmp;
+    plain.args.rows = plain.args.cols = 0;
+    plain.args.residual = NULL;
+    plain.args.norm_weight = NULL;
+    plain.args.y_fp8 = NULL;
+    plain.args.y_scale_inv = NULL;
+    unfused_op_t unfused = {car_op, &plain, norm};
+
+    ina_custom_ar_algo_t taken = INA_CUSTOM_AR_AUTO;
+    (void)ina_custom_ar_choose(ar, INA_CUSTOM_AR_BF16, INA_CUSTOM_AR_AUTO, count, rows, HIDDEN,
+                               &taken);
+    const double fused_ms = time_op(car_op, &fused, reps);
+    const double unfused_ms = time_op(unfused_op, &unfused, reps);
+    car_op_t fused_fp8 = fused;
+    fused_fp8.args.mode = INA_CUSTOM_AR_FP8;
+    const double fused_fp8_ms = time_op(car_op, &fused_fp8, reps);
+    double nccl_ms = 0;
+    nccl_op_t n = {nccl, b->in, b->tmp, count};
+    unfused_op_t nccl_unfused = {nccl_op, &n, norm};
+    if (nccl)
+      nccl_ms = g_nccl_eager ? time_op_eager(unfused_op, &nccl_unfused, reps)
+                             : time_op(unfused_op, &nccl_unfused, reps);
+
+    if (g_rank != 0) continue;
+    static const char *algo_names[] = {"auto", "one-shot", "two-shot", "nccl"};
+    snprintf(formula, sizeof formula,
+             "[%lld, %d] bf16: all-reduce (%s) + residual add + RMSNorm + fp8 1x128 output in one "
+             "kernel; median of graph replays of %d steps, slowest rank",
+             (long long)rows, HIDDEN, algo_names[taken], reps);
+    snprintf(name, sizeof name, "fused_bf16_%lldtok_latency", (long long)rows);
+    ina_bench_result(name, fused_ms * 1e3, "us", formula);
+    snprintf(name, sizeof name, "fused_fp8_%lldtok_latency", (long long)rows);
+    ina_bench_result(name, fused_fp8_ms * 1e3, "us",
+                     "as fused_bf16 with the FP8 transport (two-shot)");
+    snprintf(name, sizeof name, "unfused_custom_%lldtok_latency", (long long)rows);
+    ina_bench_result(name, unfused_ms * 1e3, "us",
+                     "the same custom all-reduce, then ina_gpu_rmsnorm (residual, y, fp8)");
+    snprintf(name, sizeof name, "fused_bf16_%lldtok_speedup", (long long)rows);
+    ina_bench_result(name, unfused_ms / fused_ms, "x",
+                     "unfused_custom latency / fused_bf16 latency");
+    if (nccl) {
+      snprintf(name, sizeof name, "unfused_nccl_%lldtok_latency", (long long)rows);
+      ina_bench_result(name, nccl_ms * 1e3, "us", "NCCL bf16 all-reduce, then ina_gpu_rmsnorm");
+      snprintf(name, sizeof name, "fused_bf16_%lldtok_vs_nccl", (long long)rows);
+      ina_bench_result(name, nccl_ms / fused_ms, "x", "unfused_nccl latency / fused_bf16 latency");
+    }
+  }
+}
+
+int main(int argc, char **argv) {
+  if (ina_bootstrap_init(&argc, &argv, &g_boot) != INA_OK) return 1;
+  for (int i = 1; i < argc; i++) g_nccl_eager |= strcmp(argv[i], "--nccl-eager") == 0;
+  g_rank = ina_bootstrap_world_rank(g_boot);
+  g_nranks = ina_bootstrap_world_size(g_boot);
+  const int dev = ina_bootstrap_device(g_boot);
+  if (dev < 0 || g_nranks < 2 || ina_bootstrap_local_size(g_boot) > ina_cuda_device_count()) {
+    if (g_rank == 0)
+      printf("bench_custom_ar: skipped (%s)\n",
+             dev < 0 ? "no CUDA device" : g_nranks < 2 ? "needs mpirun with >= 2 ranks"
+                                                       : "fewer GPUs than ranks on this node");
+    ina_bootstrap_finalize(g_boot);
+    return INA_BENCH_SKIP;
+  }
+  if (g_rank == 0) {
+    char name[128];
+    printf("device %s, %d ranks, NCCL timed %s\n", ina_cuda_device_name(dev, name, sizeof name),
+           g_nranks, g_nccl_eager ? "eagerly (--nccl-eager)" : "as graph replays");
+  }
+  ina_comm_t *comm = NULL;
+  const int have_nccl = ina_comm_have_nccl();
+  if (ina_bootstrap_node_comm(g_boot, have_nccl ? INA_COMM_BACKEND_NCCL : INA_COMM_BACKEND_MPI,
+                              &comm) != INA_OK)
+    die("node communicator");
+  ina_custom_ar_config_t cfg = INA_CUSTOM_AR_CONFIG_INIT;
+  cfg.max_bytes = MAX_BYTES;
+  ina_custom_ar_t *ar = NULL;
+  if (ina_custom_ar_create(comm, &cfg, &ar) != INA_OK) die("ina_custom_ar_create");
+  if (g_rank == 0 && !ina_custom_ar_peer_access(ar))
+    printf("bench_custom_ar: no peer access between the GPUs: only NCCL figures\n");
+
+  uint16_t *d_in = NULL, *d_out = NULL;
+  size_t cap = 0;
+  uint16_t *reg = ina_custom_ar_input_buffer(ar, &cap);
+  cuda_or_die(cudaMalloc((void **)&d_in, MAX_BYTES), "cudaMalloc");
+  cuda_or_die(cudaMalloc((void **)&d_out, MAX_BYTES), "cudaMalloc");
+  if (ina_bench_fill_random_bf16(d_in, MAX_BYTES / 2, 0xA11ull + (uint64_t)g_rank, 1.0f) != INA_OK)
+    die("fill");
+  if (reg) cuda_or_die(cudaMemcpy(reg, d_in, MAX_BYTES, cudaMemcpyDeviceToDevice), "copy");
+  ina_comm_t *nccl = have_nccl ? comm : NULL;
+
+  bench_sizes(ar, nccl, d_in, d_out);
+
+  epi_buffers_t b = {0};
+  const size_t max_rows = 4096, elems = max_rows * HIDDEN;
+  b.in = d_in;
+  b.out = d_out;
+  cuda_or_die(cudaMalloc((void **)&b.residual, elems * 2), "cudaMalloc");
+  cuda_or_die(cudaMalloc((void **)&b.tmp, elems * 2), "cudaMalloc");
+  cuda_or_die(cudaMalloc((void **)&b.weight, HIDDEN * 2), "cudaMalloc");
+  cuda_or_die(cudaMalloc((void **)&b.y_fp8, elems), "cudaMalloc");
+  cuda_or_die(cudaMalloc((void **)&b.y_scale, elems / 128 * 4), "cudaMalloc");
+  if (ina_bench_fill_random_bf16(b.residual, elems, 0xBEEull, 1.0f) != INA_OK ||
+      ina_bench_fill_random_bf16(b.weight, HIDDEN, 0x5EEDull, 1.0f) != INA_OK)
+    die("fill");
+  bench_epilogue(ar, nccl, &b);
+
+  if (g_rank == 0) ina_bench_print_json("custom_ar");
+  cudaFree(b.residual);
+  cudaFree(b.tmp);
+  cudaFree(b.weight);
+  cudaFree(b.y_fp8);
+  cudaFree(b.y_scale);
+  cudaFree(d_in);
+  cudaFree(d_out);
+  ina_custom_ar_destroy(ar);
+  ina_comm_destroy(comm);
+  ina_bootstrap_finalize(g_boot);
+  return 0;
+}
