@@ -3,6 +3,16 @@
  * 24576x1536 (q_b_proj), 7168x16384 (o_proj), in bf16 and in block-scaled FP8 (AUTO path,
  * and for M <= 256 also the kernel path forced), bf16 output.
  *
+ * With --small-m: the DeepSeek-V2-Lite decode GEMMs at M = 1 and 8, N x K = 3072x2048
+ * (q_proj), 576x2048 (kv_a_proj_with_mqa), 2048x2048 (o_proj), 2816x2048 (shared experts'
+ * gate+up), 2048x1408 (shared experts' down), 102400x2048 (LM head), bf16 and FP8, each
+ * through cuBLASLt as before the small-M kernel (INA_GEMM_PATH_CUBLASLT: for FP8 that is
+ * cuBLASLt's rows plus the FP8 kernel's, all rows on the FP8 kernel at M < 4), the FP8
+ * kernel alone, AUTO (the small-M kernel with its own plan where the routing rule of
+ * gemm_internal.h picks it), and the small-M kernel with its own plan without PDL and with
+ * other plans (warps x splits), so that the routing and the plan's constants rest on
+ * measurements.
+ *
  * Figures per (variant, M, N, K):
  *   time    median over 7 graph replays of (replay time / GEMMs in the graph); each graph
  *           holds enough GEMMs for about 2 ms (at least 1), after warm-up replays.
@@ -16,8 +26,8 @@
  * 128x128, activations 1x128 by ina_gemm_quantize_x for each M: the scale layout depends
  * on M). The last lines are a table, and one JSON line with every figure.
  *
- * Usage: bench_gemm (exit 0 on success, 77 without a device). gemm/gemm_torch_ref.py
- * prints torch's figures for the same shapes in the same format. */
+ * Usage: bench_gemm [--small-m] (exit 0 on success, 77 without a device).
+ * gemm/gemm_torch_ref.py prints torch's figures for the same shapes in the same format. */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -29,12 +39,15 @@
 #include "core/fp8_quant.h"
 #include "core/log.h"
 #include "gemm/gemm.h"
+#include "gemm/gemm_internal.h"
 
-#define MAX_SETS 16
+#define MAX_SETS 256
+#define LARGE_M_MAX_SETS 16
 #define TIMED_REPLAYS 7
 #define WARMUP_REPLAYS 2
 #define TARGET_GRAPH_MS 2.0
-#define MAX_CALLS_PER_GRAPH 64
+#define MAX_CALLS_PER_GRAPH 256
+#define LARGE_M_MAX_CALLS_PER_GRAPH 64
 #define KERNEL_MAX_BENCH_M 256
 #define MAX_M 4096
 
@@ -46,6 +59,15 @@ static const int64_t g_shapes[][2] = {
 
 typedef enum { V_BF16 = 0, V_FP8, V_FP8_KERNEL, NUM_VARIANTS } variant_t;
 static const char *g_variant_names[NUM_VARIANTS] = {"bf16", "fp8", "fp8_kernel"};
+
+/* How one timed GEMM runs: mode, path, and for the small-M kernel a forced plan. */
+typedef struct how {
+  char name[48];
+  int fp8;
+  ina_gemm_path_t path;
+  int forced; /* ina_gemm_run_small_m with `plan` */
+  ina_gemm_small_m_plan_t plan;
+} how_t;
 
 /* TFLOP/s of every (shape, M, variant), 0 when not measured: the closing table. */
 static double g_tflops[NUM_SHAPES][NUM_MS][NUM_VARIANTS];
@@ -75,16 +97,17 @@ static void *dev_alloc(size_t bytes) {
   return p;
 }
 
-/* The rotating operand sets of one N x K shape, sized for MAX_M rows. */
+/* The rotating operand sets of one N x K shape, sized for max_m rows. */
 typedef struct operands {
-  int64_t n, k;
-  int sets;
+  int64_t n, k, max_m;
+  int sets, max_calls; /* GEMMs per graph at most: at least the sets when they are many */
   uint16_t *w16[MAX_SETS], *x16[MAX_SETS], *y[MAX_SETS];
   uint8_t *w8[MAX_SETS], *x8[MAX_SETS];
   float *w_scale[MAX_SETS], *x_scale[MAX_SETS];
 } operands_t;
 
-static void operands_make(operands_t *o, int64_t n, int64_t k, int64_t l2_bytes) {
+static void operands_make(operands_t *o, int64_t n, int64_t k, int64_t max_m, int max_sets,
+                          int64_t l2_bytes) {
   const int64_t kb = (k + 127) / 128, nb = (n + 127) / 128;
   const int64_t w_scales = ina_gemm_w_scale_count(n, k);
   float *rows = malloc((size_t)(nb * kb) * sizeof *rows);
@@ -92,20 +115,21 @@ static void operands_make(operands_t *o, int64_t n, int64_t k, int64_t l2_bytes)
   float *raw = dev_alloc((size_t)(nb * kb) * sizeof(float));
   if (!rows || !packed) exit(1);
   memset(o, 0, sizeof *o);
-  o->n = n, o->k = k;
+  o->n = n, o->k = k, o->max_m = max_m;
   o->sets = (int)((4 * l2_bytes + n * k - 1) / (n * k)); /* fp8 weights past 4x L2 */
   if (o->sets < 2) o->sets = 2;
-  if (o->sets > MAX_SETS) o->sets = MAX_SETS;
+  if (o->sets > max_sets) o->sets = max_sets;
+  o->max_calls = max_sets > LARGE_M_MAX_SETS ? MAX_CALLS_PER_GRAPH : LARGE_M_MAX_CALLS_PER_GRAPH;
   for (int s = 0; s < o->sets; s++) {
     o->w16[s] = dev_alloc((size_t)(n * k) * 2);
-    o->x16[s] = dev_alloc((size_t)(MAX_M * k) * 2);
-    o->y[s] = dev_alloc((size_t)(MAX_M * n) * 2);
+    o->x16[s] = dev_alloc((size_t)(max_m * k) * 2);
+    o->y[s] = dev_alloc((size_t)(max_m * n) * 2);
     o->w8[s] = dev_alloc((size_t)(n * k));
-    o->x8[s] = dev_alloc((size_t)(MAX_M * k));
+    o->x8[s] = dev_alloc((size_t)(max_m * k));
     o->w_scale[s] = dev_alloc((size_t)w_scales * sizeof(float));
-    o->x_scale[s] = dev_alloc((size_t)(MAX_M * kb) * sizeof(float));
+    o->x_scale[s] = dev_alloc((size_t)(max_m * kb) * sizeof(float));
     INA_OK(ina_bench_fill_random_bf16(o->w16[s], (size_t)(n * k), 1000 + s, 0.05f));
-    INA_OK(ina_bench_fill_random_bf16(o->x16[s], (size_t)(MAX_M * k), 2000 + s, 2.0f));
+    INA_OK(ina_bench_fill_random_bf16(o->x16[s], (size_t)(max_m * k), 2000 + s, 2.0f));
     INA_OK(ina_cuda_fp8_quantize_blocks(o->w16[s], n, k, 128, 128, o->w8[s], raw, NULL));
     CUDA_OK(cudaMemcpy(rows, raw, (size_t)(nb * kb) * sizeof(float), cudaMemcpyDeviceToHost));
     INA_OK(ina_gemm_pack_w_scales(rows, n, k, packed));
@@ -130,14 +154,23 @@ static void operands_free(operands_t *o) {
   }
 }
 
-static ina_gemm_args_t args_for(const operands_t *o, variant_t v, int64_t m, int set,
+static how_t how_of_variant(variant_t v) {
+  how_t how;
+  memset(&how, 0, sizeof how);
+  snprintf(how.name, sizeof how.name, "%s", g_variant_names[v]);
+  how.fp8 = v != V_BF16;
+  how.path = v == V_FP8_KERNEL ? INA_GEMM_PATH_KERNEL : INA_GEMM_PATH_AUTO;
+  return how;
+}
+
+static ina_gemm_args_t args_for(const operands_t *o, const how_t *how, int64_t m, int set,
                                 cudaStream_t stream) {
   ina_gemm_args_t a = INA_GEMM_ARGS_INIT;
-  a.mode = v == V_BF16 ? INA_GEMM_BF16 : INA_GEMM_FP8_BLOCK;
-  a.path = v == V_FP8_KERNEL ? INA_GEMM_PATH_KERNEL : INA_GEMM_PATH_AUTO;
+  a.mode = how->fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16;
+  a.path = how->path;
   a.m = m, a.n = o->n, a.k = o->k;
-  a.x = v == V_BF16 ? (const void *)o->x16[set] : (const void *)o->x8[set];
-  a.w = v == V_BF16 ? (const void *)o->w16[set] : (const void *)o->w8[set];
+  a.x = how->fp8 ? (const void *)o->x8[set] : (const void *)o->x16[set];
+  a.w = how->fp8 ? (const void *)o->w8[set] : (const void *)o->w16[set];
   a.x_scale = o->x_scale[set];
   a.w_scale = o->w_scale[set];
   a.out_dtype = INA_DTYPE_BF16;
@@ -151,8 +184,17 @@ static int compare_doubles(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Median milliseconds per GEMM of `v` at M rows, from graph replays. */
-static double time_gemm(const ina_gemm_t *h, const operands_t *o, variant_t v, int64_t m,
+static void run_how(const ina_gemm_t *h, const operands_t *o, const how_t *how, int64_t m,
+                    int set, cudaStream_t stream) {
+  const ina_gemm_args_t a = args_for(o, how, m, set, stream);
+  if (how->forced)
+    INA_OK(ina_gemm_run_small_m(h, &a, &how->plan));
+  else
+    INA_OK(ina_gemm_run(h, &a));
+}
+
+/* Median milliseconds per GEMM run as `how` says at M rows, from graph replays. */
+static double time_gemm(const ina_gemm_t *h, const operands_t *o, const how_t *how, int64_t m,
                         cudaStream_t stream) {
   cudaEvent_t e0, e1;
   cudaGraph_t graph = NULL;
@@ -162,22 +204,18 @@ static double time_gemm(const ina_gemm_t *h, const operands_t *o, variant_t v, i
   CUDA_OK(cudaEventCreate(&e0));
   CUDA_OK(cudaEventCreate(&e1));
   /* Warm-up and a first estimate from one eager call. */
-  ina_gemm_args_t a = args_for(o, v, m, 0, stream);
-  INA_OK(ina_gemm_run(h, &a));
+  run_how(h, o, how, m, 0, stream);
   CUDA_OK(cudaEventRecord(e0, stream));
-  INA_OK(ina_gemm_run(h, &a));
+  run_how(h, o, how, m, 0, stream);
   CUDA_OK(cudaEventRecord(e1, stream));
   CUDA_OK(cudaEventSynchronize(e1));
   CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-  int calls = ms > 0.0f ? (int)(TARGET_GRAPH_MS / ms) : MAX_CALLS_PER_GRAPH;
+  int calls = ms > 0.0f ? (int)(TARGET_GRAPH_MS / ms) : o->max_calls;
   if (calls < 1) calls = 1;
-  if (calls > MAX_CALLS_PER_GRAPH) calls = MAX_CALLS_PER_GRAPH;
+  if (calls > o->max_calls) calls = o->max_calls;
 
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; i++) {
-    a = args_for(o, v, m, i % o->sets, stream);
-    INA_OK(ina_gemm_run(h, &a));
-  }
+  for (int i = 0; i < calls; i++) run_how(h, o, how, m, i % o->sets, stream);
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int r = 0; r < WARMUP_REPLAYS; r++) CUDA_OK(cudaGraphLaunch(exec, stream));
@@ -197,13 +235,15 @@ static double time_gemm(const ina_gemm_t *h, const operands_t *o, variant_t v, i
   return samples[TIMED_REPLAYS / 2];
 }
 
-static void report(const operands_t *o, variant_t v, int64_t m, double ms, double ceiling_tbs) {
+/* Reports the figures of one timing; returns the TB/s. */
+static double report(const operands_t *o, const how_t *how, int64_t m, double ms,
+                     double ceiling_tbs) {
   char name[128], formula[256];
-  const char *vn = g_variant_names[v];
+  const char *vn = how->name;
   const double seconds = ms * 1e-3, n = (double)o->n, k = (double)o->k;
-  const double in_bytes = v == V_BF16 ? 2.0 : 1.0;
+  const double in_bytes = how->fp8 ? 1.0 : 2.0;
   const double scale_bytes =
-      v == V_BF16
+      !how->fp8
           ? 0.0
           : 4.0 * (double)(ina_gemm_w_scale_count(o->n, o->k) + ina_gemm_x_scale_count(m, o->k));
   const double bytes = in_bytes * (n * k + (double)m * k) + 2.0 * m * n + scale_bytes;
@@ -217,19 +257,146 @@ static void report(const operands_t *o, variant_t v, int64_t m, double ms, doubl
   snprintf(name, sizeof name, "gemm_%s_m%lld_n%lld_k%lld_tflops", vn, (long long)m, (long long)o->n,
            (long long)o->k);
   ina_bench_result(name, tflops, "TFLOP/s", "2*M*N*K / time");
+  const double tbs = bytes / seconds * 1e-12;
   if (m <= 256) {
-    const double tbs = bytes / seconds * 1e-12;
     snprintf(name, sizeof name, "gemm_%s_m%lld_n%lld_k%lld_tbs", vn, (long long)m, (long long)o->n,
              (long long)o->k);
     snprintf(formula, sizeof formula,
              "(W %s + x + bf16 y%s) = %.0f bytes / time; %.3f of the read ceiling %.3f TB/s",
-             v == V_BF16 ? "bf16" : "fp8", v == V_BF16 ? "" : " + fp32 scales", bytes,
+             how->fp8 ? "fp8" : "bf16", how->fp8 ? " + fp32 scales" : "", bytes,
              tbs / ceiling_tbs, ceiling_tbs);
     ina_bench_result(name, tbs, "TB/s", formula);
   }
+  return tbs;
 }
 
-int main(void) {
+/* ---- --small-m ------------------------------------------------------------------------------ */
+
+static const int64_t g_lite_shapes[][2] = {{3072, 2048}, {576, 2048},  {2048, 2048},
+                                           {2816, 2048}, {2048, 1408}, {102400, 2048}};
+#define NUM_LITE_SHAPES ((int)(sizeof g_lite_shapes / sizeof g_lite_shapes[0]))
+static const int64_t g_lite_ms[] = {1, 8};
+#define NUM_LITE_MS ((int)(sizeof g_lite_ms / sizeof g_lite_ms[0]))
+/* Forced small-M plans: warps, splits, PDL. */
+static const int32_t g_sweep[][3] = {{4, 1, 1}, {8, 1, 1}, {16, 1, 1}, {8, 2, 1}, {16, 2, 1},
+                                     {4, 4, 1}};
+#define NUM_SWEEP ((int)(sizeof g_sweep / sizeof g_sweep[0]))
+
+/* The ways one (mode, shape) runs; returns how many. */
+static int small_m_hows(const ina_gemm_t *h, int fp8, const operands_t *o, int sm_count,
+                        how_t *hows) {
+  int count = 0;
+  const int64_t k_bytes = o->k * (fp8 ? 1 : 2);
+  how_t *w = &hows[count++];
+  memset(w, 0, sizeof *w);
+  w->fp8 = fp8, w->path = INA_GEMM_PATH_CUBLASLT;
+  snprintf(w->name, sizeof w->name, "%s_cublaslt", fp8 ? "fp8" : "bf16");
+  if (fp8) {
+    w = &hows[count++];
+    memset(w, 0, sizeof *w);
+    w->fp8 = 1, w->path = INA_GEMM_PATH_KERNEL;
+    snprintf(w->name, sizeof w->name, "fp8_kernel");
+  }
+  w = &hows[count++];
+  memset(w, 0, sizeof *w);
+  w->fp8 = fp8, w->path = INA_GEMM_PATH_AUTO;
+  snprintf(w->name, sizeof w->name, "%s_auto", fp8 ? "fp8" : "bf16");
+  /* AUTO's own plan without PDL, then the sweep. */
+  ina_gemm_args_t probe = INA_GEMM_ARGS_INIT;
+  ina_gemm_path_info_t info;
+  probe.mode = fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16, probe.m = 1, probe.n = o->n;
+  probe.k = o->k;
+  INA_OK(ina_gemm_query_path(h, &probe, &info));
+  w = &hows[count++];
+  memset(w, 0, sizeof *w);
+  w->fp8 = fp8, w->forced = 1;
+  /* The handle's defaults: 8 MiB of partial sums, 1024 counters. */
+  INA_OK(ina_gemm_small_m_plan(o->n, k_bytes, sm_count, (size_t)8 << 20, 1024, &w->plan));
+  w->plan.pdl = 0;
+  snprintf(w->name, sizeof w->name, "%s_sm_w%d_s%d_nopdl", fp8 ? "fp8" : "bf16", w->plan.warps,
+           w->plan.splits);
+  for (int i = 0; i < NUM_SWEEP; i++) {
+    w = &hows[count];
+    memset(w, 0, sizeof *w);
+    w->fp8 = fp8, w->forced = 1;
+    ina_log_set_quiet_errors(1);
+    const ina_status_t st =
+        ina_gemm_small_m_plan_fixed(o->n, k_bytes, g_sweep[i][0], g_sweep[i][1], g_sweep[i][2],
+                                    (size_t)8 << 20, 1024, &w->plan);
+    ina_log_set_quiet_errors(0);
+    if (st != INA_OK) continue; /* a split this shape's workspace cannot hold */
+    snprintf(w->name, sizeof w->name, "%s_sm_w%d_s%d%s", fp8 ? "fp8" : "bf16", w->plan.warps,
+             w->plan.splits, w->plan.pdl ? "" : "_nopdl");
+    count++;
+  }
+  printf("path %s n %lld k %lld: %s\n", fp8 ? "fp8" : "bf16", (long long)o->n, (long long)o->k,
+         info.description);
+  return count;
+}
+
+static int bench_small_m(ina_gemm_t *h, cudaStream_t stream, double ceiling, int l2,
+                         int sm_count) {
+  printf("\n%-7s %-12s %-4s %-26s %10s %8s %8s\n", "M", "N x K", "mode", "variant", "time us",
+         "TB/s", "/ceiling");
+  static char table[NUM_LITE_SHAPES * NUM_LITE_MS * 2 * (NUM_SWEEP + 4)][192];
+  int rows = 0;
+  for (int s = 0; s < NUM_LITE_SHAPES; s++) {
+    operands_t o;
+    operands_make(&o, g_lite_shapes[s][0], g_lite_shapes[s][1], INA_GEMM_SMALL_M_MAX_ROWS,
+                  MAX_SETS, l2);
+    INA_OK(ina_gemm_prepare(h, INA_GEMM_BF16, INA_DTYPE_BF16, o.n, o.k));
+    INA_OK(ina_gemm_prepare(h, INA_GEMM_FP8_BLOCK, INA_DTYPE_BF16, o.n, o.k));
+    for (int i = 0; i < NUM_LITE_MS; i++) {
+      const int64_t m = g_lite_ms[i];
+      for (int set = 0; set < o.sets; set++)
+        INA_OK(ina_gemm_quantize_x(o.x16[set], 0, m, o.k, o.x8[set], 0, o.x_scale[set], stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      for (int fp8 = 0; fp8 < 2; fp8++) {
+        how_t hows[NUM_SWEEP + 4];
+        const int count = small_m_hows(h, fp8, &o, sm_count, hows);
+        for (int v = 0; v < count; v++) {
+          if (hows[v].path == INA_GEMM_PATH_CUBLASLT && fp8) {
+            /* cuBLASLt may have no algorithm for this shape (AUTO then took the FP8 kernel,
+             * measured as fp8_kernel). */
+            const ina_gemm_args_t trial = args_for(&o, &hows[v], m, 0, stream);
+            ina_log_set_quiet_errors(1);
+            const ina_status_t st = ina_gemm_run(h, &trial);
+            ina_log_set_quiet_errors(0);
+            CUDA_OK(cudaStreamSynchronize(stream));
+            if (st != INA_OK) {
+              printf("note: %s m %lld n %lld k %lld: %s, skipped\n", hows[v].name, (long long)m,
+                     (long long)o.n, (long long)o.k, ina_status_string(st));
+              continue;
+            }
+          }
+          const double ms = time_gemm(h, &o, &hows[v], m, stream);
+          const double tbs = report(&o, &hows[v], m, ms, ceiling);
+          snprintf(table[rows++], sizeof table[0],
+                   "%-7lld %5lldx%-6lld %-4s %-26.40s %10.2f %8.3f %8.3f", (long long)m,
+                   (long long)o.n, (long long)o.k, fp8 ? "fp8" : "bf16", hows[v].name, ms * 1e3,
+                   tbs, tbs / ceiling);
+        }
+      }
+    }
+    operands_free(&o);
+  }
+  printf("\n%-7s %-12s %-4s %-26s %10s %8s %8s   (read ceiling %.3f TB/s)\n", "M", "N x K",
+         "mode", "variant", "time us", "TB/s", "/ceiling", ceiling);
+  for (int r = 0; r < rows; r++) printf("%s\n", table[r]);
+  ina_bench_print_json("gemm_small_m");
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int small_m = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--small-m") == 0) {
+      small_m = 1;
+    } else {
+      fprintf(stderr, "usage: bench_gemm [--small-m]\n");
+      return 2;
+    }
+  }
   if (ina_bench_no_device("bench_gemm")) return INA_BENCH_SKIP;
   const double ceiling = ina_bench_read_ceiling_tbs();
   if (ceiling <= 0.0) {
@@ -238,9 +405,10 @@ int main(void) {
   }
   ina_bench_result("read_ceiling", ceiling, "TB/s",
                    "read-only reduction over rotating 1 GiB slices (bench_read_ceiling), same run");
-  int device = 0, l2 = 0;
+  int device = 0, l2 = 0, sm_count = 0;
   CUDA_OK(cudaGetDevice(&device));
   CUDA_OK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  CUDA_OK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   printf("cuBLASLt version %zu, L2 %d MiB\n", cublasLtGetVersion(), l2 >> 20);
 
   ina_gemm_t *h = NULL;
@@ -249,10 +417,16 @@ int main(void) {
   INA_OK(ina_gemm_create(&config, &h));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (small_m) {
+    const int rc = bench_small_m(h, stream, ceiling, l2, sm_count);
+    CUDA_OK(cudaStreamDestroy(stream));
+    ina_gemm_destroy(h);
+    return rc;
+  }
 
   for (int s = 0; s < NUM_SHAPES; s++) {
     operands_t o;
-    operands_make(&o, g_shapes[s][0], g_shapes[s][1], l2);
+    operands_make(&o, g_shapes[s][0], g_shapes[s][1], MAX_M, LARGE_M_MAX_SETS, l2);
     INA_OK(ina_gemm_prepare(h, INA_GEMM_BF16, INA_DTYPE_BF16, o.n, o.k));
     INA_OK(ina_gemm_prepare(h, INA_GEMM_FP8_BLOCK, INA_DTYPE_BF16, o.n, o.k));
     for (int i = 0; i < NUM_MS; i++) {
@@ -260,15 +434,17 @@ int main(void) {
       for (int set = 0; set < o.sets; set++)
         INA_OK(ina_gemm_quantize_x(o.x16[set], 0, m, o.k, o.x8[set], 0, o.x_scale[set], stream));
       CUDA_OK(cudaStreamSynchronize(stream));
-      ina_gemm_args_t probe = args_for(&o, V_FP8, m, 0, stream);
+      const how_t fp8_auto = how_of_variant(V_FP8);
+      ina_gemm_args_t probe = args_for(&o, &fp8_auto, m, 0, stream);
       ina_gemm_path_info_t info;
       INA_OK(ina_gemm_query_path(h, &probe, &info));
       printf("path fp8 m %lld n %lld k %lld: %s\n", (long long)m, (long long)o.n, (long long)o.k,
              info.description);
       for (int v = 0; v < NUM_VARIANTS; v++) {
         if (v == V_FP8_KERNEL && m > KERNEL_MAX_BENCH_M) continue;
-        const double ms = time_gemm(h, &o, (variant_t)v, m, stream);
-        report(&o, (variant_t)v, m, ms, ceiling);
+        const how_t how = how_of_variant((variant_t)v);
+        const double ms = time_gemm(h, &o, &how, m, stream);
+        report(&o, &how, m, ms, ceiling);
         g_tflops[s][i][v] = 2.0 * m * (double)o.n * (double)o.k / (ms * 1e-3) * 1e-12;
       }
     }

@@ -1,21 +1,30 @@
 /* Throughput of the grouped expert GEMM (gemm/gemm_grouped.h) on DeepSeek-V2-Lite's routed
  * experts: 64 experts, top-6 routing, expert weights n x k = 1408 x 2048 (gate or up),
  * 2816 x 2048 (gate and up fused) and 2048 x 1408 (down), bf16 and block-scaled FP8, at
- * 8 and 64 tokens (decode: 48 and 384 rows) and 1024 tokens (prefill: 6144 rows).
+ * 1, 8 and 64 tokens (decode: max_rows 6, 48 and 384) and 1024 tokens (prefill: 6144).
+ * Decode runs with the launch used before narrower tiles existed ("tile16x128_before": 16
+ * rows by 128 weight rows, (max_rows + 15 groups) / 16 M-tile slots without the bound by
+ * max_rows, slots fastest in the grid), with every decode tile (16 by 128, 64 or 32,
+ * weight tiles fastest) and with the tile ina_gemm_grouped_run picks ("auto"); prefill
+ * with the picked tile.
  *
  * Routing: each token picks 6 distinct experts uniformly at random (fixed seed); the rows
- * come sorted by expert, offsets on the device.
- * Figures per (mode, tokens, n, k):
- *   time     median over 7 batches of 20 back-to-back runs (after 3 warm-up batches) of
- *            batch time / 20, CUDA events (bench/bench_util.h).
+ * come sorted by expert, offsets on the device. Each case rotates over 8 routings (8
+ * offsets buffers), so that one run's experts are rarely the previous run's: at one token
+ * (6 experts, 17-35 MB) the experts of a fixed routing would stay in the 50 MB L2. At one
+ * token the 8 routings draw their experts from a shuffled deck, so consecutive runs share
+ * none.
+ * Figures per (mode, tokens, n, k, tile):
+ *   time     median over 7 replays of a CUDA graph of 40 runs (after 2 warm-up replays) of
+ *            replay time / 40: the launch gaps of a captured decode step, not the host's
+ *            launch rate.
  *   TB/s     (W bytes of the experts that received rows + x bytes + y bytes [+ fp32
- *            scales]) / time: the bytes the GEMM must move at least; with its ratio to the
- *            read ceiling measured in the same run.
+ *            scales]) / time, averaged over the routings: the bytes the GEMM must move at
+ *            least; with its ratio to the read ceiling measured in the same run.
  *   TFLOP/s  2 rows n k / time.
- * Every expert's weights together (FP8 at least 184 MB) exceed the 50 MB L2 several times
- * over, so back-to-back runs do not find them in L2. Inputs are random, never zeros: bf16
- * from ina_bench_fill_random_bf16, FP8 quantized from it on the GPU (weights 128 x 128,
- * their scales packed by ina_gemm_pack_w_scales; activations 1 x 128, row-major).
+ * Inputs are random, never zeros: bf16 from ina_bench_fill_random_bf16, FP8 quantized from
+ * it on the GPU (weights 128 x 128, their scales packed by ina_gemm_pack_w_scales;
+ * activations 1 x 128, row-major). The last lines are a table of every figure.
  *
  * Usage: bench_gemm_grouped (exit 0 on success, 77 without a device). */
 #include <cuda_runtime.h>
@@ -29,11 +38,17 @@
 #include "core/log.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_grouped.h"
+#include "gemm/gemm_internal.h"
 
 #define EXPERTS 64
 #define TOP_K 6
 #define MAX_TOKENS 1024
 #define MAX_ROWS (MAX_TOKENS * TOP_K)
+#define ROUTINGS 8
+#define RUNS_PER_GRAPH 40
+#define WARMUP_REPLAYS 2
+#define TIMED_REPLAYS 7
+#define DECODE_MAX_TOKENS 64
 
 #define CUDA_OK(call)                                                                   \
   do {                                                                                  \
@@ -69,17 +84,34 @@ static uint64_t next_random(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-/* Top-6 of 64 experts per token, uniformly: offsets[e] = rows of experts below e. Returns
- * how many experts received rows. */
+static uint64_t g_state = 42;
+
+/* The next expert of a shuffled deck of all experts, reshuffled when fewer than `need`
+ * remain: consecutive draws are distinct until the deck runs out. */
+static int deck_draw(int need) {
+  static int deck[EXPERTS], left = 0;
+  if (left < need) {
+    for (int e = 0; e < EXPERTS; e++) deck[e] = e;
+    for (int e = EXPERTS - 1; e > 0; e--) {
+      const int o = (int)(next_random(&g_state) % (uint64_t)(e + 1)), t = deck[e];
+      deck[e] = deck[o], deck[o] = t;
+    }
+    left = EXPERTS;
+  }
+  return deck[--left];
+}
+
+/* Top-6 of 64 experts per token, uniformly (one token: from the deck, so consecutive
+ * routings share no expert): offsets[e] = rows of experts below e. Returns how many
+ * experts received rows. */
 static int route(int64_t tokens, int32_t *offsets) {
-  static uint64_t state = 42;
   int64_t count[EXPERTS] = {0};
   for (int64_t t = 0; t < tokens; t++) {
     int chosen[TOP_K];
     for (int i = 0; i < TOP_K; i++) {
       int e, dup;
       do {
-        e = (int)(next_random(&state) % EXPERTS), dup = 0;
+        e = tokens == 1 ? deck_draw(TOP_K - i) : (int)(next_random(&g_state) % EXPERTS), dup = 0;
         for (int j = 0; j < i; j++) dup |= chosen[j] == e;
       } while (dup);
       chosen[i] = e;
@@ -103,7 +135,7 @@ typedef struct experts {
   float *w_scale_all, *x_scale;
   const void **d_w16, **d_w8; /* device arrays of device pointers */
   const float **d_w_scale;
-  int32_t *d_offsets;
+  int32_t *d_offsets[ROUTINGS];
 } experts_t;
 
 static void experts_make(experts_t *e, int64_t n, int64_t k) {
@@ -125,7 +157,7 @@ static void experts_make(experts_t *e, int64_t n, int64_t k) {
   e->d_w16 = dev_alloc(sizeof w16);
   e->d_w8 = dev_alloc(sizeof w8);
   e->d_w_scale = dev_alloc(sizeof w_scale);
-  e->d_offsets = dev_alloc((EXPERTS + 1) * sizeof(int32_t));
+  for (int r = 0; r < ROUTINGS; r++) e->d_offsets[r] = dev_alloc((EXPERTS + 1) * sizeof(int32_t));
   INA_OK(ina_bench_fill_random_bf16(e->w16_all, (size_t)(EXPERTS * n * k), 7, 0.05f));
   INA_OK(ina_bench_fill_random_bf16(e->x16, (size_t)(MAX_ROWS * k), 8, 2.0f));
   INA_OK(ina_cuda_fp8_quantize_blocks(e->x16, MAX_ROWS, k, 1, 128, e->x8, e->x_scale, NULL));
@@ -148,71 +180,152 @@ static void experts_make(experts_t *e, int64_t n, int64_t k) {
 }
 
 static void experts_free(experts_t *e) {
-  void *ptrs[] = {e->w16_all, e->x16,    e->y,     e->w8_all,    e->x8,       e->w_scale_all,
-                  e->x_scale, e->d_w16, e->d_w8, e->d_w_scale, e->d_offsets};
+  void *ptrs[] = {e->w16_all, e->x16,    e->y,     e->w8_all,    e->x8,
+                  e->w_scale_all, e->x_scale, e->d_w16, e->d_w8, e->d_w_scale};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) CUDA_OK(cudaFree(ptrs[i]));
+  for (int r = 0; r < ROUTINGS; r++) CUDA_OK(cudaFree(e->d_offsets[r]));
 }
 
-static ina_status_t enqueue(void *ctx, int64_t iteration, void *stream) {
-  ina_gemm_grouped_args_t a = *(const ina_gemm_grouped_args_t *)ctx;
-  (void)iteration;
-  a.stream = stream;
-  return ina_gemm_grouped_run(&a);
+static int compare_doubles(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
 }
 
-static void bench_one(const experts_t *e, int fp8, int64_t tokens, double ceiling_tbs) {
+/* Median milliseconds per run of `a` with `tiles` (NULL: ina_gemm_grouped_run's own), the
+ * runs rotating over the routings, from graph replays. */
+static double time_runs(const experts_t *e, const ina_gemm_grouped_args_t *a,
+                        const ina_gemm_grouped_tiles_t *tiles, cudaStream_t stream) {
+  cudaEvent_t e0, e1;
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  double samples[TIMED_REPLAYS];
+  float ms = 0.0f;
+  CUDA_OK(cudaEventCreate(&e0));
+  CUDA_OK(cudaEventCreate(&e1));
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < RUNS_PER_GRAPH; i++) {
+    ina_gemm_grouped_args_t run = *a;
+    run.offsets = e->d_offsets[i % ROUTINGS];
+    run.stream = stream;
+    INA_OK(tiles ? ina_gemm_grouped_run_tiles(&run, tiles) : ina_gemm_grouped_run(&run));
+  }
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < WARMUP_REPLAYS; r++) CUDA_OK(cudaGraphLaunch(exec, stream));
+  for (int r = 0; r < TIMED_REPLAYS; r++) {
+    CUDA_OK(cudaEventRecord(e0, stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaEventRecord(e1, stream));
+    CUDA_OK(cudaEventSynchronize(e1));
+    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+    samples[r] = (double)ms / RUNS_PER_GRAPH;
+  }
+  qsort(samples, TIMED_REPLAYS, sizeof samples[0], compare_doubles);
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaEventDestroy(e0));
+  CUDA_OK(cudaEventDestroy(e1));
+  return samples[TIMED_REPLAYS / 2];
+}
+
+static char g_table[256][160];
+static int g_table_rows = 0;
+
+static void bench_one(const experts_t *e, int fp8, int64_t tokens, double ceiling_tbs,
+                      int sm_count, cudaStream_t stream) {
   int32_t offsets[EXPERTS + 1];
-  const int active = route(tokens, offsets);
-  const int64_t rows = offsets[EXPERTS], n = e->n, k = e->k, kb = (k + 127) / 128;
-  CUDA_OK(cudaMemcpy(e->d_offsets, offsets, sizeof offsets, cudaMemcpyHostToDevice));
+  double active = 0;
+  for (int r = 0; r < ROUTINGS; r++) {
+    active += route(tokens, offsets) / (double)ROUTINGS;
+    CUDA_OK(cudaMemcpy(e->d_offsets[r], offsets, sizeof offsets, cudaMemcpyHostToDevice));
+  }
+  const int64_t rows = tokens * TOP_K, n = e->n, k = e->k, kb = (k + 127) / 128;
   ina_gemm_grouped_args_t a = INA_GEMM_GROUPED_ARGS_INIT;
   a.mode = fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16;
   a.num_groups = EXPERTS, a.max_rows = rows, a.n = n, a.k = k;
-  a.offsets = e->d_offsets;
   a.x = fp8 ? (const void *)e->x8 : (const void *)e->x16;
   a.x_scale = e->x_scale;
   a.w = fp8 ? e->d_w8 : e->d_w16;
   a.w_scale = e->d_w_scale;
   a.y = e->y;
-  const ina_bench_timing_t timing = {3, 7, 20};
-  double ms = 0;
-  INA_OK(ina_bench_time_ms(enqueue, &a, &timing, &ms));
   const double esize = fp8 ? 1 : 2;
   double bytes = active * (double)(n * k) * esize + rows * (double)k * esize + rows * (double)n * 2;
-  if (fp8)
-    bytes += 4.0 * (active * (double)ina_gemm_w_scale_count(n, k) + rows * (double)kb);
-  const double tbs = bytes / (ms * 1e-3) / 1e12, tflops = 2.0 * rows * n * k / (ms * 1e-3) / 1e12;
-  char name[128], formula[256];
-  snprintf(name, sizeof name, "grouped_%s_t%lld_n%lld_k%lld", fp8 ? "fp8" : "bf16",
-           (long long)tokens, (long long)n, (long long)k);
-  snprintf(formula, sizeof formula,
-           "%lld rows over %d experts; median of batch time / 20 runs", (long long)rows, active);
-  ina_bench_result(name, ms * 1e3, "us", formula);
-  snprintf(formula, sizeof formula,
-           "(W of %d experts + x + y%s) / time = %.1f MB / time; %.2f of the read ceiling",
-           active, fp8 ? " + scales" : "", bytes / 1e6, ceiling_tbs > 0 ? tbs / ceiling_tbs : 0);
-  snprintf(name, sizeof name, "grouped_%s_t%lld_n%lld_k%lld_bw", fp8 ? "fp8" : "bf16",
-           (long long)tokens, (long long)n, (long long)k);
-  ina_bench_result(name, tbs, "TB/s", formula);
-  snprintf(name, sizeof name, "grouped_%s_t%lld_n%lld_k%lld_flops", fp8 ? "fp8" : "bf16",
-           (long long)tokens, (long long)n, (long long)k);
-  ina_bench_result(name, tflops, "TFLOP/s", "2 rows n k / time");
+  if (fp8) bytes += 4.0 * (active * (double)ina_gemm_w_scale_count(n, k) + rows * (double)kb);
+
+  /* The launches: the one before narrower tiles existed, every decode tile with weight
+   * tiles fastest, then the picked one ("auto"). */
+  ina_gemm_grouped_tiles_t picked, tiles[5];
+  int num_tiles = 0;
+  INA_OK(ina_gemm_grouped_tiles(rows, EXPERTS, n, sm_count, &picked));
+  if (tokens <= DECODE_MAX_TOKENS && picked.tile_m == 16) {
+    INA_OK(ina_gemm_grouped_tiles_fixed(rows, EXPERTS, n, 16, 128, &tiles[num_tiles]));
+    tiles[num_tiles].m_slots = (rows + EXPERTS * 15) / 16;
+    tiles[num_tiles++].n_fastest = 0;
+    for (int32_t tn = 128; tn >= 32; tn /= 2)
+      INA_OK(ina_gemm_grouped_tiles_fixed(rows, EXPERTS, n, 16, tn, &tiles[num_tiles++]));
+  }
+  for (int v = 0; v <= num_tiles; v++) {
+    const int is_auto = v == num_tiles;
+    const ina_gemm_grouped_tiles_t *t = is_auto ? &picked : &tiles[v];
+    const double ms = time_runs(e, &a, is_auto ? NULL : t, stream);
+    const double tbs = bytes / (ms * 1e-3) / 1e12, tflops = 2.0 * rows * n * k / (ms * 1e-3) / 1e12;
+    char name[128], formula[256], tile[32];
+    if (is_auto)
+      snprintf(tile, sizeof tile, "auto");
+    else
+      snprintf(tile, sizeof tile, "tile%dx%d%s", t->tile_m, t->tile_n,
+               t->n_fastest ? "" : "_before");
+    snprintf(name, sizeof name, "grouped_%s_t%lld_n%lld_k%lld_%s", fp8 ? "fp8" : "bf16",
+             (long long)tokens, (long long)n, (long long)k, tile);
+    snprintf(formula, sizeof formula,
+             "%lld rows over %.1f experts (mean of %d routings), tile %d x %d, %s fastest; median "
+             "of graph replay time / %d runs",
+             (long long)rows, active, ROUTINGS, t->tile_m, t->tile_n,
+             t->n_fastest ? "weight tiles" : "slots", RUNS_PER_GRAPH);
+    ina_bench_result(name, ms * 1e3, "us", formula);
+    snprintf(formula, sizeof formula,
+             "(W of %.1f experts + x + y%s) / time = %.1f MB / time; %.3f of the read ceiling",
+             active, fp8 ? " + scales" : "", bytes / 1e6, ceiling_tbs > 0 ? tbs / ceiling_tbs : 0);
+    snprintf(name, sizeof name, "grouped_%s_t%lld_n%lld_k%lld_%s_bw", fp8 ? "fp8" : "bf16",
+             (long long)tokens, (long long)n, (long long)k, tile);
+    ina_bench_result(name, tbs, "TB/s", formula);
+    snprintf(name, sizeof name, "grouped_%s_t%lld_n%lld_k%lld_%s_flops", fp8 ? "fp8" : "bf16",
+             (long long)tokens, (long long)n, (long long)k, tile);
+    ina_bench_result(name, tflops, "TFLOP/s", "2 rows n k / time");
+    if (g_table_rows < (int)(sizeof g_table / sizeof g_table[0]))
+      snprintf(g_table[g_table_rows++], sizeof g_table[0],
+               "%-4s %6lld %5lldx%-5lld %-4s %2dx%-3d %-5s %10.2f %8.3f %8.3f %8.1f",
+               fp8 ? "fp8" : "bf16", (long long)tokens, (long long)n, (long long)k,
+               is_auto ? "auto" : "", t->tile_m, t->tile_n, t->n_fastest ? "n" : "slots", ms * 1e3,
+               tbs,
+               ceiling_tbs > 0 ? tbs / ceiling_tbs : 0, tflops);
+  }
 }
 
 int main(void) {
   if (ina_bench_no_device("bench_gemm_grouped")) return INA_BENCH_SKIP;
   const double ceiling = ina_bench_read_ceiling_tbs();
   ina_bench_result("read_ceiling", ceiling, "TB/s", "read-only reduction (bench/bench_util.h)");
+  int device = 0, sm_count = 0;
+  cudaStream_t stream;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   static const int64_t shapes[][2] = {{1408, 2048}, {2816, 2048}, {2048, 1408}};
-  static const int64_t tokens[] = {8, 64, MAX_TOKENS};
+  static const int64_t tokens[] = {1, 8, DECODE_MAX_TOKENS, MAX_TOKENS};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     experts_t e;
     experts_make(&e, shapes[s][0], shapes[s][1]);
     for (int fp8 = 1; fp8 >= 0; fp8--)
       for (size_t t = 0; t < sizeof tokens / sizeof tokens[0]; t++)
-        bench_one(&e, fp8, tokens[t], ceiling);
+        bench_one(&e, fp8, tokens[t], ceiling, sm_count, stream);
     experts_free(&e);
   }
+  printf("\n%-4s %6s %-11s %-4s %-6s %-5s %10s %8s %8s %8s   (read ceiling %.3f TB/s)\n",
+         "mode", "tokens", "n x k", "", "tile", "order", "time us", "TB/s", "/ceiling", "TFLOP/s",
+         ceiling);
+  for (int r = 0; r < g_table_rows; r++) printf("%s\n", g_table[r]);
   ina_bench_print_json("bench_gemm_grouped");
+  CUDA_OK(cudaStreamDestroy(stream));
   return 0;
 }

@@ -1,5 +1,14 @@
 /* The GEMM handle of gemm/gemm.h: cuBLASLt calls, the algorithm cache, and the split of
- * an FP8 GEMM's rows between cuBLASLt and ina's kernel.
+ * a GEMM's rows between cuBLASLt and ina's kernels.
+ *
+ * Routing of the AUTO path: a GEMM of at most INA_GEMM_SMALL_M_MAX_ROWS rows whose
+ * operands suit the small-M kernel (gemm_small_m.cu; bf16 and FP8; 16-byte aligned x and
+ * W, K in whole 16-byte pieces) runs there entirely when ina_gemm_small_m_wins says so
+ * (weights up to 16 MiB, and FP8 with M % 4 != 0 beyond: the measured rule in
+ * gemm_internal.h): at decode sizes cuBLASLt and the FP8 kernel leave most SMs idle.
+ * Anything else takes cuBLASLt (bf16), or cuBLASLt for the first M & ~3 rows and the FP8
+ * kernel for the rest.
+ * INA_GEMM_PATH_CUBLASLT and INA_GEMM_PATH_KERNEL keep their paths (no small-M kernel).
  *
  * Every call builds its matmul descriptor, matrix layouts and (when needed) heuristic
  * preference on the stack (the cublasLt*Init functions, no heap), so a run allocates
@@ -404,6 +413,66 @@ fail:
   return st;
 }
 
+/* Every row of `a` on the small-M kernel, with `plan` or (NULL) the handle's plan. */
+static ina_status_t small_m_run(const ina_gemm_t *h, const ina_gemm_args_t *a,
+                                const ina_gemm_small_m_plan_t *plan) {
+  ina_status_t st = INA_OK;
+  ina_gemm_kernel_problem_t p;
+  ina_gemm_small_m_plan_t own;
+  const int fp8 = a->mode == INA_GEMM_FP8_BLOCK;
+  if (!plan) {
+    INA_CHECK(ina_gemm_small_m_plan(a->n, a->k * (fp8 ? 1 : 2), h->sm_count, h->partial_bytes,
+                                    MAX_SPLIT_TILES, &own));
+    plan = &own;
+  }
+  p.rows = a->m, p.n = a->n, p.k = a->k;
+  p.x = (const uint8_t *)a->x;
+  p.ldx = a->ldx;
+  p.x_scale = a->x_scale;
+  p.x_scale_split = ina_gemm_cublaslt_rows(a->m); /* gemm.h's layout for all m rows */
+  p.w = (const uint8_t *)a->w;
+  p.w_scale = a->w_scale;
+  p.y_f32 = a->out_dtype == INA_DTYPE_F32;
+  p.y = a->y;
+  p.ldy = a->ldy;
+  p.residual = a->residual;
+  p.ldr = a->ldr;
+  p.beta = a->beta;
+  INA_CHECK(ina_gemm_small_m_launch(&p, fp8, plan, h->partials, h->counters, a->stream));
+fail:
+  return st;
+}
+
+ina_status_t ina_gemm_run_small_m(const ina_gemm_t *h, const ina_gemm_args_t *args,
+                                  const ina_gemm_small_m_plan_t *plan) {
+  ina_status_t st = INA_OK;
+  ina_gemm_args_t a;
+  INA_REQUIRE(h != NULL, INA_ERR_INVALID_ARGUMENT, "ina_gemm_run_small_m: handle is NULL");
+  INA_CHECK(ina_gemm_check_args(args, "ina_gemm_run_small_m",
+                                INA_GEMM_CHECK_POINTERS | INA_GEMM_CHECK_ALIGNMENT, &a));
+  if (a.m == 0) return INA_OK;
+  INA_REQUIRE(ina_gemm_small_m_fits(&a, 1), INA_ERR_UNSUPPORTED,
+              "ina_gemm_run_small_m: the small-M kernel cannot take m %lld, k %lld with x %p, "
+              "w %p, ldx %lld (at most %d rows, 16-byte aligned x and W, rows of whole "
+              "16-byte pieces)",
+              (long long)a.m, (long long)a.k, a.x, a.w, (long long)a.ldx,
+              INA_GEMM_SMALL_M_MAX_ROWS);
+  if (plan)
+    INA_REQUIRE(plan->tiles == (a.n + INA_GEMM_SMALL_M_TILE_N - 1) / INA_GEMM_SMALL_M_TILE_N &&
+                    (plan->splits == 1 || (plan->tiles <= MAX_SPLIT_TILES &&
+                                           (uint64_t)(plan->tiles * plan->splits) *
+                                                   INA_GEMM_SMALL_M_TILE_N *
+                                                   INA_GEMM_SMALL_M_MAX_ROWS * sizeof(float) <=
+                                               (uint64_t)h->partial_bytes)),
+                INA_ERR_INVALID_ARGUMENT,
+                "ina_gemm_run_small_m: plan of %lld tiles x %d splits does not fit n %lld or "
+                "the handle's workspace",
+                (long long)plan->tiles, (int)plan->splits, (long long)a.n);
+  INA_CHECK(small_m_run(h, &a, plan));
+fail:
+  return st;
+}
+
 ina_status_t ina_gemm_run(const ina_gemm_t *h, const ina_gemm_args_t *args) {
   ina_status_t st = INA_OK;
   ina_gemm_args_t a;
@@ -411,6 +480,9 @@ ina_status_t ina_gemm_run(const ina_gemm_t *h, const ina_gemm_args_t *args) {
   INA_CHECK(ina_gemm_check_args(args, "ina_gemm_run",
                                 INA_GEMM_CHECK_POINTERS | INA_GEMM_CHECK_ALIGNMENT, &a));
   if (a.m == 0) return INA_OK;
+  if (a.path == INA_GEMM_PATH_AUTO && ina_gemm_small_m_fits(&a, 1) &&
+      ina_gemm_small_m_wins(a.mode, a.m, a.n, a.k))
+    return small_m_run(h, &a, NULL);
 
   const gemm_entry_t *entry = find_entry(h, a.mode, a.out_dtype, a.n, a.k);
   int64_t lt_rows = a.mode == INA_GEMM_FP8_BLOCK ? fp8_cublaslt_rows(h, &a) : a.m;
@@ -445,6 +517,20 @@ ina_status_t ina_gemm_query_path(const ina_gemm_t *h, const ina_gemm_args_t *arg
               "ina_gemm_query_path: NULL handle or info");
   memset(info, 0, sizeof *info);
   INA_CHECK(ina_gemm_check_args(args, "ina_gemm_query_path", 0, &a));
+  if (a.m > 0 && a.path == INA_GEMM_PATH_AUTO && ina_gemm_small_m_fits(&a, 0) &&
+      ina_gemm_small_m_wins(a.mode, a.m, a.n, a.k)) {
+    ina_gemm_small_m_plan_t plan;
+    INA_CHECK(ina_gemm_small_m_plan(a.n, a.k * (a.mode == INA_GEMM_FP8_BLOCK ? 1 : 2),
+                                    h->sm_count, h->partial_bytes, MAX_SPLIT_TILES, &plan));
+    info->kernel_rows = a.m;
+    info->kernel_tile_m = INA_GEMM_SMALL_M_MAX_ROWS;
+    info->kernel_splits = plan.warps * plan.splits;
+    snprintf(info->description, sizeof info->description,
+             "small-M kernel %lld rows (%d-row CTAs, K in %d warps x %d splits%s)",
+             (long long)a.m, INA_GEMM_SMALL_M_TILE_N, (int)plan.warps, (int)plan.splits,
+             plan.pdl ? ", PDL" : "");
+    return INA_OK;
+  }
   int64_t lt_rows = a.mode == INA_GEMM_FP8_BLOCK ? fp8_cublaslt_rows(h, &a) : a.m;
   if (lt_rows > 0 && a.mode == INA_GEMM_FP8_BLOCK && a.path == INA_GEMM_PATH_AUTO) {
     lt_gemm_t g = probe_gemm(h, a.mode, a.out_dtype, lt_rows, a.n, a.k);

@@ -12,8 +12,13 @@
  * cuBLASLt is column-major, so the row-major product is taken transposed: y^T [N, M] =
  * W [N, K] . x^T [K, M], with A = W (stored K-major: op T), B = x (op N), D = y. That is
  * the "TN" form cuBLASLt's FP8 kernels require on sm_90.
- *   bf16:  always cuBLASLt.
- *   FP8:   cuBLASLt's block-scaled mode (A: CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+ *   Few rows: a GEMM of 1..8 rows with 16-byte aligned operands takes ina's small-M kernel
+ *          (gemm_small_m.cu: mma.sync with W as the 16-row operand, operands straight from
+ *          global memory, K split across warps) when its weight is at most 16 MiB, or when
+ *          it is FP8 with M % 4 != 0; measured to beat cuBLASLt there (gemm_internal.h says
+ *          where the thresholds come from). The LM head stays on cuBLASLt.
+ *   bf16:  otherwise cuBLASLt.
+ *   FP8:   otherwise cuBLASLt's block-scaled mode (A: CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
  *          B: CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F; cuBLAS 12.9+, sm_90 only) needs its
  *          M and N (our N and M) to be multiples of 4. So the first M & ~3 rows go to
  *          cuBLASLt and the last M % 4 rows (all rows when M < 4) to ina's own kernel

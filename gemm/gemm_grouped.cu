@@ -2,22 +2,29 @@
  * expert) of a MoE layer, with the rows per group known only to the device.
  *
  * ---- Work per CTA ----------------------------------------------------------------------
- * A tile is kTileM rows of one group by 128 weight rows (kTileN; for FP8 exactly one
- * 128-row scale block, so one weight scale per CTA and K block). The grid is fixed by
+ * A tile is kTileM rows of one group by kTileN weight rows (128, 64 or 32; for FP8 inside
+ * one 128-row scale block, so one weight scale per CTA and K block). The grid is fixed by
  * host-known numbers only, so it can be captured once in a CUDA graph:
- *   grid.x = M-tile slots = floor((max_rows + num_groups * (kTileM - 1)) / kTileM), a bound
- *            on sum_g ceil(rows_g / kTileM) for any rows_g summing to at most max_rows;
- *   grid.y = ceil(n / 128) weight-row tiles.
- * CTA (s, t) reads the offsets and takes the s-th M tile in group order: each pass over
- * 128 groups counts each group's tiles, ceil(rows_g / kTileM), in one thread, a block-wide
- * prefix sum places them, and the thread whose group holds tile s publishes (group, first
- * row, end row). A slot past the last tile exits before loading anything, so groups with
- * no rows cost nothing beyond that early exit. The offsets are clamped to [0, max_rows]
- * first, so no offsets can make a CTA touch a row outside the launch. Slots run fastest
- * over M, so the M tiles of one group and weight tile are resident together and share the
- * weight tile through L2.
+ *   M-tile slots = min(max_rows, floor((max_rows + num_groups * (kTileM - 1)) / kTileM)),
+ *            a bound on sum_g ceil(rows_g / kTileM) for any rows_g summing to at most
+ *            max_rows (every tile holds a row; at most one partial tile per group);
+ *   weight tiles = ceil(n / kTileN).
+ * CTA (slot s, weight tile t) reads the offsets and takes the s-th M tile in group order:
+ * each pass over 128 groups counts each group's tiles, ceil(rows_g / kTileM), in one
+ * thread, a block-wide prefix sum places them, and the thread whose group holds tile s
+ * publishes (group, first row, end row). A slot past the last tile exits before loading
+ * anything, so groups with no rows cost nothing beyond that early exit. The offsets are
+ * clamped to [0, max_rows] first, so no offsets can make a CTA touch a row outside the
+ * launch.
+ * Grid order (p.n_fastest). Prefill (kTileM 64): grid (slots, weight tiles), slots
+ * fastest, so the M tiles of one group and weight tile are resident together and share
+ * the weight tile through L2. Decode (kTileM 16): grid (weight tiles, slots), weight
+ * tiles fastest, so the CTAs of the first slots, the ones that hold rows when some groups
+ * are empty, are dispatched first instead of each waiting behind the early exits of the
+ * empty slots before it in the grid's order (one token, 60 slots before the bound by
+ * max_rows: 17.1 -> 12.3 us, FP8, n = 1408, 128-wide tiles).
  *
- * ---- Tile height -----------------------------------------------------------------------
+ * ---- Tile height and width (gemm_plan.c: ina_gemm_grouped_tiles) -------------------------
  * kTileM = 16 when the average group has fewer than 64 rows (max_rows / num_groups: decode,
  * e.g. 64 tokens x top-6 over 64 experts, about 6 rows each), else 64 (prefill). Decode
  * is bound by reading each expert's weight once: a 16-row tile keeps the wasted tensor
@@ -25,6 +32,14 @@
  * a group in two tiles, each of which would read the weight again. Prefill groups hold
  * hundreds of rows: 64-row tiles read each weight tile 4 times less often and quadruple
  * the MMA work per byte of shared memory loaded.
+ * kTileN = 128, unless so few M tiles can hold rows that the CTAs would not fill the SMs
+ * evenly (one token: 6 rows over 6 experts make 6 busy M tiles, 66 CTAs at n = 1408):
+ * then 64 or 32 weight rows per CTA multiply the CTAs that stream weights by 2 or 4 (the
+ * measured thresholds are in gemm_internal.h). The four warps then split each stage's
+ * four 32-byte K steps among them (kWarpsK = 128 / kTileN warps per weight-row group of
+ * 32) and add their tiles up in shared memory in warp order at the end; the narrower
+ * stages are shallower, so the pipeline is deeper (5 or 8 stages) to keep the same bytes
+ * in flight.
  *
  * ---- Inner loop (as gemm_fp8_kernel.cu) -------------------------------------------------
  * The weight is the MMA's A operand (16 weight rows), x the B operand (8 rows of x), both
@@ -38,9 +53,9 @@
  * (DeepGEMM's promotion); bf16 accumulates directly.
  *
  * ---- Epilogue --------------------------------------------------------------------------
- * The fp32 tile goes through shared memory so that each thread stores 8 consecutive bf16
- * (16 bytes) of one row of y; only rows of the tile's group and columns below n are
- * written. */
+ * The fp32 tile goes through shared memory (one copy per K-warp, added in warp order) so
+ * that each thread stores 8 consecutive bf16 (16 bytes) of one row of y; only rows of the
+ * tile's group and columns below n are written. */
 #define INA_LOG_SUBSYS "gemm"
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -56,30 +71,37 @@ namespace {
 
 using ina_cuda::pack_bf16;
 
-constexpr int kTileN = 128;                     /* weight rows per CTA: one FP8 scale block */
+constexpr int kScaleBlock = 128;                /* FP8 weight rows sharing a scale */
 constexpr int kKBytesPerStage = 128;            /* K bytes per pipeline stage */
+constexpr int kStepsPerStage = kKBytesPerStage / 32; /* 32-byte MMA steps */
 constexpr int kRowBytes = kKBytesPerStage + 16; /* padded shared-memory row */
 constexpr int kCopiesPerRow = kKBytesPerStage / 16;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kWarpRows = kTileN / kWarps; /* 32: two m16 tiles per warp */
-constexpr int kOutLd = kTileN + 4;         /* output tile row, floats */
-constexpr int kStages = 3;
-constexpr int kSmallTileM = 16, kLargeTileM = 64;
+constexpr int kWarpRows = 32; /* weight rows per warp: two m16 tiles */
 constexpr int kMaxGridY = 65535;
 
-template <int kTileM>
+template <int kTileM, int kTileN>
 struct Shape {
   static constexpr int kNTiles = kTileM / 8;
+  static constexpr int kWarpsN = kTileN / kWarpRows;      /* warps over the weight rows */
+  static constexpr int kWarpsK = kWarps / kWarpsN;        /* warps over a stage's K steps */
+  static constexpr int kStepsPerWarp = kStepsPerStage / kWarpsK;
+  static constexpr int kStages = kTileN == 128 ? 3 : kTileN == 64 ? 5 : 8;
+  static constexpr int kOutLd = kTileN + 4; /* output tile row, floats: conflict-free */
   static constexpr int kWBytes = kTileN * kRowBytes;
   static constexpr int kXBytes = kTileM * kRowBytes;
   /* FP8: x scales of the stage's K block, then the weight scale, padded to 16 bytes. */
   static constexpr int kScaleBytes = (kTileM + 4) * 4;
   static constexpr int kStageBytes = kWBytes + kXBytes + kScaleBytes;
   static constexpr int kPipeBytes = kStages * kStageBytes;
-  static constexpr int kOutBytes = kTileM * kOutLd * 4;
+  static constexpr int kOutBytes = kWarpsK * kTileM * kOutLd * 4;
   static constexpr int kSmemBytes = kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes;
   static_assert(kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
+  static_assert(kWarpsN * kWarpsK == kWarps && kStepsPerWarp * kWarpsK == kStepsPerStage,
+                "the warps cover the tile's rows and every K step exactly once");
+  static_assert(kScaleBlock % kTileN == 0, "a tile lies in one FP8 weight-scale block");
+  static_assert(kTileN * kCopiesPerRow % kThreads == 0, "whole weight copies per thread");
 };
 
 struct Params {
@@ -97,6 +119,7 @@ struct Params {
   const float *const *w_scale;
   uint16_t *y;
   int64_t ldy;
+  int n_fastest; /* grid.x runs over the weight tiles, grid.y over the M-tile slots */
 };
 
 /* The tile a CTA computes. */
@@ -208,15 +231,16 @@ __device__ bool find_tile(const Params &p, int64_t slot, Tile *tile) {
 }
 
 /* Enqueues the copies of K stage `ks` (bytes 128 ks .. 128 ks + 127 of every row). */
-template <int kTileM, bool kFp8>
+template <int kTileM, int kTileN, bool kFp8>
 __device__ __forceinline__ void load_stage(const Params &p, uint8_t *stage_base, int ks,
                                            const Tile &t, const uint8_t *w, const float *w_scale,
-                                           int64_t n0, int tid) {
-  using S = Shape<kTileM>;
+                                           int n_tile, int tid) {
+  using S = Shape<kTileM, kTileN>;
   uint8_t *w_tile = stage_base;
   uint8_t *x_tile = w_tile + S::kWBytes;
   float *scales = reinterpret_cast<float *>(x_tile + S::kXBytes);
   const int64_t k0 = (int64_t)ks * kKBytesPerStage;
+  const int64_t n0 = (int64_t)n_tile * kTileN;
 #pragma unroll
   for (int i = 0; i < kTileN * kCopiesPerRow / kThreads; i++) {
     const int c = tid + i * kThreads, r = c / kCopiesPerRow, ch = c % kCopiesPerRow;
@@ -240,17 +264,21 @@ __device__ __forceinline__ void load_stage(const Params &p, uint8_t *stage_base,
       const bool valid = m < t.row_end;
       copy4(smem_addr(scales + tid), valid ? p.x_scale + m * p.kblocks + ks : p.x_scale, valid);
     } else if (tid == kThreads - 1) {
-      copy4(smem_addr(scales + kTileM), w_scale + (int64_t)blockIdx.y * p.w_scale_ld + ks, true);
+      /* The tile's scale block: n0 / 128 = n_tile / (128 / kTileN). */
+      const int64_t block_row = n_tile / (kScaleBlock / kTileN);
+      copy4(smem_addr(scales + kTileM), w_scale + block_row * p.w_scale_ld + ks, true);
     }
   }
 }
 
-/* One stage: four 32-byte K steps. FP8 sums them from zero and adds the scaled block to
- * acc; bf16 accumulates into acc directly. */
-template <int kTileM, bool kFp8>
+/* One stage: this warp's share of the four 32-byte K steps (steps warp_k, warp_k +
+ * kWarpsK, ...). FP8 sums them from zero and adds the scaled block to acc; bf16
+ * accumulates into acc directly. */
+template <int kTileM, int kTileN, bool kFp8>
 __device__ __forceinline__ void compute_stage(const uint8_t *stage_base,
-                                              float (&acc)[2][kTileM / 8][4], int warp, int lane) {
-  using S = Shape<kTileM>;
+                                              float (&acc)[2][kTileM / 8][4], int warp_n,
+                                              int warp_k, int lane) {
+  using S = Shape<kTileM, kTileN>;
   constexpr int kNT = S::kNTiles;
   const uint8_t *x_tile = stage_base + S::kWBytes;
   const uint32_t w_base = smem_addr(stage_base), x_base = smem_addr(x_tile);
@@ -262,13 +290,14 @@ __device__ __forceinline__ void compute_stage(const uint8_t *stage_base,
 #pragma unroll
       for (int r = 0; r < 4; r++) inner[mi][j][r] = 0.0f;
 #pragma unroll
-  for (int step = 0; step < kKBytesPerStage / 32; step++) {
+  for (int i = 0; i < S::kStepsPerWarp; i++) {
+    const int step = warp_k + i * S::kWarpsK;
     /* A: (rows 0-7, bytes 0-15), (rows 8-15, bytes 0-15), (rows 0-7, bytes 16-31),
      * (rows 8-15, bytes 16-31) of each m16 tile = fragment registers a0..a3 of both MMAs. */
     uint32_t a[2][4];
 #pragma unroll
     for (int mi = 0; mi < 2; mi++) {
-      const int row = warp * kWarpRows + mi * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+      const int row = warp_n * kWarpRows + mi * 16 + lane % 8 + 8 * ((lane / 8) % 2);
       const int col = step * 32 + 16 * (lane / 16);
       ldmatrix_x4(a[mi], w_base + row * kRowBytes + col);
     }
@@ -310,18 +339,24 @@ __device__ __forceinline__ void compute_stage(const uint8_t *stage_base,
   }
 }
 
-template <int kTileM, bool kFp8>
+template <int kTileM, int kTileN, bool kFp8>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const Params p) {
-  using S = Shape<kTileM>;
+  using S = Shape<kTileM, kTileN>;
   constexpr int kNT = S::kNTiles;
+  constexpr int kOutLd = S::kOutLd;
   extern __shared__ __align__(16) uint8_t smem[];
 
+  /* Which grid dimension runs over the weight tiles: see ina_gemm_grouped_tiles_t. */
+  const int64_t slot = p.n_fastest ? blockIdx.y : blockIdx.x;
+  const int n_tile = p.n_fastest ? blockIdx.x : blockIdx.y;
   Tile t;
-  if (!find_tile<kTileM>(p, blockIdx.x, &t)) return;
+  if (!find_tile<kTileM>(p, slot, &t)) return;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warp_n = S::kWarpsK == 1 ? warp : warp % S::kWarpsN;
+  const int warp_k = S::kWarpsK == 1 ? 0 : warp / S::kWarpsN;
   const int quad = lane % 4, group = lane / 4; /* mma fragment coordinates */
-  const int64_t n0 = (int64_t)blockIdx.y * kTileN;
+  const int64_t n0 = (int64_t)n_tile * kTileN;
   const uint8_t *w = static_cast<const uint8_t *>(p.w[t.group]);
   const float *w_scale = kFp8 ? p.w_scale[t.group] : nullptr;
 
@@ -336,32 +371,37 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const Params p) 
   /* Pipeline: stage i % kStages holds K stage i; every iteration commits one copy group
    * (possibly empty), so "all but kStages - 2 groups done" means stage i has landed. */
 #pragma unroll
-  for (int s = 0; s < kStages - 1; s++) {
+  for (int s = 0; s < S::kStages - 1; s++) {
     if (s < p.num_stages_k)
-      load_stage<kTileM, kFp8>(p, smem + s * S::kStageBytes, s, t, w, w_scale, n0, tid);
+      load_stage<kTileM, kTileN, kFp8>(p, smem + s * S::kStageBytes, s, t, w, w_scale, n_tile,
+                                       tid);
     copy_commit();
   }
   for (int i = 0; i < p.num_stages_k; i++) {
-    copy_wait<kStages - 2>();
+    copy_wait<S::kStages - 2>();
     __syncthreads(); /* stage i visible to all; everyone is done with stage i - 1's buffer */
-    const int next = i + kStages - 1;
+    const int next = i + S::kStages - 1;
     if (next < p.num_stages_k)
-      load_stage<kTileM, kFp8>(p, smem + (next % kStages) * S::kStageBytes, next, t, w, w_scale,
-                               n0, tid);
+      load_stage<kTileM, kTileN, kFp8>(p, smem + (next % S::kStages) * S::kStageBytes, next, t, w,
+                                       w_scale, n_tile, tid);
     copy_commit();
-    compute_stage<kTileM, kFp8>(smem + (i % kStages) * S::kStageBytes, acc, warp, lane);
+    compute_stage<kTileM, kTileN, kFp8>(smem + (i % S::kStages) * S::kStageBytes, acc, warp_n,
+                                        warp_k, lane);
   }
   copy_wait<0>();
   __syncthreads(); /* the pipeline's shared memory becomes the output tile */
 
-  float *tile = reinterpret_cast<float *>(smem);
+  /* One output tile per K-warp, added in warp order below. */
+  constexpr int kOutFloats = kTileM * kOutLd;
+  float *tiles = reinterpret_cast<float *>(smem);
+  float *tile = tiles + warp_k * kOutFloats;
 #pragma unroll
   for (int mi = 0; mi < 2; mi++)
 #pragma unroll
     for (int j = 0; j < kNT; j++)
 #pragma unroll
       for (int r = 0; r < 4; r++) {
-        const int n_local = warp * kWarpRows + mi * 16 + group + 8 * (r / 2);
+        const int n_local = warp_n * kWarpRows + mi * 16 + group + 8 * (r / 2);
         const int m_local = 8 * j + 2 * quad + r % 2;
         tile[m_local * kOutLd + n_local] = acc[mi][j][r];
       }
@@ -372,8 +412,16 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const Params p) 
     const int m_local = c / kChunksPerTileRow, n_local = (c % kChunksPerTileRow) * 8;
     const int64_t m = (int64_t)t.row_begin + m_local, n = n0 + n_local;
     if (m >= t.row_end || n >= p.n) continue; /* n is a multiple of 8: chunks are whole */
-    const float4 lo = *reinterpret_cast<const float4 *>(tile + m_local * kOutLd + n_local);
-    const float4 hi = *reinterpret_cast<const float4 *>(tile + m_local * kOutLd + n_local + 4);
+    const float *src = tiles + m_local * kOutLd + n_local;
+    float4 lo = *reinterpret_cast<const float4 *>(src);
+    float4 hi = *reinterpret_cast<const float4 *>(src + 4);
+#pragma unroll
+    for (int wk = 1; wk < S::kWarpsK; wk++) {
+      const float4 l2 = *reinterpret_cast<const float4 *>(src + wk * kOutFloats);
+      const float4 h2 = *reinterpret_cast<const float4 *>(src + wk * kOutFloats + 4);
+      lo.x += l2.x, lo.y += l2.y, lo.z += l2.z, lo.w += l2.w;
+      hi.x += h2.x, hi.y += h2.y, hi.z += h2.z, hi.w += h2.w;
+    }
     *reinterpret_cast<uint4 *>(p.y + m * p.ldy + n) =
         make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
                    pack_bf16(hi.z, hi.w));
@@ -386,47 +434,71 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const Params p) 
 constexpr int kMaxTrackedDevices = 64;
 std::atomic<unsigned> g_smem_raised[kMaxTrackedDevices];
 
-template <int kTileM, bool kFp8>
+/* The instantiations: (16, 128), (16, 64), (16, 32), (64, 128), each bf16 and FP8. */
+template <int kTileM, int kTileN>
+constexpr int instance_index() {
+  return kTileM == 64 ? 3 : kTileN == 128 ? 0 : kTileN == 64 ? 1 : 2;
+}
+
+template <int kTileM, int kTileN, bool kFp8>
 cudaError_t launch(const Params &p, dim3 grid, cudaStream_t stream) {
-  constexpr unsigned kBit = 1u << ((kTileM == kLargeTileM) * 2 + kFp8);
+  using S = Shape<kTileM, kTileN>;
+  constexpr unsigned kBit = 1u << (instance_index<kTileM, kTileN>() * 2 + kFp8);
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
   const bool tracked = device >= 0 && device < kMaxTrackedDevices;
   if (!tracked || !(g_smem_raised[device].load(std::memory_order_acquire) & kBit)) {
-    e = cudaFuncSetAttribute(grouped_gemm_kernel<kTileM, kFp8>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Shape<kTileM>::kSmemBytes);
+    e = cudaFuncSetAttribute(grouped_gemm_kernel<kTileM, kTileN, kFp8>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     if (e != cudaSuccess) return e;
     if (tracked) g_smem_raised[device].fetch_or(kBit, std::memory_order_release);
   }
-  grouped_gemm_kernel<kTileM, kFp8><<<grid, kThreads, Shape<kTileM>::kSmemBytes, stream>>>(p);
+  grouped_gemm_kernel<kTileM, kTileN, kFp8><<<grid, kThreads, S::kSmemBytes, stream>>>(p);
   return cudaSuccess;
+}
+
+template <bool kFp8>
+cudaError_t launch_tiles(const Params &p, const ina_gemm_grouped_tiles_t &tiles, dim3 grid,
+                         cudaStream_t stream) {
+  if (tiles.tile_m == 64) return launch<64, 128, kFp8>(p, grid, stream);
+  if (tiles.tile_n == 64) return launch<16, 64, kFp8>(p, grid, stream);
+  if (tiles.tile_n == 32) return launch<16, 32, kFp8>(p, grid, stream);
+  return launch<16, 128, kFp8>(p, grid, stream);
 }
 
 }  // namespace
 
-extern "C" ina_status_t ina_gemm_grouped_run(const ina_gemm_grouped_args_t *args) {
+extern "C" ina_status_t ina_gemm_grouped_run_tiles(const ina_gemm_grouped_args_t *args,
+                                                   const ina_gemm_grouped_tiles_t *tiles) {
   ina_status_t st = INA_OK;
   ina_gemm_grouped_args_t a;
+  ina_gemm_grouped_tiles_t checked;
   Params p;
-  int tile_m = 0;
-  int64_t slots = 0, n_tiles = 0;
   dim3 grid;
   cudaStream_t stream = NULL;
   cudaError_t launched = cudaSuccess;
   const bool fp8 = args && args->mode == INA_GEMM_FP8_BLOCK;
   const int64_t x_size = fp8 ? 1 : 2;
   INA_CHECK(ina_gemm_grouped_check_args(args, "ina_gemm_grouped_run", 1, &a));
+  INA_REQUIRE(tiles != NULL, INA_ERR_INVALID_ARGUMENT, "ina_gemm_grouped_run: tiles is NULL");
   if (a.max_rows == 0) goto fail;
-  tile_m = a.max_rows >= (int64_t)kLargeTileM * a.num_groups ? kLargeTileM : kSmallTileM;
-  slots = (a.max_rows + (int64_t)a.num_groups * (tile_m - 1)) / tile_m;
-  n_tiles = (a.n + kTileN - 1) / kTileN;
-  INA_REQUIRE(slots <= INT32_MAX && n_tiles <= kMaxGridY, INA_ERR_UNSUPPORTED,
+  /* The grid follows from the tile and the arguments; the caller may ask for more slots
+   * than the bound (they exit early), never fewer. */
+  INA_CHECK(ina_gemm_grouped_tiles_fixed(a.max_rows, a.num_groups, a.n, tiles->tile_m,
+                                         tiles->tile_n, &checked));
+  INA_REQUIRE(tiles->m_slots >= checked.m_slots, INA_ERR_INVALID_ARGUMENT,
+              "ina_gemm_grouped_run: %lld M-tile slots, fewer than the %lld max_rows %lld can "
+              "need",
+              (long long)tiles->m_slots, (long long)checked.m_slots, (long long)a.max_rows);
+  checked.m_slots = tiles->m_slots;
+  INA_REQUIRE(checked.m_slots <= (tiles->n_fastest ? kMaxGridY : INT32_MAX) &&
+                  checked.n_tiles <= (tiles->n_fastest ? INT32_MAX : kMaxGridY),
+              INA_ERR_UNSUPPORTED,
               "ina_gemm_grouped_run: grid of %lld M tiles x %lld N tiles (max_rows %lld, "
               "%d groups, n %lld) exceeds CUDA's limits",
-              (long long)slots, (long long)n_tiles, (long long)a.max_rows, (int)a.num_groups,
-              (long long)a.n);
+              (long long)checked.m_slots, (long long)checked.n_tiles, (long long)a.max_rows,
+              (int)a.num_groups, (long long)a.n);
   p.offsets = a.offsets;
   p.num_groups = a.num_groups;
   p.max_rows = (int)a.max_rows;
@@ -442,16 +514,29 @@ extern "C" ina_status_t ina_gemm_grouped_run(const ina_gemm_grouped_args_t *args
   p.w_scale = a.w_scale;
   p.y = a.y;
   p.ldy = a.ldy;
-  grid = dim3((unsigned)slots, (unsigned)n_tiles);
+  p.n_fastest = tiles->n_fastest != 0;
+  grid = p.n_fastest ? dim3((unsigned)checked.n_tiles, (unsigned)checked.m_slots)
+                     : dim3((unsigned)checked.m_slots, (unsigned)checked.n_tiles);
   stream = static_cast<cudaStream_t>(a.stream);
-  if (tile_m == kSmallTileM)
-    launched = fp8 ? launch<kSmallTileM, true>(p, grid, stream)
-                   : launch<kSmallTileM, false>(p, grid, stream);
-  else
-    launched = fp8 ? launch<kLargeTileM, true>(p, grid, stream)
-                   : launch<kLargeTileM, false>(p, grid, stream);
+  launched = fp8 ? launch_tiles<true>(p, checked, grid, stream)
+                 : launch_tiles<false>(p, checked, grid, stream);
   INA_CUDA_CHECK(launched);
   INA_CUDA_CHECK_LAUNCH();
+fail:
+  return st;
+}
+
+extern "C" ina_status_t ina_gemm_grouped_run(const ina_gemm_grouped_args_t *args) {
+  ina_status_t st = INA_OK;
+  ina_gemm_grouped_args_t a;
+  ina_gemm_grouped_tiles_t tiles;
+  int device = 0, sm_count = 0;
+  INA_CHECK(ina_gemm_grouped_check_args(args, "ina_gemm_grouped_run", 1, &a));
+  if (a.max_rows == 0) goto fail;
+  INA_CUDA_CHECK(cudaGetDevice(&device));
+  INA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  INA_CHECK(ina_gemm_grouped_tiles(a.max_rows, a.num_groups, a.n, sm_count, &tiles));
+  INA_CHECK(ina_gemm_grouped_run_tiles(args, &tiles));
 fail:
   return st;
 }

@@ -7,19 +7,24 @@
  *     reference computed from the dequantized fp8 inputs the only difference left is the
  *     order of accumulation: rel L2 <= 2e-3 (fp32 out, and bf16 out against the reference
  *     rounded to bf16). Against the product of the original bf16 values: <= 5e-2, the
- *     worst is printed. Every path: AUTO (cuBLASLt + kernel tail), CUBLASLT, KERNEL, and M
- *     around the multiples of 4 and the kernel's tiles; ragged 128-blocks in N and K.
+ *     worst is printed. Every path: AUTO (the small-M kernel up to 8 rows, else cuBLASLt +
+ *     kernel tail), CUBLASLT, KERNEL, and M around the multiples of 4 and the kernel's
+ *     tiles; ragged 128-blocks in N and K.
+ *   Small-M kernel (M <= 8, AUTO's path for both modes): every M of 1..8 on the
+ *     DeepSeek-V2-Lite decode shapes and odd shapes, strided x and y, forced plans (one and
+ *     odd warp counts, split-K, with and without PDL), the same bounds as above.
  *   Both: fused residual (separate and in place, random beta), outputs poisoned before
  *   each run (every written value must be finite, everything around the output must keep
  *   the poison), NaN inputs giving NaN rows (never a pass), split-K results identical run
  *   to run, a captured CUDA graph replayed on new inputs, argument checks, and the path
- *   each DeepSeek-V3 shape takes (printed).
+ *   each DeepSeek-V3 and V2-Lite shape takes (printed).
  * Skipped (exit 77) without a CUDA device. */
 
 #include "core/cuda.h"
 #include "core/dtype.h"
 #include "core/log.h"
 #include "gemm/gemm.h"
+#include "gemm/gemm_internal.h"
 #include "tests/test_util.h"
 
 #ifdef INA_HAVE_CUDA
@@ -102,6 +107,7 @@ typedef enum { RES_NONE = 0, RES_SEPARATE, RES_IN_PLACE } residual_mode_t;
 typedef struct call {
   int64_t m, ldx, ldy;
   ina_gemm_path_t path;
+  const ina_gemm_small_m_plan_t *small_m; /* non-NULL: ina_gemm_run_small_m with this plan */
   ina_dtype_t out_dtype;
   residual_mode_t residual;
   float beta;
@@ -367,8 +373,20 @@ static void read_quantized(const weight_t *w, const call_t *c, io_t *io) {
   check_quantized(w, c, io);
 }
 
-static const char *path_name(ina_gemm_path_t p) {
-  return p == INA_GEMM_PATH_KERNEL ? "kernel" : p == INA_GEMM_PATH_CUBLASLT ? "cublaslt" : "auto";
+static const char *path_name(const call_t *c) {
+  if (c->small_m) return "small-M forced";
+  return c->path == INA_GEMM_PATH_KERNEL     ? "kernel"
+         : c->path == INA_GEMM_PATH_CUBLASLT ? "cublaslt"
+                                             : "auto";
+}
+
+/* Whether ina_gemm_query_path sends the call's shape to the small-M kernel: AUTO, at most
+ * 8 rows, rows of whole 16-byte pieces (strides and pointers are not its business), and
+ * the measured routing rule. */
+static int auto_small_m(const weight_t *w, const call_t *c) {
+  const ina_gemm_mode_t mode = w->fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16;
+  return c->path == INA_GEMM_PATH_AUTO && c->m >= 1 && c->m <= INA_GEMM_SMALL_M_MAX_ROWS &&
+         (w->k * (w->fp8 ? 1 : 2)) % 16 == 0 && ina_gemm_small_m_wins(mode, c->m, w->n, w->k);
 }
 
 /* Quantizes (FP8), runs and checks one call. */
@@ -377,8 +395,13 @@ static void run_call(ina_gemm_t *h, const weight_t *w, const call_t *c, test_rng
   char what[200];
   snprintf(what, sizeof what, "%s m %lld n %lld k %lld ldx %lld ldy %lld path %s out %s res %d",
            w->fp8 ? "fp8" : "bf16", (long long)c->m, (long long)w->n, (long long)w->k,
-           (long long)c->ldx, (long long)c->ldy, path_name(c->path), ina_dtype_name(c->out_dtype),
+           (long long)c->ldx, (long long)c->ldy, path_name(c), ina_dtype_name(c->out_dtype),
            (int)c->residual);
+  if (c->small_m) {
+    const size_t len = strlen(what);
+    snprintf(what + len, sizeof what - len, " (%d warps x %d splits%s)", c->small_m->warps,
+             c->small_m->splits, c->small_m->pdl ? ", PDL" : "");
+  }
   const int ok = io_make(&io, w, c, rng);
   CHECKF(ok, "%s: allocation failed", what);
   if (!ok) goto done;
@@ -388,6 +411,29 @@ static void run_call(ina_gemm_t *h, const weight_t *w, const call_t *c, test_rng
   }
   const ina_gemm_args_t a = device_args(w, c, &io);
   ina_gemm_path_info_t info;
+  if (c->small_m) {
+#ifdef INA_HAVE_CUDA
+    CHECK_OK(ina_gemm_run_small_m(h, &a, c->small_m));
+    CHECK_OK(ina_cuda_synchronize());
+    check_output(what, w, c, &io, rng);
+#endif
+    goto done;
+  }
+  if (w->fp8 && c->path == INA_GEMM_PATH_CUBLASLT && c->m <= INA_GEMM_SMALL_M_MAX_ROWS) {
+    /* AUTO's path (the small-M kernel) says nothing about cuBLASLt here: a refusal is
+     * allowed, and must be clean. */
+    ina_log_set_quiet_errors(1);
+    const ina_status_t st = ina_gemm_run(h, &a);
+    ina_log_set_quiet_errors(0);
+    CHECKF(st == INA_OK || st == INA_ERR_UNSUPPORTED, "%s: %s", what, ina_status_string(st));
+    if (st != INA_OK) {
+      printf("note: cuBLASLt has no algorithm for %s\n", what);
+      goto done;
+    }
+    CHECK_OK(ina_cuda_synchronize());
+    check_output(what, w, c, &io, rng);
+    goto done;
+  }
   if (w->fp8 && c->path == INA_GEMM_PATH_CUBLASLT) {
     /* Forcing cuBLASLt on a shape it has no algorithm for must fail cleanly. */
     ina_gemm_args_t automatic = a;
@@ -408,7 +454,11 @@ static void run_call(ina_gemm_t *h, const weight_t *w, const call_t *c, test_rng
   CHECK(info.cublaslt_rows + info.kernel_rows == c->m);
   if (w->fp8 && c->path == INA_GEMM_PATH_KERNEL) CHECK(info.kernel_rows == c->m);
   if (w->fp8) CHECK(info.cublaslt_rows % 4 == 0);
-  if (!w->fp8) CHECK(info.kernel_rows == 0);
+  if (auto_small_m(w, c))
+    CHECKF(info.kernel_rows == c->m && strncmp(info.description, "small-M", 7) == 0,
+           "%s: path %s", what, info.description);
+  else if (!w->fp8)
+    CHECKF(info.kernel_rows == 0, "%s: path %s", what, info.description);
   check_output(what, w, c, &io, rng);
 done:
   io_free(&io);
@@ -486,18 +536,21 @@ static void test_fp8(ina_gemm_t *h, test_rng_t *rng) {
   }
 }
 
-/* NaN in x: the rows holding it come out NaN on every path (cuBLASLt rows and kernel
- * rows), the others stay finite, and the error bound cannot pass. */
+/* NaN in x: the rows holding it come out NaN on every path (the small-M kernel under
+ * AUTO, cuBLASLt rows and FP8-kernel rows), the others stay finite, and the error bound
+ * cannot pass. */
 static void test_nan(ina_gemm_t *h, test_rng_t *rng) {
+  static const ina_gemm_path_t paths[] = {INA_GEMM_PATH_AUTO, INA_GEMM_PATH_CUBLASLT,
+                                          INA_GEMM_PATH_KERNEL};
   for (int fp8 = 0; fp8 < 2; fp8++) {
     weight_t w;
     if (!weight_make(&w, fp8, 256, 384, rng)) continue;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < 3; p++) {
       call_t c = default_call(7, w.k, w.n);
-      c.path = p ? INA_GEMM_PATH_KERNEL : INA_GEMM_PATH_AUTO;
-      if (!fp8 && p) continue;
-      c.nan_rows[0] = 1; /* a cuBLASLt row under AUTO */
-      c.nan_rows[1] = 5; /* a kernel row under AUTO (7 = 4 + 3) */
+      c.path = paths[p];
+      if (!fp8 && c.path == INA_GEMM_PATH_KERNEL) continue;
+      c.nan_rows[0] = 1; /* a cuBLASLt row under CUBLASLT */
+      c.nan_rows[1] = 5; /* an FP8-kernel row under CUBLASLT (7 = 4 + 3) */
       run_call(h, &w, &c, rng);
     }
     weight_free(&w);
@@ -536,50 +589,171 @@ done:
   weight_free(&w);
 }
 
+/* ---- the small-M kernel ------------------------------------------------------------------ */
+
+/* A call for the small-M kernel: random output dtype and residual, and (at random) strides
+ * padded by whole 16-byte pieces, so AUTO keeps the kernel. */
+static call_t small_m_call(const weight_t *w, int64_t m, test_rng_t *rng) {
+  call_t c = random_call(w, m, rng);
+  const int64_t piece = w->fp8 ? 16 : 8;
+  c.ldx = w->k + piece * test_rng_int(rng, 0, 2);
+  return c;
+}
+
+/* Every M of 1..8 through AUTO on the DeepSeek-V2-Lite decode shapes and on odd ones (N of
+ * 1, 131 and past 1024 CTAs, a ragged last 128-block in N and K, K of one piece), bf16 and
+ * FP8; then forced plans (one warp, odd warps, split-K with 2..5 splits, with and without
+ * PDL) on a few, and a split launch twice for identical bits. */
+static void test_small_m(ina_gemm_t *h, test_rng_t *rng) {
+  static const int64_t v2_lite[][2] = {{3072, 2048}, {576, 2048}, {2048, 2048}, {2816, 2048},
+                                       {2048, 1408}};
+  static const int64_t odd_bf16[][2] = {{131, 96}, {1, 304}, {200, 72}, {16400, 256}, {48, 8}};
+  static const int64_t odd_fp8[][2] = {{48, 80}, {1040, 2112}, {16, 16}, {16400, 256}};
+  for (int fp8 = 0; fp8 < 2; fp8++) {
+    for (size_t s = 0; s < sizeof v2_lite / sizeof v2_lite[0]; s++) {
+      weight_t w;
+      if (!weight_make(&w, fp8, v2_lite[s][0], v2_lite[s][1], rng)) continue;
+      if (s == 0) CHECK_OK(ina_gemm_prepare(h, fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16,
+                                            INA_DTYPE_BF16, w.n, w.k));
+      for (int64_t m = 1; m <= INA_GEMM_SMALL_M_MAX_ROWS; m++) {
+        call_t c = small_m_call(&w, m, rng);
+        run_call(h, &w, &c, rng);
+      }
+      weight_free(&w);
+    }
+    const int64_t(*odd)[2] = fp8 ? odd_fp8 : odd_bf16;
+    const size_t num_odd = fp8 ? sizeof odd_fp8 / sizeof odd_fp8[0]
+                               : sizeof odd_bf16 / sizeof odd_bf16[0];
+    for (size_t s = 0; s < num_odd; s++) {
+      weight_t w;
+      if (!weight_make(&w, fp8, odd[s][0], odd[s][1], rng)) continue;
+      for (int i = 0; i < 3; i++) {
+        call_t c = small_m_call(&w, test_rng_int(rng, 1, INA_GEMM_SMALL_M_MAX_ROWS), rng);
+        run_call(h, &w, &c, rng);
+      }
+      weight_free(&w);
+    }
+  }
+#ifdef INA_HAVE_CUDA
+  static const int32_t plans[][3] = {{1, 1, 0}, {3, 1, 1}, {16, 1, 0}, {4, 2, 1},
+                                     {2, 5, 0}, {8, 4, 1}, {16, 3, 1}};
+  static const int64_t shapes[][2] = {{576, 2048}, {2048, 1408}, {1040, 2112}, {131, 96}};
+  for (int fp8 = 0; fp8 < 2; fp8++)
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      weight_t w;
+      if (fp8 && shapes[s][0] % 16) continue;
+      if (!weight_make(&w, fp8, shapes[s][0], shapes[s][1], rng)) continue;
+      for (size_t p = 0; p < sizeof plans / sizeof plans[0]; p++) {
+        ina_gemm_small_m_plan_t plan;
+        CHECK_OK(ina_gemm_small_m_plan_fixed(w.n, w.k * (fp8 ? 1 : 2), plans[p][0], plans[p][1],
+                                             plans[p][2], (size_t)8 << 20, 1024, &plan));
+        call_t c = small_m_call(&w, test_rng_int(rng, 1, INA_GEMM_SMALL_M_MAX_ROWS), rng);
+        c.small_m = &plan;
+        run_call(h, &w, &c, rng);
+      }
+      weight_free(&w);
+    }
+  /* A split launch twice: the same bits (fixed summation order, counters reset). */
+  weight_t w;
+  io_t io;
+  memset(&io, 0, sizeof io);
+  if (!weight_make(&w, 1, 2048, 2048, rng)) return;
+  call_t c = default_call(5, w.k, w.n);
+  c.out_dtype = INA_DTYPE_F32;
+  uint32_t *first = malloc((size_t)(5 * w.n) * 4), *again = malloc((size_t)(5 * w.n) * 4);
+  ina_gemm_small_m_plan_t plan;
+  CHECK_OK(ina_gemm_small_m_plan_fixed(w.n, w.k, 8, 4, 1, (size_t)8 << 20, 1024, &plan));
+  if (first && again && io_make(&io, &w, &c, rng)) {
+    const ina_gemm_args_t a = device_args(&w, &c, &io);
+    CHECK_OK(ina_gemm_quantize_x(io.d_x, c.ldx, c.m, w.k, io.d_q, c.ldx, io.d_scale, NULL));
+    CHECK_OK(ina_gemm_run_small_m(h, &a, &plan));
+    CHECK_OK(ina_cuda_memcpy_d2h(first, io.d_y, (size_t)(5 * w.n) * 4));
+    for (int i = 0; i < 5; i++) CHECK_OK(ina_gemm_run_small_m(h, &a, &plan));
+    CHECK_OK(ina_cuda_memcpy_d2h(again, io.d_y, (size_t)(5 * w.n) * 4));
+    CHECK(memcmp(first, again, (size_t)(5 * w.n) * 4) == 0);
+    /* A plan that does not fit n or the workspace is refused. */
+    ina_gemm_small_m_plan_t bad = plan;
+    bad.tiles += 1;
+    ina_log_set_quiet_errors(1);
+    CHECK(ina_gemm_run_small_m(h, &a, &bad) == INA_ERR_INVALID_ARGUMENT);
+    ina_gemm_args_t too_many_rows = a;
+    too_many_rows.m = INA_GEMM_SMALL_M_MAX_ROWS + 1;
+    CHECK(ina_gemm_run_small_m(h, &too_many_rows, NULL) == INA_ERR_UNSUPPORTED);
+    ina_log_set_quiet_errors(0);
+  } else {
+    CHECK(0);
+  }
+  free(first), free(again);
+  io_free(&io);
+  weight_free(&w);
+#endif
+}
+
 #ifdef INA_HAVE_CUDA
 /* Quantization, an FP8 GEMM with a kernel tail and a bf16 GEMM captured once into a CUDA
  * graph, then replayed on new input values written into the captured buffers: the
- * replays must compute with the new values (no host-side state baked in but pointers). */
+ * replays must compute with the new values (no host-side state baked in but pointers).
+ * Two small-M GEMMs (FP8 6 rows, bf16 3 rows with an in-place residual) follow them in the
+ * graph, launched with programmatic dependent launch behind the kernels before them. */
 static void test_graph(ina_gemm_t *h, test_rng_t *rng) {
-  weight_t w8, w16;
-  io_t io8, io16;
+  weight_t w8, w16, ws8, ws16;
+  io_t io8, io16, ios8, ios16;
   cudaStream_t stream = NULL;
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
   memset(&io8, 0, sizeof io8), memset(&io16, 0, sizeof io16);
+  memset(&ios8, 0, sizeof ios8), memset(&ios16, 0, sizeof ios16);
   memset(&w8, 0, sizeof w8), memset(&w16, 0, sizeof w16);
+  memset(&ws8, 0, sizeof ws8), memset(&ws16, 0, sizeof ws16);
   call_t c8 = default_call(37, 2048, 1024), c16 = default_call(37, 768, 512);
+  call_t s8 = default_call(6, 1408, 2048), s16 = default_call(3, 2048, 576);
   c8.residual = RES_SEPARATE, c8.beta = 0.5f;
   c16.out_dtype = INA_DTYPE_F32;
-  if (!weight_make(&w8, 1, c8.ldy, c8.ldx, rng) || !weight_make(&w16, 0, c16.ldy, c16.ldx, rng))
+  s16.residual = RES_IN_PLACE, s16.beta = 1.0f, s16.out_dtype = INA_DTYPE_F32;
+  if (!weight_make(&w8, 1, c8.ldy, c8.ldx, rng) || !weight_make(&w16, 0, c16.ldy, c16.ldx, rng) ||
+      !weight_make(&ws8, 1, s8.ldy, s8.ldx, rng) || !weight_make(&ws16, 0, s16.ldy, s16.ldx, rng))
     goto done;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
-  const int ok = stream && io_alloc(&io8, &w8, &c8) && io_alloc(&io16, &w16, &c16);
+  const int ok = stream && io_alloc(&io8, &w8, &c8) && io_alloc(&io16, &w16, &c16) &&
+                 io_alloc(&ios8, &ws8, &s8) && io_alloc(&ios16, &ws16, &s16);
   CHECK(ok);
   if (!ok) goto done;
   ina_gemm_args_t g8 = device_args(&w8, &c8, &io8), g16 = device_args(&w16, &c16, &io16);
-  g8.stream = stream, g16.stream = stream;
+  ina_gemm_args_t gs8 = device_args(&ws8, &s8, &ios8), gs16 = device_args(&ws16, &s16, &ios16);
+  g8.stream = g16.stream = gs8.stream = gs16.stream = stream;
+  ina_gemm_path_info_t info;
+  CHECK_OK(ina_gemm_query_path(h, &gs8, &info));
+  CHECKF(strncmp(info.description, "small-M", 7) == 0, "graph fp8 m 6: %s", info.description);
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
   CHECK_OK(ina_gemm_quantize_x(io8.d_x, c8.ldx, c8.m, w8.k, io8.d_q, c8.ldx, io8.d_scale, stream));
   CHECK_OK(ina_gemm_run(h, &g8));
   CHECK_OK(ina_gemm_run(h, &g16));
+  CHECK_OK(
+      ina_gemm_quantize_x(ios8.d_x, s8.ldx, s8.m, ws8.k, ios8.d_q, s8.ldx, ios8.d_scale, stream));
+  CHECK_OK(ina_gemm_run(h, &gs8));
+  CHECK_OK(ina_gemm_run(h, &gs16));
   CHECK(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
   CHECK(graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
   if (!exec) goto done;
   for (int replay = 0; replay < 2; replay++) {
-    CHECK(io_fill(&io8, &w8, &c8, rng) && io_fill(&io16, &w16, &c16, rng));
+    CHECK(io_fill(&io8, &w8, &c8, rng) && io_fill(&io16, &w16, &c16, rng) &&
+          io_fill(&ios8, &ws8, &s8, rng) && io_fill(&ios16, &ws16, &s16, rng));
     CHECK(cudaGraphLaunch(exec, stream) == cudaSuccess);
     CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
     read_quantized(&w8, &c8, &io8);
     check_output("graph replay fp8 m 37 n 1024 k 2048", &w8, &c8, &io8, rng);
     check_output("graph replay bf16 m 37 n 512 k 768", &w16, &c16, &io16, rng);
+    read_quantized(&ws8, &s8, &ios8);
+    check_output("graph replay small-M fp8 m 6 n 2048 k 1408", &ws8, &s8, &ios8, rng);
+    check_output("graph replay small-M bf16 m 3 n 576 k 2048 in place", &ws16, &s16, &ios16,
+                 rng);
   }
 done:
   if (exec) cudaGraphExecDestroy(exec);
   if (graph) cudaGraphDestroy(graph);
   if (stream) cudaStreamDestroy(stream);
-  io_free(&io8), io_free(&io16);
-  weight_free(&w8), weight_free(&w16);
+  io_free(&io8), io_free(&io16), io_free(&ios8), io_free(&ios16);
+  weight_free(&w8), weight_free(&w16), weight_free(&ws8), weight_free(&ws16);
 }
 #endif
 
@@ -626,11 +800,12 @@ done:
   ina_gemm_destroy(NULL);
 }
 
-/* Which path each DeepSeek-V3 shape takes (printed for the record). */
+/* Which path each DeepSeek-V3 shape (FP8) and DeepSeek-V2-Lite decode shape (both modes)
+ * takes (printed for the record). */
 static void print_paths(ina_gemm_t *h) {
   static const int64_t shapes[][2] = {
       {7168, 2048}, {4096, 7168}, {2048, 7168}, {24576, 1536}, {7168, 16384}};
-  static const int64_t ms[] = {1, 2, 3, 4, 5, 8, 37, 64, 128, 256, 1024, 4096};
+  static const int64_t ms[] = {1, 2, 3, 4, 5, 8, 9, 37, 64, 128, 256, 1024, 4096};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
       ina_gemm_args_t a = INA_GEMM_ARGS_INIT;
@@ -640,6 +815,23 @@ static void print_paths(ina_gemm_t *h) {
       printf("path fp8 m %5lld n %5lld k %5lld: %s\n", (long long)a.m, (long long)a.n,
              (long long)a.k, info.description);
     }
+  static const int64_t lite[][2] = {{3072, 2048}, {576, 2048},  {2048, 2048},
+                                    {2816, 2048}, {2048, 1408}, {102400, 2048}};
+  static const int64_t lite_ms[] = {1, 8, 9};
+  for (int fp8 = 0; fp8 < 2; fp8++)
+    for (size_t s = 0; s < sizeof lite / sizeof lite[0]; s++)
+      for (size_t i = 0; i < sizeof lite_ms / sizeof lite_ms[0]; i++) {
+        const int64_t m = lite_ms[i];
+        ina_gemm_args_t a = INA_GEMM_ARGS_INIT;
+        ina_gemm_path_info_t info;
+        a.mode = fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16;
+        a.m = m, a.n = lite[s][0], a.k = lite[s][1];
+        CHECK_OK(ina_gemm_query_path(h, &a, &info));
+        printf("path %s m %lld n %6lld k %4lld: %s\n", fp8 ? "fp8 " : "bf16", (long long)m,
+               (long long)a.n, (long long)a.k, info.description);
+        CHECK((strncmp(info.description, "small-M", 7) == 0) ==
+              ina_gemm_small_m_wins(a.mode, m, a.n, a.k));
+      }
 }
 
 int main(void) {
@@ -659,6 +851,7 @@ int main(void) {
   test_fp8(h, &rng);
   test_nan(h, &rng);
   test_split_k_determinism(h, &rng);
+  test_small_m(h, &rng);
 #ifdef INA_HAVE_CUDA
   test_graph(h, &rng);
 #endif

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_grouped.h"
+#include "gemm/gemm_internal.h"
 #include "tests/test_util.h"
 
 #define Y_POISON 0xFFFFu     /* a bf16 NaN */
@@ -374,9 +375,93 @@ static void test_arguments(void) {
 #undef EXPECT_BOTH
 }
 
+/* The number of M tiles a routing of `rows` rows over `groups` groups makes, the groups'
+ * sizes drawn at random (some empty, some large). */
+static int64_t random_routing_tiles(int64_t rows, int32_t groups, int32_t tile_m,
+                                    test_rng_t *rng) {
+  int64_t tiles = 0, left = rows;
+  for (int32_t g = 0; g < groups && left > 0; g++) {
+    int64_t take = g + 1 < groups ? test_rng_int(rng, 0, 2 * tile_m + 1) : left;
+    if (take > left) take = left;
+    tiles += (take + tile_m - 1) / tile_m;
+    left -= take;
+  }
+  return tiles;
+}
+
+/* The grouped kernel's tiles: the slots bound the M tiles of any routing, the N tiles
+ * cover n, the width follows the measured thresholds of gemm_internal.h (64 and 32 only for
+ * decode-sized groups), weight tiles fastest in the grid for decode tiles, and the choice
+ * on the DeepSeek-V2-Lite decode shapes (64 experts; 1, 8 and 64 tokens x top-6). */
+static void test_tiles(test_rng_t *rng) {
+  ina_gemm_grouped_tiles_t t;
+  static const int64_t ns[] = {1408, 2048, 2816};
+  static const int64_t max_rows[] = {6, 48, 384, 6144};
+  /* The widths picked on 132 SMs, [n][max_rows] (64-row tiles at 6144 rows). */
+  static const int32_t widths[3][4] = {{32, 64, 128, 128}, {64, 64, 128, 128}, {64, 128, 128, 128}};
+  for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+    for (size_t r = 0; r < sizeof max_rows / sizeof max_rows[0]; r++) {
+      CHECK_OK(ina_gemm_grouped_tiles(max_rows[r], 64, ns[i], 132, &t));
+      printf("grouped tiles max_rows %4lld n %4lld: %d x %d, grid %lld slots x %lld tiles\n",
+             (long long)max_rows[r], (long long)ns[i], t.tile_m, t.tile_n, (long long)t.m_slots,
+             (long long)t.n_tiles);
+      CHECK(t.tile_m == (max_rows[r] >= 64 * 64 ? 64 : 16));
+      CHECKF(t.tile_n == widths[i][r], "max_rows %lld n %lld: width %d, expected %d",
+             (long long)max_rows[r], (long long)ns[i], t.tile_n, widths[i][r]);
+    }
+  /* One token: 6 slots, one per row, not 60. */
+  CHECK_OK(ina_gemm_grouped_tiles(6, 64, 1408, 132, &t));
+  CHECK(t.m_slots == 6 && t.n_tiles == 44);
+  for (int it = 0; it < 5000; it++) {
+    const int64_t rows = test_rng_int(rng, 0, 20000), n = 8 * test_rng_int(rng, 1, 2000);
+    const int32_t groups = (int32_t)test_rng_int(rng, 1, 300);
+    const int sms = (int)test_rng_int(rng, 1, 200);
+    CHECK_OK(ina_gemm_grouped_tiles(rows, groups, n, sms, &t));
+    const int64_t bound = (rows + (int64_t)groups * (t.tile_m - 1)) / t.tile_m;
+    const int64_t slots = bound < rows ? bound : rows;
+    int32_t width = 128;
+    if (t.tile_m == 16 && slots * ((n + 127) / 128) < INA_GEMM_GROUPED_WIDE_CTAS_PER_SM * sms)
+      width = slots * ((n + 63) / 64) * 100 < INA_GEMM_GROUPED_NARROW_CTAS_PER_100_SMS * sms ? 32
+                                                                                            : 64;
+    const int ok = (t.tile_m == 64) == (rows >= 64 * (int64_t)groups) &&
+                   (t.tile_m == 16 || t.tile_m == 64) && t.tile_n == width &&
+                   t.m_slots == slots && t.n_tiles * t.tile_n >= n &&
+                   (t.n_tiles - 1) * t.tile_n < n &&
+                   t.n_fastest == (t.tile_m == 16 && t.m_slots <= 65535);
+    CHECKF(ok, "tiles rows %lld groups %d n %lld sms %d: %d x %d, %lld x %lld", (long long)rows,
+           (int)groups, (long long)n, sms, t.tile_m, t.tile_n, (long long)t.m_slots,
+           (long long)t.n_tiles);
+    /* The slot bound: no routing of the rows makes more tiles, e.g. one row in each of the
+     * first groups and the rest in the last, or random group sizes. */
+    if (rows > 0) {
+      int64_t tiles = 0, left = rows;
+      for (int32_t g = 0; g < groups && left > 0; g++) {
+        const int64_t take = g + 1 < groups ? 1 : left;
+        tiles += (take + t.tile_m - 1) / t.tile_m;
+        left -= take;
+      }
+      CHECK(tiles <= t.m_slots);
+      CHECK(random_routing_tiles(rows, groups, t.tile_m, rng) <= t.m_slots);
+    }
+  }
+  ina_log_set_quiet_errors(1);
+  CHECK(ina_gemm_grouped_tiles_fixed(6, 64, 1408, 64, 32, &t) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_gemm_grouped_tiles_fixed(6, 64, 1408, 16, 48, &t) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_gemm_grouped_tiles(6, 0, 1408, 132, &t) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_gemm_grouped_tiles(6, 64, 1408, 0, &t) == INA_ERR_INVALID_ARGUMENT);
+  ina_log_set_quiet_errors(0);
+  CHECK_OK(ina_gemm_grouped_tiles_fixed(6, 64, 1408, 16, 64, &t));
+  CHECK(t.tile_m == 16 && t.tile_n == 64 && t.m_slots == 6 && t.n_tiles == 22 && t.n_fastest == 1);
+  CHECK_OK(ina_gemm_grouped_tiles_fixed(6144, 64, 1408, 64, 128, &t));
+  CHECK(t.m_slots == (6144 + 64 * 63) / 64 && t.n_tiles == 11 && t.n_fastest == 0);
+  CHECK_OK(ina_gemm_grouped_tiles_fixed(1 << 21, 1, 64, 16, 128, &t)); /* slots past grid.y */
+  CHECK(t.m_slots == 1 << 17 && t.n_fastest == 0);
+}
+
 int main(void) {
   test_rng_t rng = {test_seed("test_gemm_grouped")};
   test_arguments();
+  test_tiles(&rng);
   test_fp8_known_answer();
   test_reference(&rng);
   printf("test_gemm_grouped: %lld rows against the dense reference, worst per-row relative L2 "

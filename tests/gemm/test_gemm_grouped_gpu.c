@@ -5,7 +5,9 @@
  *     (384 rows over 64 groups) and prefill (4096 rows); rows spread at random, into one
  *     group, skewed, sparse (most groups empty) and evenly with a remainder of one row per
  *     tile, which fills the fixed grid's every M-tile slot; both tile heights (16 and 64
- *     rows); padded ldx / ldy; max_rows beyond offsets[G].
+ *     rows) and every tile width (128, 64, 32 weight rows), picked and forced; the
+ *     V2-Lite decode shapes at 1 and 8 tokens (max_rows 6, 48); padded ldx / ldy; max_rows
+ *     beyond offsets[G].
  *   Bound: relative L2 error per row <= 1e-2 against ina_gemm_grouped_ref (both bf16
  *     outputs; the worst is printed). Every routed row is compared when the reference is
  *     cheap, else 48 rows including each sampled group's first and last. Every routed
@@ -25,6 +27,7 @@
 #include "core/log.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_grouped.h"
+#include "gemm/gemm_internal.h"
 #include "tests/test_util.h"
 
 #ifdef INA_HAVE_CUDA
@@ -315,22 +318,70 @@ static void describe(char *buf, size_t size, const problem_t *p, const char *tag
            (long long)p->k, (long long)p->max_rows, (long long)p->ldx, (long long)p->ldy);
 }
 
-static void run_case(ina_gemm_mode_t mode, int32_t groups, int64_t n, int64_t k, int64_t rows,
-                     int64_t spare_rows, int64_t pad_x, int64_t pad_y, spread_t spread,
-                     test_rng_t *rng) {
+/* One case with the tile ina_gemm_grouped_run picks (tile_m 0) or the given one, in the
+ * given grid order. */
+static void run_case_tile(ina_gemm_mode_t mode, int32_t groups, int64_t n, int64_t k, int64_t rows,
+                          int64_t spare_rows, int64_t pad_x, int64_t pad_y, spread_t spread,
+                          int32_t tile_m, int32_t tile_n, int32_t n_fastest, test_rng_t *rng) {
   static const char *spread_names[] = {"random", "one-group", "skewed", "sparse", "even"};
   problem_t p;
-  char what[160];
+  char what[160], tag[48];
   const int ok = problem_make(&p, mode, groups, n, k, rows, spare_rows, pad_x, pad_y, spread, rng);
-  describe(what, sizeof what, &p, spread_names[spread]);
+  if (tile_m)
+    snprintf(tag, sizeof tag, "%s tile %dx%d%s", spread_names[spread], (int)tile_m, (int)tile_n,
+             n_fastest ? " n-fastest" : "");
+  else
+    snprintf(tag, sizeof tag, "%s", spread_names[spread]);
+  describe(what, sizeof what, &p, tag);
   CHECKF(ok, "%s: setup failed", what);
   if (ok) {
     const ina_gemm_grouped_args_t a = device_args(&p);
-    CHECK_OK(ina_gemm_grouped_run(&a));
+    if (tile_m) {
+#ifdef INA_HAVE_CUDA
+      ina_gemm_grouped_tiles_t tiles;
+      CHECK_OK(ina_gemm_grouped_tiles_fixed(p.max_rows, groups, n, tile_m, tile_n, &tiles));
+      tiles.n_fastest = n_fastest;
+      CHECK_OK(ina_gemm_grouped_run_tiles(&a, &tiles));
+#endif
+    } else {
+      CHECK_OK(ina_gemm_grouped_run(&a));
+    }
     CHECK_OK(ina_cuda_synchronize());
     check_output(what, &p, rng);
   }
   problem_free(&p);
+}
+
+static void run_case(ina_gemm_mode_t mode, int32_t groups, int64_t n, int64_t k, int64_t rows,
+                     int64_t spare_rows, int64_t pad_x, int64_t pad_y, spread_t spread,
+                     test_rng_t *rng) {
+  run_case_tile(mode, groups, n, k, rows, spare_rows, pad_x, pad_y, spread, 0, 0, 0, rng);
+}
+
+/* Every tile the kernel has, forced, in both grid orders, on ragged shapes and spreads
+ * that fill every slot; then the DeepSeek-V2-Lite decode shapes at one and eight tokens
+ * (max_rows 6 and 48) with the picked tile (32 or 64 weight rows at one token, 128 at
+ * eight). */
+static void test_tiles(test_rng_t *rng) {
+  static const int32_t tiles[][3] = {{16, 128, 0}, {16, 128, 1}, {16, 64, 1},
+                                     {16, 32, 0},  {16, 32, 1},  {64, 128, 0}, {64, 128, 1}};
+  for (int fp8 = 0; fp8 < 2; fp8++) {
+    const ina_gemm_mode_t mode = fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16;
+    const int64_t n = fp8 ? 144 : 200, k = fp8 ? 272 : 136, pad = fp8 ? 16 : 8;
+    printf("%s, forced tiles:\n", fp8 ? "fp8" : "bf16");
+    for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
+      const int32_t tm = tiles[t][0], tn = tiles[t][1], order = tiles[t][2];
+      run_case_tile(mode, 3, n, k, 50, 13, pad, pad, SPREAD_RANDOM, tm, tn, order, rng);
+      run_case_tile(mode, 64, n, k, 64, 0, 0, 0, SPREAD_EVEN, tm, tn, order, rng);
+      run_case_tile(mode, 8, n, k, 200, 5, 0, pad, SPREAD_SKEWED, tm, tn, order, rng);
+      run_case_tile(mode, 64, 256, 512, 6, 2, pad, 0, SPREAD_RANDOM, tm, tn, order, rng);
+    }
+    printf("%s, DeepSeek-V2-Lite decode:\n", fp8 ? "fp8" : "bf16");
+    run_case(mode, 64, 1408, 2048, 6, 0, 0, 0, SPREAD_RANDOM, rng);
+    run_case(mode, 64, 2816, 2048, 6, 0, 0, pad, SPREAD_RANDOM, rng);
+    run_case(mode, 64, 2048, 1408, 6, 0, pad, 0, SPREAD_RANDOM, rng);
+    run_case(mode, 64, 1408, 2048, 48, 0, 0, 0, SPREAD_RANDOM, rng);
+  }
 }
 
 static void test_shapes(test_rng_t *rng) {
@@ -479,6 +530,7 @@ int main(void) {
   tables_init(&rng);
   test_arguments();
   test_shapes(&rng);
+  test_tiles(&rng);
   test_bad_offsets(&rng);
 #ifdef INA_HAVE_CUDA
   test_graph(&rng);

@@ -1,5 +1,6 @@
 /* Host-side logic of gemm/: the FP8 scale layouts (weight-scale packing, the activation-
- * scale index and packing), the kernel's launch plan, argument checks, and the CPU
+ * scale index and packing), the FP8 and small-M kernels' launch plans, which GEMMs the
+ * small-M kernel takes and which AUTO gives it, argument checks, and the CPU
  * reference against an independent computation from ina_fp8_dequantize_blocks. Runs
  * everywhere; also checks that the device entry points refuse cleanly without a device. */
 
@@ -139,6 +140,131 @@ static void test_plan(test_rng_t *rng) {
   CHECK(ina_gemm_kernel_plan(0, 128, 128, 132, partial_bytes, 1024, &plan) ==
         INA_ERR_INVALID_ARGUMENT);
   ina_log_set_quiet_errors(0);
+}
+
+/* The small-M kernel's plan: the K slices cover K exactly once in whole batches, a split
+ * launch fits the workspace, and on the DeepSeek-V2-Lite decode shapes the warps that
+ * stream reach the target per SM whenever K has that many batches. */
+static void check_small_m_plan(const ina_gemm_small_m_plan_t *plan, int64_t n, int64_t k_bytes,
+                               size_t bytes, int64_t max_tiles, const char *what) {
+  const int64_t units = (k_bytes + INA_GEMM_SMALL_M_UNIT_BYTES - 1) / INA_GEMM_SMALL_M_UNIT_BYTES;
+  const int64_t slices = (int64_t)plan->warps * plan->splits;
+  const int ok =
+      plan->warps >= 1 && plan->warps <= INA_GEMM_SMALL_M_MAX_WARPS && plan->splits >= 1 &&
+      plan->tiles == (n + 15) / 16 && plan->units_per_warp > 0 &&
+      plan->units_per_warp % INA_GEMM_SMALL_M_BATCH_UNITS == 0 &&
+      slices * plan->units_per_warp >= units && /* every unit has a warp */
+      (slices - 1) * plan->units_per_warp < units + INA_GEMM_SMALL_M_BATCH_UNITS * slices &&
+      (plan->splits == 1 ||
+       (plan->tiles <= max_tiles && (size_t)(plan->tiles * plan->splits * 128 * 4) <= bytes));
+  CHECKF(ok, "%s: n %lld k bytes %lld: %d warps x %d splits, %lld tiles, %lld units per warp",
+         what, (long long)n, (long long)k_bytes, plan->warps, plan->splits,
+         (long long)plan->tiles, (long long)plan->units_per_warp);
+}
+
+static void test_small_m_plan(test_rng_t *rng) {
+  const size_t partial_bytes = (size_t)8 << 20;
+  ina_gemm_small_m_plan_t plan;
+  static const int64_t shapes[][2] = {{3072, 2048}, {576, 2048}, {2048, 2048},
+                                      {2816, 2048}, {2048, 1408}, {102400, 2048}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (int esize = 1; esize <= 2; esize++) {
+      const int64_t n = shapes[i][0], k_bytes = shapes[i][1] * esize;
+      CHECK_OK(ina_gemm_small_m_plan(n, k_bytes, 132, partial_bytes, 1024, &plan));
+      check_small_m_plan(&plan, n, k_bytes, partial_bytes, 1024, "V2-Lite");
+      const int64_t batches = ((k_bytes + 127) / 128 + 1) / 2;
+      const int64_t warps = plan.tiles * plan.warps * plan.splits;
+      printf("small-M plan n %6lld k %4lld %s: %lld CTAs of %d warps x %d splits, %lld units per "
+             "warp, %lld warps\n",
+             (long long)n, (long long)shapes[i][1], esize == 1 ? "fp8 " : "bf16",
+             (long long)plan.tiles * plan.splits, plan.warps, plan.splits,
+             (long long)plan.units_per_warp, (long long)warps);
+      CHECKF(warps >= INA_GEMM_SMALL_M_TARGET_WARPS_PER_SM * 132 ||
+                 plan.warps * plan.splits * plan.units_per_warp ==
+                     batches * INA_GEMM_SMALL_M_BATCH_UNITS,
+             "n %lld: %lld warps stream, below the target, though K has more batches",
+             (long long)n, (long long)warps);
+      CHECK(plan.pdl == 1);
+    }
+  for (int r = 0; r < 3000; r++) {
+    const int64_t n = test_rng_int(rng, 1, 200000), k_bytes = 16 * test_rng_int(rng, 1, 2000);
+    const int sms = (int)test_rng_int(rng, 1, 200);
+    const size_t bytes = (size_t)test_rng_int(rng, 0, 16 << 20);
+    const int64_t max_tiles = test_rng_int(rng, 1, 2048);
+    CHECK_OK(ina_gemm_small_m_plan(n, k_bytes, sms, bytes, max_tiles, &plan));
+    check_small_m_plan(&plan, n, k_bytes, bytes, max_tiles, "random");
+    const int32_t warps = (int32_t)test_rng_int(rng, 1, 16);
+    const int32_t splits = (int32_t)test_rng_int(rng, 1, 8);
+    ina_log_set_quiet_errors(1);
+    const ina_status_t st =
+        ina_gemm_small_m_plan_fixed(n, k_bytes, warps, splits, 0, bytes, max_tiles, &plan);
+    ina_log_set_quiet_errors(0);
+    const int fits = splits == 1 || ((n + 15) / 16 <= max_tiles &&
+                                     (size_t)((n + 15) / 16 * splits * 128 * 4) <= bytes);
+    CHECKF(fits ? st == INA_OK : st == INA_ERR_UNSUPPORTED, "fixed plan %d x %d, n %lld: %s",
+           warps, splits, (long long)n, ina_status_string(st));
+    if (st == INA_OK) {
+      check_small_m_plan(&plan, n, k_bytes, bytes, max_tiles, "fixed");
+      CHECK(plan.warps == warps && plan.splits == splits && plan.pdl == 0);
+    }
+  }
+  ina_log_set_quiet_errors(1);
+  CHECK(ina_gemm_small_m_plan(0, 128, 132, partial_bytes, 1024, &plan) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_gemm_small_m_plan_fixed(128, 128, 17, 1, 0, partial_bytes, 1024, &plan) ==
+        INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_gemm_small_m_plan_fixed(128, 128, 4, 0, 0, partial_bytes, 1024, &plan) ==
+        INA_ERR_INVALID_ARGUMENT);
+  ina_log_set_quiet_errors(0);
+}
+
+/* Which GEMMs the small-M kernel takes: 1..8 rows, rows of whole 16-byte pieces, and with
+ * operands checked 16-byte aligned x and W and x rows. */
+static void test_small_m_fits(void) {
+  static uint8_t buf[256] __attribute__((aligned(16)));
+  ina_gemm_args_t a = INA_GEMM_ARGS_INIT;
+  a.mode = INA_GEMM_BF16, a.n = 100, a.k = 64, a.ldx = 64;
+  a.x = buf, a.w = buf;
+  for (int64_t m = 0; m <= 10; m++) {
+    a.m = m;
+    CHECK(ina_gemm_small_m_fits(&a, 1) == (m >= 1 && m <= INA_GEMM_SMALL_M_MAX_ROWS));
+  }
+  a.m = 3;
+  a.k = 60, a.ldx = 64; /* 120-byte rows */
+  CHECK(!ina_gemm_small_m_fits(&a, 0));
+  a.k = 72, a.ldx = 72;
+  CHECK(ina_gemm_small_m_fits(&a, 0) && ina_gemm_small_m_fits(&a, 1));
+  a.ldx = 73; /* x rows not 16-byte aligned: only the shape fits */
+  CHECK(ina_gemm_small_m_fits(&a, 0) && !ina_gemm_small_m_fits(&a, 1));
+  a.ldx = 80, a.x = buf + 2;
+  CHECK(!ina_gemm_small_m_fits(&a, 1));
+  a.x = buf, a.w = buf + 8;
+  CHECK(!ina_gemm_small_m_fits(&a, 1));
+  a.mode = INA_GEMM_FP8_BLOCK, a.w = buf, a.k = 16, a.ldx = 32;
+  CHECK(ina_gemm_small_m_fits(&a, 1));
+  a.k = 8; /* not an FP8 shape, nor whole pieces */
+  CHECK(!ina_gemm_small_m_fits(&a, 0));
+}
+
+/* AUTO's rule: the small-M kernel for every DeepSeek-V2-Lite projection at M = 1..8, and
+ * for the LM head only FP8 with M % 4 != 0 (cuBLASLt won at M = 8 and tied at bf16 M = 1);
+ * never beyond 8 rows; the weight-size bound is inclusive. */
+static void test_small_m_wins(void) {
+  static const int64_t projections[][2] = {{3072, 2048}, {576, 2048}, {2048, 2048},
+                                           {2816, 2048}, {2048, 1408}};
+  for (int fp8 = 0; fp8 < 2; fp8++) {
+    const ina_gemm_mode_t mode = fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16;
+    for (size_t s = 0; s < sizeof projections / sizeof projections[0]; s++)
+      for (int64_t m = 0; m <= 10; m++)
+        CHECK(ina_gemm_small_m_wins(mode, m, projections[s][0], projections[s][1]) ==
+              (m >= 1 && m <= INA_GEMM_SMALL_M_MAX_ROWS));
+    for (int64_t m = 1; m <= 10; m++)
+      CHECK(ina_gemm_small_m_wins(mode, m, 102400, 2048) ==
+            (fp8 && m % 4 != 0 && m <= INA_GEMM_SMALL_M_MAX_ROWS));
+    const int64_t esize = fp8 ? 1 : 2, k = 2048;
+    const int64_t n_max = INA_GEMM_SMALL_M_MAX_WEIGHT_BYTES / (k * esize);
+    CHECK(ina_gemm_small_m_wins(mode, 8, n_max, k));
+    CHECK(!ina_gemm_small_m_wins(mode, 8, n_max + 1, k));
+  }
 }
 
 static void test_args(void) {
@@ -291,6 +417,9 @@ int main(void) {
   test_w_scales(&rng);
   test_x_scales(&rng);
   test_plan(&rng);
+  test_small_m_plan(&rng);
+  test_small_m_fits();
+  test_small_m_wins();
   test_args();
   test_reference(&rng);
   test_no_device();
