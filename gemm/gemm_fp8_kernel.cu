@@ -29,10 +29,20 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_math.cuh"
+#include "core/ptx.cuh"
 #include "gemm/gemm_internal.h"
 #include "gemm/gemm_scale_layout.h"
 
 namespace {
+
+using ina_ptx::cp_async16;
+using ina_ptx::cp_async4;
+using ina_ptx::cp_async_commit;
+using ina_ptx::cp_async_wait;
+using ina_ptx::ldmatrix_x2;
+using ina_ptx::ldmatrix_x4;
+using ina_ptx::mma_e4m3;
+using ina_ptx::smem_addr;
 
 constexpr int kTileN = INA_GEMM_KERNEL_TILE_N; /* weight rows per CTA */
 constexpr int kBlockK = 128;                   /* K per pipeline stage: one scale block */
@@ -75,53 +85,6 @@ struct Params {
   float *partials;
   int *counters;
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16 bytes global -> shared, zero-filled when !valid (src is then not read). */
-__device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void copy4(uint32_t dst, const void *src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void copy_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void copy_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(uint32_t &r0, uint32_t &r1, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r0), "=r"(r1)
-               : "r"(addr));
-}
-
-/* d += A (16x32 e4m3, row) . B (32x8 e4m3, col), fp32. */
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 using ina_cuda::bf16_to_f32;
 
@@ -178,13 +141,13 @@ __device__ __forceinline__ void load_stage(const Params &p, uint8_t *stage_base,
     const int c = tid + i * kThreads, r = c / kChunksPerRow, ch = c % kChunksPerRow;
     const int64_t n = n0 + r, kk = k0 + ch * 16;
     const bool valid = n < p.n && kk < p.k;
-    copy16(smem_addr(w_tile + r * kRowBytes + ch * 16), valid ? p.w + n * p.k + kk : p.w, valid);
+    cp_async16(smem_addr(w_tile + r * kRowBytes + ch * 16), valid ? p.w + n * p.k + kk : p.w, valid ? 16 : 0);
   }
   for (int c = tid; c < kTileM * kChunksPerRow; c += kThreads) {
     const int r = c / kChunksPerRow, ch = c % kChunksPerRow;
     const int64_t m = m0 + r, kk = k0 + ch * 16;
     const bool valid = m < p.rows && kk < p.k;
-    copy16(smem_addr(x_tile + r * kRowBytes + ch * 16), valid ? p.x + m * p.ldx + kk : p.x, valid);
+    cp_async16(smem_addr(x_tile + r * kRowBytes + ch * 16), valid ? p.x + m * p.ldx + kk : p.x, valid ? 16 : 0);
   }
   if (tid < kTileM) {
     const int64_t m = m0 + tid;
@@ -192,9 +155,9 @@ __device__ __forceinline__ void load_stage(const Params &p, uint8_t *stage_base,
     const float *src =
         valid ? p.x_scale + ina_gemm_scale_offset(p.rows, p.x_scale_split, p.kblocks, m, kb)
               : p.x_scale;
-    copy4(smem_addr(scales + tid), src, valid);
+    cp_async4(smem_addr(scales + tid), src, valid ? 4 : 0);
   } else if (tid == kThreads - 1) {
-    copy4(smem_addr(scales + kTileM), p.w_scale + (int64_t)blockIdx.x * p.w_scale_ld + kb, true);
+    cp_async4(smem_addr(scales + kTileM), p.w_scale + (int64_t)blockIdx.x * p.w_scale_ld + kb, 4);
   }
 }
 
@@ -290,19 +253,19 @@ __global__ void __launch_bounds__(kThreads) fp8_block_gemm_kernel(const Params p
 #pragma unroll
   for (int s = 0; s < S::kStages - 1; s++) {
     if (s < num_kb) load_stage<kTileM>(p, smem + s * S::kStageBytes, kb_begin + s, n0, m0, tid);
-    copy_commit();
+    cp_async_commit();
   }
   for (int i = 0; i < num_kb; i++) {
-    copy_wait<S::kStages - 2>();
+    cp_async_wait<S::kStages - 2>();
     __syncthreads(); /* block i visible to all; everyone is done with block i - 1's stage */
     const int next = i + S::kStages - 1;
     if (next < num_kb)
       load_stage<kTileM>(p, smem + (next % S::kStages) * S::kStageBytes, kb_begin + next, n0, m0,
                          tid);
-    copy_commit();
+    cp_async_commit();
     compute_stage<kTileM>(smem + (i % S::kStages) * S::kStageBytes, acc, warp, lane);
   }
-  copy_wait<0>();
+  cp_async_wait<0>();
   __syncthreads(); /* the pipeline's shared memory becomes the output tile */
 
   float *tile = reinterpret_cast<float *>(smem);

@@ -64,10 +64,20 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_math.cuh"
+#include "core/ptx.cuh"
 #include "gemm/gemm_grouped.h"
 #include "gemm/gemm_internal.h"
 
 namespace {
+
+using ina_ptx::cp_async16;
+using ina_ptx::cp_async4;
+using ina_ptx::cp_async_commit;
+using ina_ptx::cp_async_wait;
+using ina_ptx::ldmatrix_x4;
+using ina_ptx::mma_bf16;
+using ina_ptx::mma_e4m3;
+using ina_ptx::smem_addr;
 
 using ina_cuda::pack_bf16;
 
@@ -127,56 +137,6 @@ struct Tile {
   int group;
   int row_begin, row_end; /* rows of this tile: [row_begin, min(row_begin + kTileM, row_end)) */
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16 bytes global -> shared, zero-filled when !valid (src is then not read). */
-__device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void copy4(uint32_t dst, const void *src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void copy_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void copy_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-/* d += A (16x32 e4m3, row) . B (32x8 e4m3, col), fp32. */
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* d += A (16x16 bf16, row) . B (16x8 bf16, col), fp32. */
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ int clamp_row(int r, int max_rows) {
   return r < 0 ? 0 : r > max_rows ? max_rows : r;
@@ -246,7 +206,7 @@ __device__ __forceinline__ void load_stage(const Params &p, uint8_t *stage_base,
     const int c = tid + i * kThreads, r = c / kCopiesPerRow, ch = c % kCopiesPerRow;
     const int64_t n = n0 + r, kk = k0 + ch * 16;
     const bool valid = n < p.n && kk < p.k_bytes;
-    copy16(smem_addr(w_tile + r * kRowBytes + ch * 16), valid ? w + n * p.k_bytes + kk : w, valid);
+    cp_async16(smem_addr(w_tile + r * kRowBytes + ch * 16), valid ? w + n * p.k_bytes + kk : w, valid ? 16 : 0);
   }
 #pragma unroll
   for (int i = 0; i < (kTileM * kCopiesPerRow + kThreads - 1) / kThreads; i++) {
@@ -255,18 +215,17 @@ __device__ __forceinline__ void load_stage(const Params &p, uint8_t *stage_base,
     const int r = c / kCopiesPerRow, ch = c % kCopiesPerRow;
     const int64_t m = (int64_t)t.row_begin + r, kk = k0 + ch * 16;
     const bool valid = m < t.row_end && kk < p.k_bytes;
-    copy16(smem_addr(x_tile + r * kRowBytes + ch * 16), valid ? p.x + m * p.ldx_bytes + kk : p.x,
-           valid);
+    cp_async16(smem_addr(x_tile + r * kRowBytes + ch * 16), valid ? p.x + m * p.ldx_bytes + kk : p.x, valid ? 16 : 0);
   }
   if (kFp8) {
     if (tid < kTileM) {
       const int64_t m = (int64_t)t.row_begin + tid;
       const bool valid = m < t.row_end;
-      copy4(smem_addr(scales + tid), valid ? p.x_scale + m * p.kblocks + ks : p.x_scale, valid);
+      cp_async4(smem_addr(scales + tid), valid ? p.x_scale + m * p.kblocks + ks : p.x_scale, valid ? 4 : 0);
     } else if (tid == kThreads - 1) {
       /* The tile's scale block: n0 / 128 = n_tile / (128 / kTileN). */
       const int64_t block_row = n_tile / (kScaleBlock / kTileN);
-      copy4(smem_addr(scales + kTileM), w_scale + block_row * p.w_scale_ld + ks, true);
+      cp_async4(smem_addr(scales + kTileM), w_scale + block_row * p.w_scale_ld + ks, 4);
     }
   }
 }
@@ -375,20 +334,20 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const Params p) 
     if (s < p.num_stages_k)
       load_stage<kTileM, kTileN, kFp8>(p, smem + s * S::kStageBytes, s, t, w, w_scale, n_tile,
                                        tid);
-    copy_commit();
+    cp_async_commit();
   }
   for (int i = 0; i < p.num_stages_k; i++) {
-    copy_wait<S::kStages - 2>();
+    cp_async_wait<S::kStages - 2>();
     __syncthreads(); /* stage i visible to all; everyone is done with stage i - 1's buffer */
     const int next = i + S::kStages - 1;
     if (next < p.num_stages_k)
       load_stage<kTileM, kTileN, kFp8>(p, smem + (next % S::kStages) * S::kStageBytes, next, t, w,
                                        w_scale, n_tile, tid);
-    copy_commit();
+    cp_async_commit();
     compute_stage<kTileM, kTileN, kFp8>(smem + (i % S::kStages) * S::kStageBytes, acc, warp_n,
                                         warp_k, lane);
   }
-  copy_wait<0>();
+  cp_async_wait<0>();
   __syncthreads(); /* the pipeline's shared memory becomes the output tile */
 
   /* One output tile per K-warp, added in warp order below. */

@@ -49,6 +49,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_math.cuh"
+#include "core/ptx.cuh"
 #include "gemm/gemm_internal.h"
 #include "gemm/gemm_scale_layout.h"
 
@@ -106,41 +107,17 @@ __device__ __forceinline__ uint4 load_weight(const uint8_t *p) {
   return v;
 }
 
-__device__ __forceinline__ void wait_for_previous_grid() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-__device__ __forceinline__ void allow_next_grid() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-/* d += A (16x16 bf16, row) . B (16x8 bf16, col), fp32. */
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* d += A (16x32 e4m3, row) . B (32x8 e4m3, col), fp32. */
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* The two MMAs of one 16-byte piece (see the header comment). */
 template <bool kFp8>
 __device__ __forceinline__ void mma_piece(float (&d)[4], const uint4 &w0, const uint4 &w1,
                                           const uint4 &x) {
+  const uint32_t a_lo[4] = {w0.x, w1.x, w0.y, w1.y}, a_hi[4] = {w0.z, w1.z, w0.w, w1.w};
   if (kFp8) {
-    mma_e4m3(d, w0.x, w1.x, w0.y, w1.y, x.x, x.y);
-    mma_e4m3(d, w0.z, w1.z, w0.w, w1.w, x.z, x.w);
+    ina_ptx::mma_e4m3(d, a_lo, x.x, x.y);
+    ina_ptx::mma_e4m3(d, a_hi, x.z, x.w);
   } else {
-    mma_bf16(d, w0.x, w1.x, w0.y, w1.y, x.x, x.y);
-    mma_bf16(d, w0.z, w1.z, w0.w, w1.w, x.z, x.w);
+    ina_ptx::mma_bf16(d, a_lo, x.x, x.y);
+    ina_ptx::mma_bf16(d, a_hi, x.z, x.w);
   }
 }
 
@@ -261,8 +238,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) small_m_kernel(const Params p)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   Weights current;
   load_weights(p, l, unit_begin, current);
-  wait_for_previous_grid();
-  allow_next_grid();
+  ina_ptx::griddep_wait();
+  ina_ptx::griddep_launch_dependents();
   for (int64_t u = unit_begin; u < l.unit_end; u += kBatch) {
     Activations a;
     load_activations<kFp8>(p, l, u, w_scale_row, a);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "core/cuda_math.cuh"
+#include "core/ptx.cuh"
 #include "mla/mla_cache.h"
 #include "mla/mla_schedule.h"
 
@@ -102,12 +103,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
  * launched while they run, so its launch latency hides behind their tail; the combine
  * pass waits for them to finish (and their writes to be visible) before reading partial
  * results. Both are no-ops for a kernel launched without the PDL attribute. */
-__device__ __forceinline__ void allow_dependent_launch() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void wait_for_prerequisite_grids() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
+__device__ __forceinline__ void allow_dependent_launch() { ina_ptx::griddep_launch_dependents(); }
+__device__ __forceinline__ void wait_for_prerequisite_grids() { ina_ptx::griddep_wait(); }
 
 using ina_cuda::warp_max;
 using ina_cuda::warp_sum;

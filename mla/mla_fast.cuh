@@ -17,6 +17,7 @@
 
 #include <math.h>
 
+#include "core/ptx.cuh"
 #include "mla/mla_device.cuh"
 
 namespace ina_mla {
@@ -36,50 +37,23 @@ static_assert(INA_MLA_TILE_ROWS == 16, "one m16 tile of query rows");
 /* Partial score tiles of the 4 warps, in accumulator order: [warp][n-tile][lane] float4. */
 constexpr int kPartialBytes = kWarps * kNTiles * 32 * 16;
 
-/* ---- PTX wrappers ------------------------------------------------------------------ */
+/* ---- PTX wrappers (core/ptx.cuh) ------------------------------------------------------ */
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using ina_ptx::cp_async16;
+using ina_ptx::cp_async_commit;
+using ina_ptx::cp_async_wait;
+using ina_ptx::smem_addr;
 
-/* 16 bytes global -> shared; src_bytes = 0 writes zeros (positions past the chunk). */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t r[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) { ina_ptx::ldmatrix_x4(r, addr); }
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) { ina_ptx::ldmatrix_x4_trans(r, addr); }
 
 /* c += a * b on m16n8k16, fp32 accumulators; kHalf picks f16 inputs, else bf16. */
 template <bool kHalf>
-__device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  if (kHalf) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if (kHalf)
+    ina_ptx::mma_f16(c, a, b0, b1);
+  else
+    ina_ptx::mma_bf16(c, a, b0, b1);
 }
 
 template <bool kHalf>
