@@ -1,0 +1,89 @@
+/* The run loop: a thread that is the scheduler's driver while it runs. It steps while
+ * there are unfinished requests and sleeps on `wake` otherwise; submit and cancel signal
+ * `wake`, run_stop sets run_stop and broadcasts it.
+ *
+ * No lost wake-up: the loop tests num_live and run_stop under mu right before waiting,
+ * and submit / run_stop change them under mu before signalling, so a change either
+ * happens before the test (seen) or after the wait began (it wakes the loop). */
+#define INA_LOG_SUBSYS "scheduler"
+#include <errno.h>
+#include <time.h>
+
+#include "core/check.h"
+#include "agent/scheduler/scheduler_internal.h"
+
+/* When a step could run nothing although requests are unfinished (pages held outside the
+ * scheduler), the loop waits this long before trying again instead of spinning. */
+#define IDLE_RETRY_NS 1000000L
+
+static void wait_a_little_locked(ina_scheduler_t *s) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_nsec += IDLE_RETRY_NS;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  (void)pthread_cond_timedwait(&s->wake, &s->mu, &until);
+}
+
+static void *run_loop(void *arg) {
+  ina_scheduler_t *s = arg;
+  pthread_mutex_lock(&s->mu);
+  while (!s->run_stop) {
+    if (s->num_live == 0) {
+      pthread_cond_wait(&s->wake, &s->mu);
+      continue;
+    }
+    pthread_mutex_unlock(&s->mu);
+    int32_t scheduled = 0;
+    const ina_status_t st = sched_step(s, &scheduled);
+    if (st != INA_OK)
+      INA_LOG_W(INA_LOG_SUBSYS, "run loop: step failed (%s); its requests were finished with an error",
+                ina_status_string(st));
+    pthread_mutex_lock(&s->mu);
+    if (scheduled == 0 && st == INA_OK && !s->run_stop && s->num_live > 0) wait_a_little_locked(s);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+ina_status_t ina_scheduler_run_start(ina_scheduler_t *s) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(s != NULL, INA_ERR_INVALID_ARGUMENT, "run start: scheduler is NULL");
+  pthread_mutex_lock(&s->mu);
+  const int busy = s->run_started || s->stepping || s->closing;
+  if (!busy) {
+    s->run_started = 1;
+    s->run_stop = 0;
+  }
+  pthread_mutex_unlock(&s->mu);
+  INA_REQUIRE(!busy, INA_ERR_INVALID_ARGUMENT, "run start: the scheduler already has a driver");
+  const int err = pthread_create(&s->run_thread, NULL, run_loop, s);
+  if (err != 0) {
+    pthread_mutex_lock(&s->mu);
+    s->run_started = 0;
+    pthread_mutex_unlock(&s->mu);
+    INA_REQUIRE(0, err == EAGAIN ? INA_ERR_OUT_OF_MEMORY : INA_ERR_INTERNAL, "run start: pthread_create failed (%d)",
+                err);
+  }
+fail:
+  return st;
+}
+
+void ina_scheduler_run_stop(ina_scheduler_t *s) {
+  if (!s) return;
+  pthread_mutex_lock(&s->mu);
+  const int started = s->run_started;
+  if (started) {
+    s->run_stop = 1;
+    pthread_cond_broadcast(&s->wake);
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (!started) return;
+  pthread_join(s->run_thread, NULL);
+  pthread_mutex_lock(&s->mu);
+  s->run_started = 0;
+  s->run_stop = 0;
+  pthread_mutex_unlock(&s->mu);
+}

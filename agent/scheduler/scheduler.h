@@ -1,0 +1,202 @@
+/* Request scheduler: streaming generation requests served by continuous batching over
+ * one engine (model/model.h, CPU or CUDA backend).
+ *
+ * Clients submit requests (prompt token ids, limits, sampling, stop ids, a callback) from
+ * any thread. One driver thread calls ina_scheduler_step (or lets the run loop call it);
+ * each step runs one ina_engine_forward over a mixed batch:
+ *   - every running request in the decode phase adds its last sampled token;
+ *   - requests still prefilling add their next prompt chunk, within a per-step token
+ *     budget (chunked prefill: a long prompt is split across steps);
+ *   - waiting requests are admitted in FIFO order when the budget, the running limit and
+ *     the KV pool allow (pages for the whole prompt must be free); the head of the queue
+ *     is never overtaken, so nothing starves;
+ * then samples the next token of every request whose known tokens are all computed and
+ * delivers it through the request's callback.
+ *
+ * KV pages: when a running request cannot grow, the prefix cache gives back unused pages
+ * first; then the youngest running requests are preempted (recompute: their pages are
+ * freed and they go back to the front of the queue with the tokens generated so far
+ * appended to their prompt, so their output continues unchanged). A request that is
+ * itself the youngest waits for pages instead. The oldest running request can always
+ * grow: every accepted request fits in the pool alone (max_context).
+ *
+ * Prefix reuse: after a request's prompt is computed, its full pages enter an LRU prefix
+ * cache keyed by chained hashes of page-aligned token blocks; a later request starting
+ * with the same blocks shares those pages (copy on write never triggers: only full pages
+ * are shared) and computes only the rest. Cached pages no sequence uses are evicted when
+ * the pool runs short.
+ *
+ * Numerics: a request's tokens are the same as when it runs alone through ina_generate
+ * (bitwise on the CPU engine, whose rows do not interact): batching, chunking and prefix
+ * reuse do not change what is computed. Prefill chunks are never a single token of a
+ * longer prompt, because the engine takes one-token steps through the decode path
+ * (absorbed MLA), which rounds differently. Preemption recomputes generated tokens on the
+ * prefill path: for greedy decoding the logits agree to rounding (argmax unchanged
+ * barring exact near-ties).
+ *
+ * Ownership: the scheduler borrows the engine (which must outlive it) and owns the
+ * engine's page pool while it lives: nothing else may use that engine meanwhile. It
+ * copies everything a request points to at submit. A failed create sets *out = NULL;
+ * destroy(NULL) is a no-op.
+ *
+ * Thread safety: submit, cancel and stats may be called from any thread at any time
+ * (also from a callback). step, flush_prefix_cache, run_start / run_stop and destroy
+ * belong to one driver thread, never to a callback; while the run loop is started, it
+ * is the driver (step and flush are refused). Callbacks run on the driver thread with
+ * no scheduler lock held. */
+#ifndef INA_AGENT_SCHEDULER_SCHEDULER_H
+#define INA_AGENT_SCHEDULER_SCHEDULER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "model/model.h"
+#include "model/sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ina_scheduler ina_scheduler_t;
+
+typedef struct ina_scheduler_config {
+  size_t struct_size; /* sizeof(ina_scheduler_config_t), set by the INIT macro */
+  uint32_t version;   /* 1 */
+  /* Tokens one step may run: decode tokens plus prefill chunks. >= 3 (a prompt is split
+   * into chunks of at least two tokens). */
+  int32_t max_batch_tokens;
+  /* Requests admitted (prefilling or decoding) at once, >= 1. */
+  int32_t max_running;
+  /* Largest prompt_len + max_new_tokens accepted. 0: the model's
+   * max_position_embeddings, capped by the KV pool's tokens. At most the pool's tokens,
+   * so that any accepted request fits alone. */
+  int64_t max_context;
+  /* Pages the prefix cache may hold: < 0 half the pool, 0 no prefix cache. */
+  int32_t prefix_cache_pages;
+} ina_scheduler_config_t;
+
+#define INA_SCHEDULER_CONFIG_INIT {sizeof(ina_scheduler_config_t), 1, 512, 64, 0, -1}
+
+typedef enum ina_finish_reason {
+  INA_FINISH_NONE = 0,  /* not finished: a token event */
+  INA_FINISH_LENGTH,    /* max_new_tokens generated */
+  INA_FINISH_STOP,      /* generated one of the request's stop ids (it is delivered) */
+  INA_FINISH_EOS,       /* generated the model's eos id (delivered), unless ignore_eos */
+  INA_FINISH_CANCELLED, /* ina_scheduler_cancel, or the scheduler was destroyed */
+  INA_FINISH_ERROR,     /* the engine or sampler failed: see status and error */
+} ina_finish_reason_t;
+
+/* "none", "length", "stop", "eos", "cancelled", "error"; "unknown" otherwise. */
+const char *ina_finish_reason_string(ina_finish_reason_t reason);
+
+/* Per-request figures, in the final event. Times are seconds from submit. */
+typedef struct ina_request_metrics {
+  double queue_seconds;       /* until first admitted into a step (until finish if never) */
+  double first_token_seconds; /* until the first generated token; -1 when none */
+  double total_seconds;       /* until finished */
+  double mean_token_seconds;  /* mean gap between consecutive tokens; 0 with fewer than 2 */
+  double max_token_seconds;   /* largest such gap (preemptions show here) */
+  int32_t prompt_tokens;
+  int32_t generated_tokens;
+  int32_t cached_tokens;      /* prompt tokens taken from the prefix cache, not computed */
+  int32_t preemptions;
+} ina_request_metrics_t;
+
+/* One callback call. Pointers are valid during the call only. */
+typedef struct ina_request_event {
+  const char *request_id;
+  int32_t token;               /* the new token; -1 in the final event */
+  int32_t num_generated;       /* tokens generated so far, this one included */
+  ina_finish_reason_t finish;  /* INA_FINISH_NONE for a token, the reason in the final event */
+  ina_status_t status;         /* final event: INA_OK unless finish is INA_FINISH_ERROR */
+  const char *error;           /* final event of an error: the message; else "" */
+  const ina_request_metrics_t *metrics; /* final event only; NULL otherwise */
+} ina_request_event_t;
+
+/* Every accepted request gets its token events in order, then exactly one final event
+ * (finish != INA_FINISH_NONE), after which the scheduler forgets it. */
+typedef void (*ina_request_callback_t)(const ina_request_event_t *event, void *user_data);
+
+typedef struct ina_request {
+  size_t struct_size; /* sizeof(ina_request_t), set by the INIT macro */
+  uint32_t version;   /* 1 */
+  const char *id;     /* non-empty, unique among the scheduler's unfinished requests */
+  const int32_t *prompt;
+  int32_t prompt_len; /* >= 1, ids in [0, vocab) */
+  int32_t max_new_tokens; /* >= 1; prompt_len + max_new_tokens <= max_context */
+  ina_sampling_params_t sampling;
+  const int32_t *stop_ids; /* [num_stop_ids] in [0, vocab); may be NULL when 0 */
+  int32_t num_stop_ids;
+  int ignore_eos;     /* 1: the model's eos id does not end generation */
+  ina_request_callback_t callback; /* may be NULL (nothing is delivered) */
+  void *user_data;
+} ina_request_t;
+
+#define INA_REQUEST_INIT \
+  {sizeof(ina_request_t), 1, NULL, NULL, 0, 16, INA_SAMPLING_PARAMS_INIT, NULL, 0, 0, NULL, NULL}
+
+typedef struct ina_scheduler_stats {
+  int32_t waiting;            /* accepted, not running (preempted ones included) */
+  int32_t running;            /* admitted: prefilling or decoding */
+  int32_t kv_pages_total;
+  int32_t kv_pages_used;      /* prefix cache included */
+  int32_t kv_pages_free;
+  int32_t prefix_cache_pages; /* pages the prefix cache holds */
+  int64_t prefix_cache_queries;    /* admissions that looked the cache up */
+  int64_t prefix_cache_hits;       /* of those, admissions that reused at least one page */
+  int64_t prefix_cache_hit_tokens; /* prompt tokens reused instead of computed */
+  int64_t steps;              /* forward steps run */
+  int64_t prefill_tokens;     /* prompt tokens computed (recomputation included) */
+  int64_t decode_tokens;      /* one-token decode inputs computed */
+  int64_t generated_tokens;   /* tokens sampled and delivered */
+  int64_t preemptions;
+  int64_t finished;           /* requests finished, whatever the reason */
+  double busy_seconds;        /* wall time spent in steps that ran a forward */
+  double generated_tokens_per_second; /* generated_tokens / busy_seconds */
+  double tokens_per_second;   /* (prefill + decode tokens) / busy_seconds */
+} ina_scheduler_stats_t;
+
+/* config may be NULL (defaults). The pool must have no pages in use by others. */
+ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_config_t *config,
+                                  ina_scheduler_t **out);
+/* Stops the run loop if started, finishes every unfinished request as cancelled (their
+ * final events are delivered on the calling thread), and returns all pages to the pool. */
+void ina_scheduler_destroy(ina_scheduler_t *scheduler);
+
+/* Validate and queue a request. INA_ERR_INVALID_ARGUMENT, with a message naming the
+ * request and the field, for an empty prompt, an id out of the vocabulary, a prompt plus
+ * max_new_tokens beyond max_context, invalid sampling params or stop ids, an empty or
+ * duplicate id; nothing is queued then. Any thread. */
+ina_status_t ina_scheduler_submit(ina_scheduler_t *scheduler, const ina_request_t *request);
+
+/* Ask an unfinished request to stop: at the next step it finishes with
+ * INA_FINISH_CANCELLED and its pages return to the pool. INA_ERR_NOT_FOUND when no
+ * unfinished request has this id. Idempotent. Any thread. */
+ina_status_t ina_scheduler_cancel(ina_scheduler_t *scheduler, const char *request_id);
+
+/* One scheduling step (see above); callbacks run before it returns. *num_scheduled
+ * (may be NULL) receives the number of sequences in the step's batch (0: nothing could
+ * run). An engine failure finishes the batch's requests with INA_FINISH_ERROR and is
+ * returned. Driver thread only; INA_ERR_INVALID_ARGUMENT while the run loop runs. */
+ina_status_t ina_scheduler_step(ina_scheduler_t *scheduler, int32_t *num_scheduled);
+
+/* Start a thread that steps while there are unfinished requests and sleeps on a
+ * condition variable otherwise. INA_ERR_INVALID_ARGUMENT when already started. */
+ina_status_t ina_scheduler_run_start(ina_scheduler_t *scheduler);
+/* Ask the run loop to stop after its current step and join it; unfinished requests stay
+ * queued (step them, or destroy). No-op when not started. Not from a callback. */
+void ina_scheduler_run_stop(ina_scheduler_t *scheduler);
+
+/* Counters and gauges as of the last step (queue lengths include requests submitted
+ * since). Any thread. */
+void ina_scheduler_stats(ina_scheduler_t *scheduler, ina_scheduler_stats_t *out);
+
+/* Drop every prefix cache entry (their unused pages return to the pool). Driver thread
+ * only: not while the run loop runs (INA_ERR_INVALID_ARGUMENT). */
+ina_status_t ina_scheduler_flush_prefix_cache(ina_scheduler_t *scheduler);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

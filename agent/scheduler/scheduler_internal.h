@@ -1,0 +1,174 @@
+/* The scheduler's internals, shared by the files of scheduler/ (not a public header).
+ *
+ * Who touches what:
+ *   - fields under "driver" belong to the thread inside ina_scheduler_step (or destroy):
+ *     the queues, the engine, its page pool, the prefix cache, the step buffers;
+ *   - fields under "shared" are guarded by `mu`: requests submitted but not yet seen by a
+ *     step (incoming), the list of unfinished requests (for cancel by id and the id
+ *     uniqueness check), cancel flags, the stats snapshot and the run loop's state.
+ * A request moves from incoming (shared) to the driver's queues at the start of a step
+ * (under mu); after that only the driver reads or writes its generation state, and
+ * other threads only touch its cancel flag and live-list links, under mu. */
+#ifndef INA_AGENT_SCHEDULER_SCHEDULER_INTERNAL_H
+#define INA_AGENT_SCHEDULER_SCHEDULER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "kvcache/kv_seq.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "agent/scheduler/prefix_cache.h"
+#include "agent/scheduler/scheduler.h"
+
+typedef struct sched_request {
+  char *id;
+  int32_t *tokens;        /* [prompt_len + max_new_tokens]: the prompt, then generated tokens */
+  int32_t prompt_len;
+  int32_t max_new_tokens;
+  int32_t num_tokens;     /* prompt_len + num_generated */
+  int32_t num_generated;
+  /* Tokens to compute on the prefill path before sampling resumes: the prompt, or after a
+   * preemption every token known then. The request is prefilling while
+   * num_computed < prefill_len, decoding after. */
+  int32_t prefill_len;
+  int32_t num_computed;   /* tokens whose KV entries are in seq */
+  int32_t *stop_ids;
+  int32_t num_stop_ids;
+  int32_t eos;            /* -1 when ignored */
+  ina_sampler_t *sampler; /* keeps its draw counter across preemptions */
+  ina_kv_seq_t seq;
+  ina_request_callback_t callback;
+  void *user_data;
+
+  /* This step's plan (driver). */
+  int32_t step_tokens;    /* new tokens in this step's batch, 0 when not scheduled */
+  int32_t step_pages;     /* pool pages they take */
+
+  /* Outcome and metrics (driver). */
+  ina_finish_reason_t finish;
+  ina_status_t status;
+  char error[256];
+  double t_submit, t_admit, t_first, t_last; /* t_admit / t_first < 0 until they happen */
+  double gap_sum, gap_max;
+  int32_t cached_tokens, preemptions;
+
+  /* Shared, under mu. */
+  int cancel_requested;
+  struct sched_request *live_prev, *live_next;
+  struct sched_request *incoming_next;
+} sched_request_t;
+
+/* A double-ended queue of requests (ring buffer). */
+typedef struct sched_queue {
+  sched_request_t **items;
+  int32_t head, count, capacity;
+} sched_queue_t;
+
+/* What a step delivers once its work is done and mu is released. */
+typedef struct sched_event {
+  sched_request_t *req;
+  int32_t token;         /* -1 for the final event */
+  int32_t num_generated;
+} sched_event_t;
+
+struct ina_scheduler {
+  /* Fixed at create. */
+  ina_engine_t *engine;
+  ina_page_pool_t *pool;
+  int32_t page_size, vocab, eos;
+  int32_t max_batch_tokens, max_running;
+  int64_t max_context;
+
+  /* Driver. */
+  sched_queue_t waiting;         /* FIFO; preempted requests go back to the front */
+  sched_request_t **running;     /* [max_running], oldest admission first */
+  int32_t num_running;
+  ina_prefix_cache_t *cache;     /* NULL when disabled */
+  /* the step's batch */
+  sched_request_t **batch_reqs;  /* [max_running] */
+  ina_kv_seq_t **batch_seqs;     /* [max_running] */
+  int32_t *qo_indptr;            /* [max_running + 1] */
+  int32_t *batch_tokens;         /* [max_batch_tokens] */
+  float *logits;                 /* [max_running, vocab] */
+  int32_t batch_size;
+  int32_t budget;                /* tokens left in this step */
+  int32_t reserved_pages;        /* pool pages this step's batch will take */
+  sched_event_t *events;
+  int32_t num_events, events_capacity;
+  sched_request_t **finished;    /* requests whose final event is queued */
+  int32_t num_finished, finished_capacity;
+  int32_t *match_pages;          /* [pool pages]: prefix cache lookups */
+  /* counters, copied into the snapshot at the end of each step */
+  ina_scheduler_stats_t counters;
+
+  /* Shared, under mu. */
+  pthread_mutex_t mu;
+  pthread_cond_t wake;           /* the run loop sleeps here while there is no work */
+  sched_request_t *incoming_head, *incoming_tail;
+  int32_t num_incoming;
+  sched_request_t *live_head;    /* every unfinished request */
+  int32_t num_live;
+  int32_t pending_cancels;       /* cancel flags set since the last step looked */
+  int stepping;                  /* a thread holds the driver role (step, flush) */
+  int closing;                   /* destroy has begun: submit is refused */
+  ina_scheduler_stats_t snapshot;
+  pthread_t run_thread;
+  int run_started, run_stop;
+};
+
+/* ---- request.c ---------------------------------------------------------------------- */
+
+/* Validate a submitted request against the scheduler's limits and copy it. On failure
+ * *out = NULL and the error names the request and the field. */
+ina_status_t sched_request_create(const ina_scheduler_t *s, const ina_request_t *req, double now,
+                                  sched_request_t **out);
+/* Releases the sequence's pages too. NULL is a no-op. */
+void sched_request_free(ina_page_pool_t *pool, sched_request_t *r);
+/* The request's metrics as of `now` (its finish time). */
+void sched_request_metrics(const sched_request_t *r, double now, ina_request_metrics_t *out);
+/* Record a sampled token: store it, update the token-gap metrics and return the finish
+ * reason it causes (INA_FINISH_NONE to go on). */
+ina_finish_reason_t sched_request_add_token(sched_request_t *r, int32_t token, double now);
+
+/* ---- queue.c ------------------------------------------------------------------------ */
+
+ina_status_t sched_queue_reserve(sched_queue_t *q, int32_t capacity);
+void sched_queue_release(sched_queue_t *q);
+/* Pushes never grow the queue: reserve first. */
+void sched_queue_push_back(sched_queue_t *q, sched_request_t *r);
+void sched_queue_push_front(sched_queue_t *q, sched_request_t *r);
+sched_request_t *sched_queue_at(const sched_queue_t *q, int32_t i);
+sched_request_t *sched_queue_pop_front(sched_queue_t *q);
+/* Remove the entry at position i, keeping the order of the others. */
+void sched_queue_remove_at(sched_queue_t *q, int32_t i);
+
+/* ---- events.c ----------------------------------------------------------------------- */
+
+/* Make room for `extra` more events and finished requests in this step. */
+ina_status_t sched_events_reserve(ina_scheduler_t *s, int32_t extra);
+void sched_emit_token(ina_scheduler_t *s, sched_request_t *r, int32_t token);
+/* Finish a request: its pages go back to the pool now, its final event is queued. The
+ * caller removes it from the queue or running list that held it. */
+void sched_finish(ina_scheduler_t *s, sched_request_t *r, ina_finish_reason_t reason, ina_status_t status,
+                  const char *error);
+/* Unlink this step's finished requests from the live list (caller holds mu). */
+void sched_unlink_finished_locked(ina_scheduler_t *s);
+/* Call r's callback with a token event (token >= 0) or its final event (token < 0). */
+void sched_deliver(sched_request_t *r, int32_t token, int32_t num_generated, double now);
+/* Deliver the queued events in order (no lock held), then free the finished requests. */
+void sched_deliver_events(ina_scheduler_t *s);
+
+/* ---- step.c ------------------------------------------------------------------------- */
+
+/* The step itself, for ina_scheduler_step and the run loop; the caller is the driver
+ * (stepping set, or the run loop thread). */
+ina_status_t sched_step(ina_scheduler_t *s, int32_t *num_scheduled);
+
+/* ---- scheduler.c -------------------------------------------------------------------- */
+
+double sched_now(void);
+/* Fill the snapshot's gauges from the driver's state (caller holds mu). */
+void sched_publish_locked(ina_scheduler_t *s);
+
+#endif
