@@ -1,0 +1,178 @@
+/* The /metrics endpoint on libmicrohttpd. */
+#define INA_LOG_SUBSYS "metrics_http"
+#include "agent/metrics/metrics_http.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "core/check.h"
+
+#define DEFAULT_ADDRESS "127.0.0.1"
+#define DEFAULT_CONNECTION_TIMEOUT_S 10
+/* Prometheus scrapes with one connection; this only bounds what a misbehaving client
+ * can hold open. */
+#define CONNECTION_LIMIT 64
+
+struct ina_metrics_http {
+  ina_metrics_t *reg; /* borrowed */
+  struct MHD_Daemon *daemon;
+  int port;
+  /* libmicrohttpd's latest message before serving began, quoted when start fails. */
+  char mhd_message[256];
+  /* Set once start has succeeded: from then on libmicrohttpd's messages are warnings;
+   * before, they only feed start's error message. */
+  atomic_int serving;
+};
+
+/* libmicrohttpd's diagnostics go to ina's log, without their trailing newline. */
+static void log_from_mhd(void *cls, const char *fmt, va_list ap) {
+  ina_metrics_http_t *srv = cls;
+  char line[sizeof srv->mhd_message];
+  vsnprintf(line, sizeof line, fmt, ap);
+  size_t n = strlen(line);
+  while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+  if (atomic_load(&srv->serving)) {
+    INA_LOG_W(INA_LOG_SUBSYS, "libmicrohttpd: %s", line);
+  } else {
+    memcpy(srv->mhd_message, line, n + 1);
+    INA_LOG_D(INA_LOG_SUBSYS, "libmicrohttpd: %s", line);
+  }
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned int code,
+                                 const char *text, const char *allow) {
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+  if (!resp) return MHD_NO;
+  enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                               "text/plain; charset=utf-8");
+  if (ok == MHD_YES && allow) ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+  if (ok == MHD_YES) ok = MHD_queue_response(conn, code, resp);
+  MHD_destroy_response(resp);
+  return ok;
+}
+
+static enum MHD_Result send_metrics(ina_metrics_http_t *srv, struct MHD_Connection *conn) {
+  char *text = NULL;
+  size_t len = 0;
+  if (ina_metrics_render(srv->reg, &text, &len) != INA_OK) {
+    return send_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "rendering the metrics failed\n",
+                     NULL);
+  }
+  /* The response takes the rendering over and frees it once sent. */
+  struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback(len, text, free);
+  if (!resp) {
+    free(text);
+    return MHD_NO;
+  }
+  enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                               "text/plain; version=0.0.4");
+  if (ok == MHD_YES) ok = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+  MHD_destroy_response(resp);
+  return ok;
+}
+
+/* Called when a request's headers have arrived, again for each piece of a body, and a
+ * last time once the request is complete. The answer is queued on that last call: a
+ * response queued earlier makes libmicrohttpd close the connection (it cannot tell
+ * where the next request starts), which would defeat the keep-alive a scraper relies
+ * on. A body, which no valid request here has, is read and discarded. */
+static enum MHD_Result handle_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                      const char *method, const char *version,
+                                      const char *upload_data, size_t *upload_data_size,
+                                      void **con_cls) {
+  static int request_seen; /* its address marks a request whose headers were seen */
+  ina_metrics_http_t *srv = cls;
+  if (*con_cls == NULL) {
+    *con_cls = &request_seen;
+    return MHD_YES;
+  }
+  if (*upload_data_size != 0) {
+    *upload_data_size = 0;
+    return MHD_YES;
+  }
+  if (strcmp(url, "/metrics") != 0) return send_text(conn, MHD_HTTP_NOT_FOUND, "not found\n", NULL);
+  if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+    return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n", "GET, HEAD");
+  }
+  return send_metrics(srv, conn);
+}
+
+ina_status_t ina_metrics_http_start(ina_metrics_t *reg, const ina_metrics_http_options_t *options,
+                                    ina_metrics_http_t **out) {
+  ina_status_t st = INA_OK;
+  ina_metrics_http_t *srv = NULL;
+  const ina_metrics_http_options_t defaults = INA_METRICS_HTTP_OPTIONS_INIT;
+  INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "ina_metrics_http_start: out is NULL");
+  *out = NULL;
+  INA_REQUIRE(reg != NULL, INA_ERR_INVALID_ARGUMENT, "ina_metrics_http_start: registry is NULL");
+  if (!options) options = &defaults;
+  INA_REQUIRE_VERSIONED(options, offsetof(ina_metrics_http_options_t, connection_timeout_s) +
+                                     sizeof(int),
+                        "ina_metrics_http_options_t", "INA_METRICS_HTTP_OPTIONS_INIT");
+  const char *address = options->address ? options->address : DEFAULT_ADDRESS;
+  INA_REQUIRE(options->port >= 0 && options->port <= 65535, INA_ERR_INVALID_ARGUMENT,
+              "metrics http: port %d is out of range 0..65535", options->port);
+  unsigned timeout_s = options->connection_timeout_s > 0 ? (unsigned)options->connection_timeout_s
+                                                          : DEFAULT_CONNECTION_TIMEOUT_S;
+
+  struct sockaddr_storage sa;
+  memset(&sa, 0, sizeof sa);
+  unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC |
+                       MHD_USE_ERROR_LOG;
+  struct sockaddr_in *v4 = (struct sockaddr_in *)&sa;
+  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&sa;
+  if (inet_pton(AF_INET, address, &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons((uint16_t)options->port);
+  } else if (inet_pton(AF_INET6, address, &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons((uint16_t)options->port);
+    flags |= MHD_USE_IPv6;
+  } else {
+    INA_REQUIRE(0, INA_ERR_INVALID_ARGUMENT,
+                "metrics http: address '%s' is not a numeric IPv4 or IPv6 address", address);
+  }
+
+  srv = calloc(1, sizeof *srv);
+  INA_CHECK_ALLOC(srv);
+  srv->reg = reg;
+  srv->daemon = MHD_start_daemon(
+      flags, (uint16_t)options->port, NULL, NULL, handle_request, srv,
+      /* The logger goes first so that it also receives what the other options say. */
+      MHD_OPTION_EXTERNAL_LOGGER, log_from_mhd, srv,
+      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+      MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned int)CONNECTION_LIMIT,
+      MHD_OPTION_END);
+  INA_REQUIRE(srv->daemon != NULL, INA_ERR_IO, "metrics http: cannot listen on %s port %d: %s",
+              address, options->port,
+              srv->mhd_message[0] ? srv->mhd_message : "libmicrohttpd gave no reason");
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
+  INA_REQUIRE(info != NULL && info->port != 0, INA_ERR_INTERNAL,
+              "metrics http: listening on %s but libmicrohttpd does not report the port",
+              address);
+  srv->port = info->port;
+  atomic_store(&srv->serving, 1);
+  INA_LOG_I(INA_LOG_SUBSYS, "serving /metrics on %s port %d", address, srv->port);
+  *out = srv;
+  return INA_OK;
+fail:
+  ina_metrics_http_stop(srv);
+  return st;
+}
+
+int ina_metrics_http_port(const ina_metrics_http_t *srv) { return srv->port; }
+
+void ina_metrics_http_stop(ina_metrics_http_t *srv) {
+  if (!srv) return;
+  if (srv->daemon) MHD_stop_daemon(srv->daemon);
+  free(srv);
+}
