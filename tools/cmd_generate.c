@@ -40,7 +40,10 @@ static void usage(FILE *f) {
           "  --no-cuda-graphs     run every GPU step eagerly (default: decode steps replay CUDA\n"
           "                       graphs captured per batch bucket)\n"
           "  --threads N          CPU threads (default: INA_NUM_THREADS or all CPUs)\n"
-          "  -h, --help           this help\n");
+          "  -h, --help           this help\n"
+          "\n"
+          "With --server HOST:PORT the prompts run on a running ina-agent instead (see\n"
+          "`ina generate --server x --help`).\n");
 }
 
 /* "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N. */
@@ -95,7 +98,16 @@ static void dump_path(const char *base, int32_t i, int32_t count, char *out, siz
   snprintf(out, size, "%.*s_%d.npy", (int)n, base, i);
 }
 
+/* tools/cmd_client.c: `ina generate --server HOST:PORT` runs on a remote ina-agent. */
+
+static int wants_server(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--server") == 0 || strncmp(argv[i], "--server=", 9) == 0) return 1;
+  return 0;
+}
+
 int cmd_generate(int argc, char **argv) {
+  if (wants_server(argc, argv)) return cmd_generate_remote(argc, argv);
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
          O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS };
   static const struct option opts[] = {

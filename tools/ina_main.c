@@ -5,6 +5,8 @@
 #include "core/log.h"
 #include "tools/cli.h"
 
+/* Client commands (tools/cmd_client.c), talking to a running ina-agent. */
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ina <command> [options]\n"
@@ -14,6 +16,10 @@ static void usage(FILE *f) {
           "  model init   write a built-in configuration with seeded random weights as a\n"
           "               Hugging Face checkpoint\n"
           "  model info   print a model's configuration and size\n"
+          "  info         describe a running ina-agent (--server HOST:PORT)\n"
+          "  health       ask a running ina-agent whether it serves (--server HOST:PORT)\n"
+          "\n"
+          "`ina generate --server HOST:PORT` streams from a running ina-agent instead.\n"
           "\n"
           "Run `ina <command> --help` for a command's options.\n"
           "Logging: INA_LOG=info (or warn, debug, trace; per part: INA_LOG=warn,model=debug).\n"
@@ -30,6 +36,8 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 1, argv + 1);
   if (strcmp(argv[1], "model") == 0) return cmd_model(argc - 1, argv + 1);
+  if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 1, argv + 1);
+  if (strcmp(argv[1], "health") == 0) return cmd_health(argc - 1, argv + 1);
   fprintf(stderr, "ina: unknown command '%s'\n\n", argv[1]);
   usage(stderr);
   return 2;

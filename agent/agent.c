@@ -1,0 +1,342 @@
+/* The agent's life cycle: create (model, engine, scheduler, gRPC server, warm-up),
+ * stop requests, drain and shutdown, destroy. The services live in service_*.c. */
+#define INA_LOG_SUBSYS "agent"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/check.h"
+#include "core/cuda.h"
+#include "agent/agent_internal.h"
+
+/* The warm-up's request id holds a space, which the Generate validator refuses, so no
+ * client request can collide with it. */
+#define WARMUP_REQUEST_ID "warm up"
+/* After cancelling the generations left at the end of the grace period, how long to
+ * wait for their final events (they come at the scheduler's next step). */
+#define CANCEL_SETTLE_MS 30000
+/* After the last generation ended, how long to let calls still open send what they
+ * queued (final responses and statuses) before the server cancels them. Only streams
+ * that never end by themselves (health Watch) wait this long. */
+#define FLUSH_MS 1000
+
+double agent_now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Absolute CLOCK_REALTIME time `ms` from now, for pthread_cond_timedwait. */
+static struct timespec deadline_after_ms(int64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += (time_t)(ms / 1000);
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
+agent_generation_t *agent_find_generation_locked(ina_agent_t *agent, const char *request_id) {
+  for (agent_generation_t *g = agent->generations; g; g = g->next)
+    if (strcmp(g->request_id, request_id) == 0) return g;
+  return NULL;
+}
+
+/* ---- warm-up ------------------------------------------------------------------------ */
+
+static void warmup_done(const ina_request_event_t *event, void *user_data) {
+  ina_agent_t *agent = user_data;
+  if (event->finish == INA_FINISH_NONE) return;
+  /* Health is updated under the agent lock, like drain() does, so that a stop racing
+   * with the end of the warm-up cannot leave health SERVING. */
+  pthread_mutex_lock(&agent->lock);
+  int starting = agent->state == AGENT_STARTING;
+  if (event->finish == INA_FINISH_ERROR || event->finish == INA_FINISH_CANCELLED) {
+    agent->warmup_status = event->status != INA_OK ? event->status : INA_ERR_IO;
+    snprintf(agent->warmup_error, sizeof agent->warmup_error, "warm-up generation %s: %s",
+             ina_finish_reason_string(event->finish), event->error ? event->error : "");
+    if (starting) {
+      agent->state = AGENT_FAILED;
+      INA_LOG_E(INA_LOG_SUBSYS, "%s", agent->warmup_error);
+    }
+  } else if (starting) {
+    agent->state = AGENT_SERVING;
+    ina_health_set_all(agent->health, INA_HEALTH_SERVING);
+    INA_LOG_I(INA_LOG_SUBSYS, "warm-up done: serving on port %d", ina_agent_port(agent));
+  }
+  pthread_cond_broadcast(&agent->changed);
+  pthread_mutex_unlock(&agent->lock);
+}
+
+static ina_status_t submit_warmup(ina_agent_t *agent, int32_t warmup_tokens) {
+  const ina_model_config_t *cfg = ina_model_config(agent->model);
+  int32_t prompt[3];
+  int32_t prompt_len = 3;
+  for (int32_t i = 0; i < prompt_len; i++) prompt[i] = (i + 1) % cfg->vocab_size;
+  if (prompt_len + warmup_tokens > agent->max_context) {
+    prompt_len = 2;
+    warmup_tokens = (int32_t)(agent->max_context - prompt_len);
+  }
+  ina_request_t req = INA_REQUEST_INIT;
+  req.id = WARMUP_REQUEST_ID;
+  req.prompt = prompt;
+  req.prompt_len = prompt_len;
+  req.max_new_tokens = warmup_tokens;
+  req.ignore_eos = 1;
+  req.callback = warmup_done;
+  req.user_data = agent;
+  return ina_scheduler_submit(agent->scheduler, &req);
+}
+
+/* ---- create ------------------------------------------------------------------------- */
+
+static const char *weight_dtype_name(const ina_model_config_t *cfg, const ina_agent_options_t *o,
+                                     int checkpoint) {
+  if (checkpoint) return cfg->fp8_block_scaled ? "fp8_e4m3" : "bf16";
+  switch (o->model_dtype) {
+  case INA_DTYPE_F32: return "f32";
+  case INA_DTYPE_FP8_E4M3: return "fp8_e4m3";
+  default: return "bf16";
+  }
+}
+
+static ina_status_t start_server(ina_agent_t *agent, const ina_agent_options_t *o) {
+  ina_status_t st = INA_OK;
+  ina_rpc_server_options_t so = INA_RPC_SERVER_OPTIONS_INIT;
+  so.listen_address = o->listen_address;
+  so.tls_cert_file = o->tls_cert_file;
+  so.tls_key_file = o->tls_key_file;
+  so.num_threads = o->rpc_threads > 0 ? o->rpc_threads : 4;
+  INA_CHECK(ina_rpc_server_create(&so, &agent->server));
+  INA_CHECK(ina_health_create(agent->server, &agent->health));
+  INA_CHECK(ina_health_set_status(agent->health, "", INA_HEALTH_NOT_SERVING));
+  INA_CHECK(ina_health_set_status(agent->health, INA_AGENT_NODE_SERVICE, INA_HEALTH_NOT_SERVING));
+  INA_CHECK(ina_health_set_status(agent->health, INA_AGENT_INFERENCE_SERVICE, INA_HEALTH_NOT_SERVING));
+  INA_CHECK(ina_health_set_status(agent->health, INA_AGENT_PLACEMENT_SERVICE, INA_HEALTH_NOT_SERVING));
+  INA_CHECK(agent_register_node_service(agent));
+  INA_CHECK(agent_register_inference_service(agent));
+  INA_CHECK(agent_register_placement_service(agent, o->admin_token));
+  INA_CHECK(ina_rpc_server_start(agent->server));
+fail:
+  return st;
+}
+
+ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out) {
+  ina_status_t st = INA_OK;
+  ina_agent_t *agent = NULL;
+  INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "ina_agent_create: out is NULL");
+  *out = NULL;
+  INA_REQUIRE_VERSIONED(options, offsetof(ina_agent_options_t, scheduler) + sizeof options->scheduler,
+                        "ina_agent_options_t", "INA_AGENT_OPTIONS_INIT");
+  INA_REQUIRE(options->model && options->model[0], INA_ERR_INVALID_ARGUMENT,
+              "ina_agent_create: options.model is empty (expected tiny, random:NAME or a "
+              "checkpoint directory)");
+  INA_REQUIRE(options->device >= INA_AGENT_DEVICE_AUTO, INA_ERR_INVALID_ARGUMENT,
+              "ina_agent_create: options.device %d (expected -2 auto, -1 cpu or a CUDA ordinal)",
+              (int)options->device);
+
+  agent = calloc(1, sizeof *agent);
+  INA_CHECK_ALLOC(agent);
+  agent->stop_fd = -1;
+  pthread_mutex_init(&agent->lock, NULL);
+  pthread_cond_init(&agent->changed, NULL); /* CLOCK_REALTIME, as deadline_after_ms */
+  agent->state = AGENT_STARTING;
+  agent->start_seconds = agent->load_window_start = agent_now_seconds();
+  agent->drain_grace_ms = options->drain_grace_ms >= 0 ? options->drain_grace_ms : 30000;
+  agent->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  INA_REQUIRE(agent->stop_fd >= 0, INA_ERR_IO, "ina_agent_create: eventfd: %s", strerror(errno));
+  agent->model_name = strdup(options->model);
+  INA_CHECK_ALLOC(agent->model_name);
+
+  agent->device = options->device == INA_AGENT_DEVICE_AUTO
+                      ? (ina_cuda_device_count() > 0 ? 0 : -1)
+                      : options->device;
+  ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+  mo.seed = options->model_seed;
+  mo.dtype = options->model_dtype;
+  mo.random_on_device = agent->device >= 0; /* random weights are generated on the GPU */
+  INA_CHECK(ina_model_open(options->model, &mo, &agent->model));
+  const ina_model_config_t *cfg = ina_model_config(agent->model);
+  int checkpoint = strcmp(options->model, "tiny") != 0 && strncmp(options->model, "random:", 7) != 0;
+  agent->weight_dtype = weight_dtype_name(cfg, options, checkpoint);
+
+  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+  eo.page_size = options->page_size > 0 ? options->page_size : 16;
+  eo.max_tokens = options->max_tokens > 0 ? options->max_tokens : 65536;
+  eo.num_threads = options->num_threads;
+  eo.device = agent->device;
+  INA_CHECK(ina_engine_create(agent->model, &eo, &agent->engine));
+  ina_page_pool_t *pool = ina_engine_page_pool(agent->engine);
+  agent->page_size = ina_page_pool_page_size(pool);
+  INA_CHECK(ina_scheduler_create(agent->engine, &options->scheduler, &agent->scheduler));
+  /* The scheduler's own rule for max_context 0: the model's positions, capped by the pool. */
+  int64_t pool_tokens = (int64_t)ina_page_pool_num_pages(pool) * agent->page_size;
+  agent->max_context = options->scheduler.max_context > 0 ? options->scheduler.max_context
+                                                          : cfg->max_position_embeddings;
+  if (agent->max_context > pool_tokens) agent->max_context = pool_tokens;
+  INA_REQUIRE(agent->max_context >= 3, INA_ERR_INVALID_ARGUMENT,
+              "ina_agent_create: KV capacity of %lld tokens is too small to serve anything",
+              (long long)agent->max_context);
+  INA_CHECK(ina_scheduler_run_start(agent->scheduler));
+
+  INA_CHECK(start_server(agent, options));
+  INA_CHECK(submit_warmup(agent, options->warmup_tokens > 0 ? options->warmup_tokens : 4));
+  INA_LOG_I(INA_LOG_SUBSYS, "model %s on %s, listening on port %d, warming up", agent->model_name,
+            agent->device < 0 ? "cpu" : "cuda", ina_agent_port(agent));
+  *out = agent;
+  return INA_OK;
+fail:
+  ina_agent_destroy(agent);
+  return st;
+}
+
+int ina_agent_port(const ina_agent_t *agent) {
+  return agent && agent->server ? ina_rpc_server_port(agent->server) : 0;
+}
+
+/* ---- waiting and stopping ----------------------------------------------------------- */
+
+ina_status_t ina_agent_wait_serving(ina_agent_t *agent, int64_t timeout_ms) {
+  if (!agent) return INA_ERR_INVALID_ARGUMENT;
+  double end = timeout_ms < 0 ? -1 : agent_now_seconds() + (double)timeout_ms / 1000.0;
+  ina_status_t st = INA_ERR_IO;
+  pthread_mutex_lock(&agent->lock);
+  for (;;) {
+    if (agent->state == AGENT_SERVING) {
+      st = INA_OK;
+      break;
+    }
+    if (agent->state == AGENT_FAILED) {
+      st = agent->warmup_status;
+      ina_error(INA_LOG_SUBSYS, "%s", agent->warmup_error);
+      break;
+    }
+    /* A stop request only sets a flag (signal handlers cannot signal a condition
+     * variable), so wake up now and then to look at it. */
+    if (atomic_load(&agent->stop_requested) || agent->state != AGENT_STARTING) break;
+    if (end >= 0 && agent_now_seconds() > end) break;
+    struct timespec ts = deadline_after_ms(50);
+    pthread_cond_timedwait(&agent->changed, &agent->lock, &ts);
+  }
+  pthread_mutex_unlock(&agent->lock);
+  return st;
+}
+
+void ina_agent_request_stop(ina_agent_t *agent) {
+  if (!agent) return;
+  atomic_store(&agent->stop_requested, 1);
+  uint64_t one = 1;
+  ssize_t n = write(agent->stop_fd, &one, sizeof one); /* async-signal-safe */
+  (void)n; /* EAGAIN: the counter is already nonzero, which is all that matters */
+}
+
+static void wait_for_stop_request(ina_agent_t *agent) {
+  struct pollfd p = {agent->stop_fd, POLLIN, 0};
+  while (!atomic_load(&agent->stop_requested)) {
+    if (poll(&p, 1, -1) < 0 && errno != EINTR) break;
+  }
+}
+
+/* Waits until no generation is in flight or the deadline (ms from now) passes; returns
+ * the number left. Lock held. */
+static int32_t wait_generations_locked(ina_agent_t *agent, int64_t ms) {
+  struct timespec ts = deadline_after_ms(ms);
+  while (agent->num_generations > 0) {
+    if (pthread_cond_timedwait(&agent->changed, &agent->lock, &ts) == ETIMEDOUT) break;
+  }
+  return agent->num_generations;
+}
+
+/* Cancels every generation still in flight (they end with FINISH_REASON_CANCELLED) and
+ * waits for their final events. */
+static void cancel_generations(ina_agent_t *agent) {
+  pthread_mutex_lock(&agent->lock);
+  int32_t n = agent->num_generations, i = 0;
+  char **ids = n > 0 ? calloc((size_t)n, sizeof *ids) : NULL;
+  for (agent_generation_t *g = agent->generations; g && ids && i < n; g = g->next)
+    ids[i++] = strdup(g->request_id);
+  pthread_mutex_unlock(&agent->lock);
+  /* The scheduler is called without the agent lock: its callbacks take that lock. */
+  for (int32_t k = 0; k < i; k++) {
+    if (ids[k]) ina_scheduler_cancel(agent->scheduler, ids[k]);
+    free(ids[k]);
+  }
+  free(ids);
+  pthread_mutex_lock(&agent->lock);
+  int32_t left = wait_generations_locked(agent, CANCEL_SETTLE_MS);
+  pthread_mutex_unlock(&agent->lock);
+  if (left > 0) INA_LOG_W(INA_LOG_SUBSYS, "%d generations did not end after cancel", (int)left);
+}
+
+/* Stop accepting, let generations finish within grace_ms, cancel the rest, shut the
+ * server down. Safe to call twice (the second call finds the server gone). */
+static void drain(ina_agent_t *agent, int64_t grace_ms) {
+  if (!agent->server) return;
+  pthread_mutex_lock(&agent->lock);
+  agent->state = AGENT_DRAINING;
+  if (agent->health) ina_health_set_all(agent->health, INA_HEALTH_NOT_SERVING);
+  pthread_cond_broadcast(&agent->changed);
+  pthread_mutex_unlock(&agent->lock);
+
+  double t0 = agent_now_seconds();
+  pthread_mutex_lock(&agent->lock);
+  int32_t in_flight = agent->num_generations;
+  int32_t left = wait_generations_locked(agent, grace_ms);
+  pthread_mutex_unlock(&agent->lock);
+  if (left > 0) {
+    INA_LOG_I(INA_LOG_SUBSYS, "drain: %d of %d generations still running after %.1f s: cancelling",
+              (int)left, (int)in_flight, agent_now_seconds() - t0);
+    cancel_generations(agent);
+  }
+  /* Finished streams may still be sending their final response and status. */
+  double flush_end = agent_now_seconds() + FLUSH_MS / 1000.0;
+  while (ina_rpc_server_active_calls(agent->server) > 0 && agent_now_seconds() < flush_end) {
+    struct timespec pause = {0, 2000000L};
+    nanosleep(&pause, NULL);
+  }
+  /* Cancels what is left (health Watch streams), waits for every stream owner. */
+  ina_rpc_server_destroy(agent->server);
+  agent->server = NULL;
+  pthread_mutex_lock(&agent->lock);
+  agent->state = AGENT_STOPPED;
+  pthread_cond_broadcast(&agent->changed);
+  pthread_mutex_unlock(&agent->lock);
+  INA_LOG_I(INA_LOG_SUBSYS, "drained in %.3f s", agent_now_seconds() - t0);
+}
+
+ina_status_t ina_agent_wait(ina_agent_t *agent) {
+  if (!agent) return INA_ERR_INVALID_ARGUMENT;
+  wait_for_stop_request(agent);
+  drain(agent, agent->drain_grace_ms);
+  return INA_OK;
+}
+
+void ina_agent_destroy(ina_agent_t *agent) {
+  if (!agent) return;
+  if (agent->server) {
+    if (agent->scheduler) {
+      drain(agent, 0);
+    } else { /* failed create before the scheduler existed: nothing in flight */
+      ina_rpc_server_destroy(agent->server);
+      agent->server = NULL;
+    }
+  }
+  ina_health_destroy(agent->health);
+  ina_scheduler_destroy(agent->scheduler); /* stops the run loop */
+  ina_engine_destroy(agent->engine);
+  ina_model_destroy(agent->model);
+  if (agent->stop_fd >= 0) close(agent->stop_fd);
+  pthread_cond_destroy(&agent->changed);
+  pthread_mutex_destroy(&agent->lock);
+  free(agent->model_name);
+  free(agent);
+}

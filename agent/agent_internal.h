@@ -1,0 +1,89 @@
+/* What the agent's services share: the agent struct, its state machine and the registry
+ * of generations in flight. Private to agent/.
+ *
+ * Locking: `lock` guards state, the registry and the load window; it is never held while
+ * calling into the scheduler's driver-side code, and may be taken from scheduler
+ * callbacks (which run with no scheduler lock held) and rpc handlers. */
+#ifndef INA_AGENT_AGENT_INTERNAL_H
+#define INA_AGENT_AGENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "agent/agent.h"
+#include "agent/rpc/health.h"
+#include "agent/rpc/rpc_server.h"
+#include "agent/scheduler/scheduler.h"
+#include "model/model.h"
+
+/* Service names as registered with the health service. */
+#define INA_AGENT_NODE_SERVICE "ina.v1.Node"
+#define INA_AGENT_INFERENCE_SERVICE "ina.v1.Inference"
+#define INA_AGENT_PLACEMENT_SERVICE "ina.v1.Placement"
+
+typedef enum agent_state {
+  AGENT_STARTING = 0, /* warm-up running */
+  AGENT_SERVING,
+  AGENT_DRAINING, /* stop requested: no new generations */
+  AGENT_STOPPED,  /* server shut down */
+  AGENT_FAILED,   /* warm-up failed */
+} agent_state_t;
+
+/* One Generate stream between the rpc writer and the scheduler. Owned by the scheduler
+ * callback once submitted; listed in the agent's registry until its final event. */
+typedef struct agent_generation {
+  struct agent_generation *prev, *next;
+  ina_agent_t *agent;
+  ina_rpc_writer_t *writer;
+  char *request_id;
+  uint32_t prompt_tokens;
+  uint32_t stream_interval; /* tokens per response, >= 1 */
+  uint32_t *pending;        /* [stream_interval] tokens not yet sent */
+  uint32_t num_pending;
+  uint32_t completion_tokens;
+  uint32_t last_token; /* the latest generated token (a stop id when one ended it) */
+} agent_generation_t;
+
+struct ina_agent {
+  ina_model_t *model;
+  ina_engine_t *engine;
+  ina_scheduler_t *scheduler;
+  ina_rpc_server_t *server;
+  ina_health_t *health;
+
+  char *model_name;
+  const char *weight_dtype; /* static string */
+  int32_t device;
+  int32_t page_size;
+  int64_t max_context; /* longest prompt + max_tokens the scheduler accepts */
+  int64_t drain_grace_ms;
+  double start_seconds; /* monotonic */
+
+  atomic_int stop_requested;
+  int stop_fd; /* eventfd written by ina_agent_request_stop */
+
+  pthread_mutex_t lock;
+  pthread_cond_t changed; /* state or registry changed */
+  agent_state_t state;
+  ina_status_t warmup_status;
+  char warmup_error[256];
+  agent_generation_t *generations; /* registry, most recent first */
+  int32_t num_generations;
+  /* GetLoad's throughput window: counters at the previous call. */
+  double load_window_start;
+  int64_t load_prefill_tokens, load_generated_tokens;
+};
+
+/* Monotonic clock in seconds. */
+double agent_now_seconds(void);
+
+/* Registers each service's methods on agent->server (not started yet). */
+ina_status_t agent_register_node_service(ina_agent_t *agent);
+ina_status_t agent_register_inference_service(ina_agent_t *agent);
+ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *admin_token);
+
+/* Lock held: the generation with this request id, or NULL. */
+agent_generation_t *agent_find_generation_locked(ina_agent_t *agent, const char *request_id);
+
+#endif

@@ -1,0 +1,174 @@
+/* ina-agent: serve a model over gRPC until SIGTERM or SIGINT, then drain and exit 0. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "agent/agent.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: ina-agent --model tiny|random:NAME|DIR [options]\n"
+          "\n"
+          "Serves ina.v1.Node, ina.v1.Inference, ina.v1.Placement and grpc.health.v1 over\n"
+          "gRPC. Prints the bound address, then \"serving\" once a warm-up generation ran.\n"
+          "SIGTERM or SIGINT: stop accepting, let running generations finish (up to\n"
+          "--drain-grace-ms), cancel the rest, exit 0.\n"
+          "\n"
+          "  --model M            checkpoint directory, tiny, or random:NAME (seeded weights)\n"
+          "  --model-seed S       seed of random weights (default 0)\n"
+          "  --dtype D            random weights' dtype: bf16 (default), f32, fp8\n"
+          "  --listen HOST:PORT   gRPC listen address (default 127.0.0.1:0, a free port)\n"
+          "  --device D           cpu, cuda (device 0) or cuda:N; default cuda when a CUDA\n"
+          "                       device is present, else cpu\n"
+          "  --page-size N        KV cache page size in tokens (default 16)\n"
+          "  --max-tokens N       KV cache capacity in tokens (default 65536)\n"
+          "  --threads N          CPU engine threads (default: INA_NUM_THREADS or all CPUs)\n"
+          "  --tls-cert F         PEM certificate chain (with --tls-key: TLS instead of plaintext)\n"
+          "  --tls-key F          PEM private key\n"
+          "  --admin-token T      bearer token required by admin calls (ApplyPlacement)\n"
+          "  --drain-grace-ms N   how long running generations may finish at shutdown\n"
+          "                       (default 30000)\n"
+          "  -h, --help           this help\n"
+          "Logging: INA_LOG=info (or warn, debug; per part: INA_LOG=warn,agent=info).\n");
+}
+
+static int parse_int(const char *option, const char *text, long long min, long long max,
+                     long long *out) {
+  char *end = NULL;
+  long long v = strtoll(text, &end, 10);
+  if (!text[0] || *end || v < min || v > max) {
+    fprintf(stderr, "ina-agent: %s '%s': expected an integer in [%lld, %lld]\n", option, text, min, max);
+    return 1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N. */
+static int parse_device(const char *text, int32_t *out) {
+  long long n = 0;
+  if (strcmp(text, "cpu") == 0) *out = -1;
+  else if (strcmp(text, "cuda") == 0) *out = 0;
+  else if (strncmp(text, "cuda:", 5) == 0 && parse_int("--device", text + 5, 0, 1023, &n) == 0) *out = (int32_t)n;
+  else {
+    fprintf(stderr, "ina-agent: --device '%s': expected cpu, cuda or cuda:N\n", text);
+    return 1;
+  }
+  return 0;
+}
+
+static int parse_dtype(const char *text, ina_dtype_t *out) {
+  if (strcmp(text, "bf16") == 0) *out = INA_DTYPE_BF16;
+  else if (strcmp(text, "f32") == 0) *out = INA_DTYPE_F32;
+  else if (strcmp(text, "fp8") == 0) *out = INA_DTYPE_FP8_E4M3;
+  else {
+    fprintf(stderr, "ina-agent: --dtype '%s': expected bf16, f32 or fp8\n", text);
+    return 1;
+  }
+  return 0;
+}
+
+/* The agent the signal handlers stop; set before they are installed. */
+static ina_agent_t *volatile g_agent;
+static volatile sig_atomic_t g_signalled;
+
+static void on_signal(int sig) {
+  (void)sig;
+  g_signalled = 1;
+  ina_agent_request_stop(g_agent); /* async-signal-safe */
+}
+
+static int install_signal_handlers(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  return sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0;
+}
+
+/* "host:port" with the port the server got (the listen address may say port 0). */
+static void print_address(const char *listen, int port) {
+  const char *host = listen ? listen : "127.0.0.1:0";
+  const char *colon = strrchr(host, ':');
+  int host_len = colon ? (int)(colon - host) : (int)strlen(host);
+  printf("ina-agent: listening on %.*s:%d\n", host_len, host, port);
+  fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+  enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
+         O_CERT, O_KEY, O_TOKEN, O_GRACE };
+  static const struct option opts[] = {
+      {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
+      {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
+      {"device", required_argument, 0, O_DEVICE},     {"page-size", required_argument, 0, O_PAGE},
+      {"max-tokens", required_argument, 0, O_MAXTOK}, {"threads", required_argument, 0, O_THREADS},
+      {"tls-cert", required_argument, 0, O_CERT},     {"tls-key", required_argument, 0, O_KEY},
+      {"admin-token", required_argument, 0, O_TOKEN}, {"drain-grace-ms", required_argument, 0, O_GRACE},
+      {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
+  ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
+  long long v = 0;
+  int c;
+  ina_log_set_quiet_errors(1); /* the last error is printed once, below, with context */
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (c) {
+    case O_MODEL: o.model = optarg; break;
+    case O_MSEED: if (parse_int("--model-seed", optarg, 0, INT64_MAX, &v)) return 2; o.model_seed = (uint64_t)v; break;
+    case O_DTYPE: if (parse_dtype(optarg, &o.model_dtype)) return 2; break;
+    case O_LISTEN: o.listen_address = optarg; break;
+    case O_DEVICE: if (parse_device(optarg, &o.device)) return 2; break;
+    case O_PAGE: if (parse_int("--page-size", optarg, 1, 1 << 20, &v)) return 2; o.page_size = (int32_t)v; break;
+    case O_MAXTOK: if (parse_int("--max-tokens", optarg, 1, INT64_MAX, &v)) return 2; o.max_tokens = v; break;
+    case O_THREADS: if (parse_int("--threads", optarg, 0, 4096, &v)) return 2; o.num_threads = (int32_t)v; break;
+    case O_CERT: o.tls_cert_file = optarg; break;
+    case O_KEY: o.tls_key_file = optarg; break;
+    case O_TOKEN: o.admin_token = optarg; break;
+    case O_GRACE: if (parse_int("--drain-grace-ms", optarg, 0, INT64_MAX, &v)) return 2; o.drain_grace_ms = v; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "ina-agent: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (!o.model) {
+    fprintf(stderr, "ina-agent: --model is required\n\n");
+    usage(stderr);
+    return 2;
+  }
+
+  ina_agent_t *agent = NULL;
+  if (ina_agent_create(&o, &agent) != INA_OK) {
+    fprintf(stderr, "ina-agent: %s\n", ina_last_error());
+    return 1;
+  }
+  g_agent = agent;
+  if (install_signal_handlers()) {
+    fprintf(stderr, "ina-agent: cannot install signal handlers\n");
+    ina_agent_destroy(agent);
+    return 1;
+  }
+  print_address(o.listen_address, ina_agent_port(agent));
+  ina_status_t st = ina_agent_wait_serving(agent, -1);
+  if (st == INA_OK) {
+    printf("ina-agent: serving\n");
+    fflush(stdout);
+  } else if (g_signalled) {
+    st = INA_OK; /* stopped before the warm-up ended: not a failure */
+  } else {
+    fprintf(stderr, "ina-agent: %s\n", ina_last_error());
+    ina_agent_request_stop(agent);
+  }
+  ina_agent_wait(agent);
+  ina_agent_destroy(agent);
+  if (st == INA_OK) {
+    printf("ina-agent: stopped\n");
+    fflush(stdout);
+  }
+  return st == INA_OK ? 0 : 1;
+}

@@ -1,0 +1,180 @@
+/* ina.v1.Node: GetNodeInfo (static facts), GetHealth (state), GetLoad (scheduler
+ * queues, KV pages, throughput) of a single-rank agent. */
+#define INA_LOG_SUBSYS "agent"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/check.h"
+#include "core/cuda.h"
+#include "ina/v1/node.pb-c.h"
+#include "agent/agent_internal.h"
+#include "agent/rpc/rpc_pb.h"
+
+#ifndef INA_VERSION_STRING
+#define INA_VERSION_STRING ""
+#endif
+#ifndef INA_BUILD_TYPE
+#define INA_BUILD_TYPE ""
+#endif
+
+#define GET_NODE_INFO_METHOD "/ina.v1.Node/GetNodeInfo"
+#define GET_HEALTH_METHOD "/ina.v1.Node/GetHealth"
+#define GET_LOAD_METHOD "/ina.v1.Node/GetLoad"
+
+static ina_rpc_code_t pack_reply(const ProtobufCMessage *msg, ina_rpc_reply_t *reply) {
+  if (ina_rpc_pack(msg, &reply->bytes, &reply->size) != INA_OK)
+    return ina_rpc_error(reply->message, INA_RPC_INTERNAL, "cannot pack the response");
+  return INA_RPC_OK;
+}
+
+/* Empty requests still have to be well-formed protobuf. */
+#define REQUIRE_DECODES(type, prefix, request, reply)                                        \
+  do {                                                                                       \
+    type *decoded_ = prefix##__unpack(NULL, (request)->size, (request)->bytes);              \
+    if (!decoded_)                                                                           \
+      return ina_rpc_error((reply)->message, INA_RPC_INVALID_ARGUMENT,                       \
+                           "request: %zu bytes are not an " #type, (request)->size);         \
+    prefix##__free_unpacked(decoded_, NULL);                                                 \
+  } while (0)
+
+/* MemTotal of /proc/meminfo in bytes; 0 when unreadable. */
+static uint64_t host_memory_bytes(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  unsigned long long kib = 0;
+  char line[256];
+  if (!f) return 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemTotal: %llu kB", &kib) == 1) break;
+  fclose(f);
+  return (uint64_t)kib * 1024u;
+}
+
+static ina_rpc_code_t get_node_info(void *ctx, const ina_rpc_request_t *request,
+                                    ina_rpc_reply_t *reply) {
+  ina_agent_t *agent = ctx;
+  REQUIRE_DECODES(Ina__V1__GetNodeInfoRequest, ina__v1__get_node_info_request, request, reply);
+  const ina_model_config_t *cfg = ina_model_config(agent->model);
+
+  char hostname[256] = "";
+  if (gethostname(hostname, sizeof hostname - 1) != 0) hostname[0] = '\0';
+  char gpu_name[256] = "";
+  Ina__V1__GpuInfo gpu = INA__V1__GPU_INFO__INIT, *gpus[1] = {&gpu};
+  if (agent->device >= 0) {
+    ina_cuda_device_name(agent->device, gpu_name, sizeof gpu_name);
+    gpu.gpu_index = (uint32_t)agent->device;
+    gpu.name = gpu_name;
+  }
+  Ina__V1__RankInfo rank = INA__V1__RANK_INFO__INIT, *ranks[1] = {&rank};
+  rank.gpu_index = agent->device >= 0 ? (uint32_t)agent->device : 0;
+  rank.pid = (uint32_t)getpid();
+
+  Ina__V1__ModelInfo model = INA__V1__MODEL_INFO__INIT;
+  uint32_t n_moe_layers = 0;
+  for (int32_t l = 0; l < cfg->num_layers; l++) n_moe_layers += (uint32_t)ina_cfg_layer_is_moe(cfg, l);
+  model.name = agent->model_name;
+  model.architecture = cfg->arch == INA_ARCH_DEEPSEEK_V2 ? "DeepseekV2ForCausalLM"
+                                                         : "DeepseekV3ForCausalLM";
+  model.vocab_size = (uint32_t)cfg->vocab_size;
+  model.n_layers = (uint32_t)cfg->num_layers;
+  model.n_moe_layers = n_moe_layers;
+  model.n_routed_experts = (uint32_t)cfg->n_routed_experts;
+  model.n_experts_per_token = (uint32_t)cfg->num_experts_per_tok;
+  model.max_context_tokens = (uint32_t)agent->max_context;
+  model.weight_dtype = (char *)agent->weight_dtype;
+  model.eos_token_id = cfg->eos_token_id >= 0 ? (uint32_t)cfg->eos_token_id : 0;
+
+  Ina__V1__BuildInfo build = INA__V1__BUILD_INFO__INIT;
+  build.version = INA_VERSION_STRING;
+  build.git_commit = "";
+  build.cuda_version = "";
+  build.build_type = INA_BUILD_TYPE;
+
+  Ina__V1__NodeInfo info = INA__V1__NODE_INFO__INIT;
+  info.hostname = hostname;
+  info.n_gpus = agent->device >= 0 ? 1 : 0; /* "cpu": no GPU entry */
+  info.gpus = gpus;
+  info.n_ranks = 1;
+  info.ranks = ranks;
+  info.world_size = 1;
+  info.model = &model;
+  info.build = &build;
+  info.host_memory_bytes = host_memory_bytes();
+  return pack_reply(&info.base, reply);
+}
+
+static Ina__V1__NodeState node_state(agent_state_t s) {
+  switch (s) {
+  case AGENT_STARTING: return INA__V1__NODE_STATE__NODE_STATE_STARTING;
+  case AGENT_SERVING: return INA__V1__NODE_STATE__NODE_STATE_SERVING;
+  case AGENT_DRAINING:
+  case AGENT_STOPPED: return INA__V1__NODE_STATE__NODE_STATE_DRAINING;
+  case AGENT_FAILED: return INA__V1__NODE_STATE__NODE_STATE_FAILED;
+  }
+  return INA__V1__NODE_STATE__NODE_STATE_UNSPECIFIED;
+}
+
+static ina_rpc_code_t get_health(void *ctx, const ina_rpc_request_t *request,
+                                 ina_rpc_reply_t *reply) {
+  ina_agent_t *agent = ctx;
+  REQUIRE_DECODES(Ina__V1__GetHealthRequest, ina__v1__get_health_request, request, reply);
+  char message[sizeof agent->warmup_error] = "";
+  pthread_mutex_lock(&agent->lock);
+  Ina__V1__NodeState state = node_state(agent->state);
+  if (agent->state == AGENT_FAILED) snprintf(message, sizeof message, "%s", agent->warmup_error);
+  else if (agent->state == AGENT_STARTING) snprintf(message, sizeof message, "warming up");
+  else if (agent->state != AGENT_SERVING) snprintf(message, sizeof message, "stopping");
+  pthread_mutex_unlock(&agent->lock);
+
+  Ina__V1__RankHealth rank = INA__V1__RANK_HEALTH__INIT, *ranks[1] = {&rank};
+  rank.state = state; /* the rank is this process: its heartbeat age is 0 */
+  Ina__V1__NodeHealth health = INA__V1__NODE_HEALTH__INIT;
+  health.state = state;
+  health.message = message;
+  health.uptime_seconds = (uint64_t)(agent_now_seconds() - agent->start_seconds);
+  health.n_ranks = 1;
+  health.ranks = ranks;
+  return pack_reply(&health.base, reply);
+}
+
+static ina_rpc_code_t get_load(void *ctx, const ina_rpc_request_t *request,
+                               ina_rpc_reply_t *reply) {
+  ina_agent_t *agent = ctx;
+  REQUIRE_DECODES(Ina__V1__GetLoadRequest, ina__v1__get_load_request, request, reply);
+  ina_scheduler_stats_t s;
+  ina_scheduler_stats(agent->scheduler, &s);
+
+  /* Throughput over the window since the previous GetLoad (or since start-up). */
+  double now = agent_now_seconds();
+  pthread_mutex_lock(&agent->lock);
+  double window = now - agent->load_window_start;
+  int64_t prefill = s.prefill_tokens - agent->load_prefill_tokens;
+  int64_t generated = s.generated_tokens - agent->load_generated_tokens;
+  agent->load_window_start = now;
+  agent->load_prefill_tokens = s.prefill_tokens;
+  agent->load_generated_tokens = s.generated_tokens;
+  pthread_mutex_unlock(&agent->lock);
+
+  Ina__V1__NodeLoad load = INA__V1__NODE_LOAD__INIT;
+  load.queued_requests = (uint32_t)s.waiting;
+  load.running_requests = (uint32_t)s.running;
+  load.kv_pages_used = (uint64_t)s.kv_pages_used;
+  load.kv_pages_free = (uint64_t)s.kv_pages_free;
+  load.kv_page_size = (uint32_t)agent->page_size;
+  load.window_seconds = window;
+  load.prefill_tokens_per_second = window > 0 ? (double)prefill / window : 0;
+  load.decode_tokens_per_second = window > 0 ? (double)generated / window : 0;
+  /* Per-expert counters are not collected yet: expert_load stays empty. */
+  return pack_reply(&load.base, reply);
+}
+
+ina_status_t agent_register_node_service(ina_agent_t *agent) {
+  ina_status_t st = INA_OK;
+  INA_CHECK(ina_rpc_server_add_unary(agent->server, GET_NODE_INFO_METHOD, get_node_info, agent, NULL));
+  INA_CHECK(ina_rpc_server_add_unary(agent->server, GET_HEALTH_METHOD, get_health, agent, NULL));
+  INA_CHECK(ina_rpc_server_add_unary(agent->server, GET_LOAD_METHOD, get_load, agent, NULL));
+fail:
+  return st;
+}
