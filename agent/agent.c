@@ -187,6 +187,13 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
               "ina_agent_create: KV capacity of %lld tokens is too small to serve anything",
               (long long)agent->max_context);
   INA_CHECK(ina_scheduler_run_start(agent->scheduler));
+  /* Before the server starts, so that every Generate handler sees agent->metrics. */
+  const char *metrics_listen =
+      options->struct_size >= offsetof(ina_agent_options_t, metrics_listen) + sizeof(const char *)
+          ? options->metrics_listen
+          : NULL;
+  if (metrics_listen && metrics_listen[0])
+    INA_CHECK(agent_metrics_start(agent->scheduler, metrics_listen, &agent->metrics));
 
   INA_CHECK(start_server(agent, options));
   INA_CHECK(submit_warmup(agent, options->warmup_tokens > 0 ? options->warmup_tokens : 4));
@@ -201,6 +208,10 @@ fail:
 
 int ina_agent_port(const ina_agent_t *agent) {
   return agent && agent->server ? ina_rpc_server_port(agent->server) : 0;
+}
+
+int ina_agent_metrics_port(const ina_agent_t *agent) {
+  return agent ? agent_metrics_port(agent->metrics) : 0;
 }
 
 /* ---- waiting and stopping ----------------------------------------------------------- */
@@ -331,7 +342,11 @@ void ina_agent_destroy(ina_agent_t *agent) {
     }
   }
   ina_health_destroy(agent->health);
+  /* The sampler reads the scheduler; the counters stay, for final events its destroy
+   * may still deliver. */
+  agent_metrics_stop_sampling(agent->metrics);
   ina_scheduler_destroy(agent->scheduler); /* stops the run loop */
+  agent_metrics_stop(agent->metrics);
   ina_engine_destroy(agent->engine);
   ina_model_destroy(agent->model);
   if (agent->stop_fd >= 0) close(agent->stop_fd);

@@ -22,7 +22,7 @@
  * Ownership: create/destroy pair; a failed create sets *out = NULL; destroy(NULL) is a
  * no-op. Strings in the options are copied or used during create only.
  * Thread safety: ina_agent_request_stop from any thread or signal handler;
- * ina_agent_port and ina_agent_wait_serving from any thread; ina_agent_wait and
+ * ina_agent_port, ina_agent_metrics_port and ina_agent_wait_serving from any thread; ina_agent_wait and
  * ina_agent_destroy from the thread that created the agent (one call each). */
 #ifndef INA_AGENT_AGENT_H
 #define INA_AGENT_AGENT_H
@@ -74,16 +74,25 @@ typedef struct ina_agent_options {
   int32_t warmup_tokens;
   /* Scheduler settings (batch token budget, running limit, prefix cache). */
   ina_scheduler_config_t scheduler;
+  /* Prometheus /metrics endpoint: "HOST:PORT" with a numeric IPv4 or IPv6 host (IPv6
+   * may be bracketed), port 0 for a free one (ina_agent_metrics_port tells which);
+   * NULL or "": no metrics. Appended after version 1's fields: read only when
+   * struct_size covers it. */
+  const char *metrics_listen;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
   {sizeof(ina_agent_options_t), 1, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
-   0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT}
+   0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 
 /* The port the gRPC server listens on (the kernel's choice for port 0). */
 int ina_agent_port(const ina_agent_t *agent);
+
+/* The port /metrics is served on (the kernel's choice for port 0); 0 when metrics are
+ * off (options.metrics_listen NULL) or agent is NULL. */
+int ina_agent_metrics_port(const ina_agent_t *agent);
 
 /* Blocks until the warm-up generation has finished: INA_OK once serving; the warm-up's
  * error when it failed; INA_ERR_IO when a stop was requested first or timeout_ms

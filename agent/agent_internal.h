@@ -14,6 +14,7 @@
 #include "agent/agent.h"
 #include "agent/rpc/health.h"
 #include "agent/rpc/rpc_server.h"
+#include "agent/rpc/rpc_status.h"
 #include "agent/scheduler/scheduler.h"
 #include "model/model.h"
 
@@ -43,7 +44,13 @@ typedef struct agent_generation {
   uint32_t num_pending;
   uint32_t completion_tokens;
   uint32_t last_token; /* the latest generated token (a stop id when one ended it) */
+  double last_token_seconds; /* monotonic time of the latest token event; 0 before one */
 } agent_generation_t;
+
+/* The agent's Prometheus metrics and their /metrics endpoint (agent_metrics.c). The
+ * update functions take NULL (metrics off) and do nothing then; they use only the
+ * registry's atomics, so they may run on the token path. */
+typedef struct agent_metrics agent_metrics_t;
 
 struct ina_agent {
   ina_model_t *model;
@@ -51,6 +58,7 @@ struct ina_agent {
   ina_scheduler_t *scheduler;
   ina_rpc_server_t *server;
   ina_health_t *health;
+  agent_metrics_t *metrics; /* NULL: metrics off; set before the gRPC server starts */
 
   char *model_name;
   const char *weight_dtype; /* static string */
@@ -85,5 +93,24 @@ ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *ad
 
 /* Lock held: the generation with this request id, or NULL. */
 agent_generation_t *agent_find_generation_locked(ina_agent_t *agent, const char *request_id);
+
+/* Registers the metrics, starts sampling `scheduler` (which must outlive the metrics)
+ * and serves /metrics on `listen` ("HOST:PORT", port 0: the kernel's choice). A failure
+ * sets *out = NULL. */
+ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, const char *listen,
+                                 agent_metrics_t **out);
+/* Stops the endpoint and the sampler (after which the scheduler may go); the update
+ * functions keep working. Repeatable; NULL is a no-op. */
+void agent_metrics_stop_sampling(agent_metrics_t *m);
+/* Stops as above and frees everything; NULL is a no-op. */
+void agent_metrics_stop(agent_metrics_t *m);
+/* The port /metrics is served on; 0 when m is NULL. */
+int agent_metrics_port(const agent_metrics_t *m);
+/* A Generate stream's final event: requests by reason, tokens, time to first token. */
+void agent_metrics_request_finished(agent_metrics_t *m, const ina_request_event_t *event);
+/* Seconds between two consecutive token events of one stream. */
+void agent_metrics_token_gap(agent_metrics_t *m, double seconds);
+/* A Generate call refused with `code` (not OK) before reaching the scheduler. */
+void agent_metrics_refused(agent_metrics_t *m, ina_rpc_code_t code);
 
 #endif

@@ -21,6 +21,8 @@ static void usage(FILE *f) {
           "  --model-seed S       seed of random weights (default 0)\n"
           "  --dtype D            random weights' dtype: bf16 (default), f32, fp8\n"
           "  --listen HOST:PORT   gRPC listen address (default 127.0.0.1:0, a free port)\n"
+          "  --metrics-listen HOST:PORT  serve Prometheus /metrics there (default: off;\n"
+          "                       port 0: a free port)\n"
           "  --device D           cpu, cuda (device 0) or cuda:N; default cuda when a CUDA\n"
           "                       device is present, else cpu\n"
           "  --page-size N        KV cache page size in tokens (default 16)\n"
@@ -90,18 +92,18 @@ static int install_signal_handlers(void) {
   return sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0;
 }
 
-/* "host:port" with the port the server got (the listen address may say port 0). */
-static void print_address(const char *listen, int port) {
+/* "ina-agent: WHAT HOST:PORT" with the port the server got (the address may say port 0). */
+static void print_address(const char *what, const char *listen, int port) {
   const char *host = listen ? listen : "127.0.0.1:0";
   const char *colon = strrchr(host, ':');
   int host_len = colon ? (int)(colon - host) : (int)strlen(host);
-  printf("ina-agent: listening on %.*s:%d\n", host_len, host, port);
+  printf("ina-agent: %s %.*s:%d\n", what, host_len, host, port);
   fflush(stdout);
 }
 
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
-         O_CERT, O_KEY, O_TOKEN, O_GRACE };
+         O_CERT, O_KEY, O_TOKEN, O_GRACE, O_METRICS };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -109,6 +111,7 @@ int main(int argc, char **argv) {
       {"max-tokens", required_argument, 0, O_MAXTOK}, {"threads", required_argument, 0, O_THREADS},
       {"tls-cert", required_argument, 0, O_CERT},     {"tls-key", required_argument, 0, O_KEY},
       {"admin-token", required_argument, 0, O_TOKEN}, {"drain-grace-ms", required_argument, 0, O_GRACE},
+      {"metrics-listen", required_argument, 0, O_METRICS},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   long long v = 0;
@@ -120,6 +123,7 @@ int main(int argc, char **argv) {
     case O_MSEED: if (parse_int("--model-seed", optarg, 0, INT64_MAX, &v)) return 2; o.model_seed = (uint64_t)v; break;
     case O_DTYPE: if (parse_dtype(optarg, &o.model_dtype)) return 2; break;
     case O_LISTEN: o.listen_address = optarg; break;
+    case O_METRICS: o.metrics_listen = optarg; break;
     case O_DEVICE: if (parse_device(optarg, &o.device)) return 2; break;
     case O_PAGE: if (parse_int("--page-size", optarg, 1, 1 << 20, &v)) return 2; o.page_size = (int32_t)v; break;
     case O_MAXTOK: if (parse_int("--max-tokens", optarg, 1, INT64_MAX, &v)) return 2; o.max_tokens = v; break;
@@ -153,7 +157,9 @@ int main(int argc, char **argv) {
     ina_agent_destroy(agent);
     return 1;
   }
-  print_address(o.listen_address, ina_agent_port(agent));
+  print_address("listening on", o.listen_address, ina_agent_port(agent));
+  if (o.metrics_listen && o.metrics_listen[0])
+    print_address("metrics on", o.metrics_listen, ina_agent_metrics_port(agent));
   ina_status_t st = ina_agent_wait_serving(agent, -1);
   if (st == INA_OK) {
     printf("ina-agent: serving\n");

@@ -90,6 +90,12 @@ static void registry_remove_locked(ina_agent_t *agent, agent_generation_t *g) {
 static void on_event(const ina_request_event_t *event, void *user_data) {
   agent_generation_t *g = user_data;
   if (event->finish == INA_FINISH_NONE) {
+    /* Inter-token latency is measured here, per stream; its time to first token comes
+     * with the final event's figures. */
+    double now = agent_now_seconds();
+    if (g->last_token_seconds > 0)
+      agent_metrics_token_gap(g->agent->metrics, now - g->last_token_seconds);
+    g->last_token_seconds = now;
     g->pending[g->num_pending++] = (uint32_t)event->token;
     g->last_token = (uint32_t)event->token;
     g->completion_tokens = (uint32_t)event->num_generated;
@@ -98,6 +104,7 @@ static void on_event(const ina_request_event_t *event, void *user_data) {
   }
   send_response(g, event);
   ina_agent_t *agent = g->agent;
+  agent_metrics_request_finished(agent->metrics, event);
   pthread_mutex_lock(&agent->lock);
   registry_remove_locked(agent, g);
   pthread_mutex_unlock(&agent->lock);
@@ -261,6 +268,7 @@ static void generate(void *ctx, const ina_rpc_request_t *request, ina_rpc_writer
   return; /* g and the writer belong to on_event now */
 
 refuse:
+  agent_metrics_refused(agent->metrics, code);
   generation_free(g);
   if (req) ina__v1__generate_request__free_unpacked(req, NULL);
   ina_rpc_writer_finish(writer, code, msg);

@@ -1,6 +1,11 @@
 /* An in-process ina-agent (tiny model, CPU, 127.0.0.1:0) driven over gRPC: health after
  * warm-up, GetNodeInfo, Generate against ina_generate (alone and 4 concurrent streams),
- * bad requests, Cancel, client disconnect, GetLoad, Placement. */
+ * bad requests, Cancel, client disconnect, GetLoad, Placement, and the /metrics scrape. */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "tests/test_util.h"
@@ -234,6 +239,170 @@ static void test_bad_requests(ina_rpc_client_t *c, at_reference_t *ref, test_rng
   CHECK(s.st == INA_OK && at_same_tokens(&s, expect, n));
 }
 
+/* ---- /metrics ----------------------------------------------------------------------- */
+
+/* GET /metrics over a plain socket (HTTP/1.0: the server closes when done). The body,
+ * malloc'd, or NULL when the answer is not a 200. */
+static char *scrape(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return NULL;
+  struct sockaddr_in sa = {0};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+    const char *req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req, strlen(req)) == (ssize_t)strlen(req)) {
+      for (;;) {
+        if (len + 4097 > cap) {
+          cap = cap ? 2 * cap : 65536;
+          buf = realloc(buf, cap);
+        }
+        ssize_t n = read(fd, buf + len, cap - len - 1);
+        if (n <= 0) break;
+        len += (size_t)n;
+      }
+    }
+  }
+  close(fd);
+  if (!buf) return NULL;
+  buf[len] = '\0';
+  char *body = strstr(buf, "\r\n\r\n");
+  if (strncmp(buf, "HTTP/1.", 7) != 0 || strncmp(buf + 8, " 200", 4) != 0 || !body) {
+    fprintf(stderr, "scrape: unexpected answer: %.200s\n", buf);
+    free(buf);
+    return NULL;
+  }
+  memmove(buf, body + 4, strlen(body + 4) + 1);
+  return buf;
+}
+
+/* One sample line `name{labels} value` (labels optional, values quoted with escapes). */
+static int sample_line_parses(const char *line) {
+  const char *p = line;
+  if (!(isalpha((unsigned char)*p) || *p == '_' || *p == ':')) return 0;
+  while (isalnum((unsigned char)*p) || *p == '_' || *p == ':') p++;
+  if (*p == '{') {
+    p++;
+    while (*p != '}') {
+      if (!(isalpha((unsigned char)*p) || *p == '_')) return 0;
+      while (isalnum((unsigned char)*p) || *p == '_') p++;
+      if (*p++ != '=' || *p++ != '"') return 0;
+      while (*p && *p != '"') p += *p == '\\' && p[1] ? 2 : 1;
+      if (*p++ != '"') return 0;
+      if (*p == ',') p++;
+      else if (*p != '}') return 0;
+    }
+    p++;
+  }
+  if (*p++ != ' ') return 0;
+  if (strcmp(p, "+Inf") == 0 || strcmp(p, "-Inf") == 0 || strcmp(p, "NaN") == 0) return 1;
+  char *end = NULL;
+  strtod(p, &end);
+  return end != p && *end == '\0';
+}
+
+/* Every line is a comment (# HELP / # TYPE) or a sample; the number of samples, -1 when
+ * some line does not parse. */
+static int count_samples(const char *text) {
+  int samples = 0;
+  const char *p = text;
+  while (*p) {
+    const char *nl = strchr(p, '\n');
+    if (!nl) return -1; /* the format ends every line with \n */
+    char line[1024];
+    size_t n = (size_t)(nl - p);
+    if (n >= sizeof line) return -1;
+    memcpy(line, p, n);
+    line[n] = '\0';
+    if (line[0] == '#') {
+      if (strncmp(line, "# HELP ", 7) != 0 && strncmp(line, "# TYPE ", 7) != 0) return -1;
+    } else if (sample_line_parses(line)) {
+      samples++;
+    } else {
+      fprintf(stderr, "unparsable metrics line: '%s'\n", line);
+      return -1;
+    }
+    p = nl + 1;
+  }
+  return samples;
+}
+
+/* The value of the series written exactly `series` (`name` or `name{labels}`); NaN when
+ * absent. */
+static double metric(const char *text, const char *series) {
+  size_t n = strlen(series);
+  for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+    if (strncmp(p, series, n) == 0 && p[n] == ' ') return strtod(p + n + 1, NULL);
+  return NAN;
+}
+
+#define M_LENGTH "ina_requests_total{reason=\"length\"}"
+#define M_REFUSED "ina_requests_refused_total{code=\"INVALID_ARGUMENT\"}"
+#define M_GENERATED "ina_generated_tokens_total"
+#define M_PROMPT "ina_prompt_tokens_total"
+#define M_TTFT "ina_time_to_first_token_seconds_count"
+#define M_ITL "ina_inter_token_latency_seconds_count"
+#define M_STEPS "ina_scheduler_steps_total"
+
+static void test_metrics_scrape(int port, ina_rpc_client_t *c, test_rng_t *rng) {
+  CHECK(port > 0);
+  char *before = scrape(port);
+  CHECK(before != NULL);
+  if (!before) return;
+  CHECKF(count_samples(before) > 20, "%d samples", count_samples(before));
+  const char *families[] = {"ina_requests_total", "ina_requests_refused_total", M_GENERATED, M_PROMPT,
+                            "ina_prefix_cache_hit_tokens_total", "ina_time_to_first_token_seconds",
+                            "ina_inter_token_latency_seconds", "ina_queue_length", "ina_running_requests",
+                            "ina_kv_pages_used", "ina_kv_pages_free", M_STEPS};
+  for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+    char help[128];
+    snprintf(help, sizeof help, "# HELP %s ", families[i]);
+    CHECKF(strstr(before, help) != NULL, "no HELP for %s", families[i]);
+  }
+  CHECK(metric(before, "ina_kv_pages_used") + metric(before, "ina_kv_pages_free") == KV_TOKENS / 16);
+
+  /* One generation of known size, one refusal. */
+  int32_t prompt[40];
+  int32_t len = (int32_t)test_rng_int(rng, 2, 40);
+  for (int32_t i = 0; i < len; i++) prompt[i] = (int32_t)test_rng_int(rng, 0, 1023);
+  uint32_t max_new = (uint32_t)test_rng_int(rng, 2, 20);
+  static at_stream_t s;
+  at_request_t r = {"metrics-gen", prompt, len, max_new, 1, 0};
+  at_generate(c, &r, &s);
+  CHECK(s.st == INA_OK && s.completion_tokens == max_new);
+  at_request_t bad = {"metrics-bad", prompt, len, 0, 1, 0};
+  expect_request_refused(c, &bad, INA_RPC_INVALID_ARGUMENT, "max_tokens");
+
+  /* Counters from events are up to date once the stream ended; steps come with the
+   * agent's sampler, within a fraction of a second. */
+  char *after = NULL;
+  for (int tries = 0; tries < 50; tries++) {
+    free(after);
+    after = scrape(port);
+    if (!after || metric(after, M_STEPS) > metric(before, M_STEPS)) break;
+    at_sleep_ms(100);
+  }
+  CHECK(after != NULL);
+  if (after) {
+    CHECK(count_samples(after) == count_samples(before));
+    CHECK(metric(after, M_LENGTH) == metric(before, M_LENGTH) + 1);
+    CHECK(metric(after, M_REFUSED) == metric(before, M_REFUSED) + 1);
+    CHECKF(metric(after, M_GENERATED) == metric(before, M_GENERATED) + max_new, "%g -> %g, +%u",
+           metric(before, M_GENERATED), metric(after, M_GENERATED), max_new);
+    CHECK(metric(after, M_PROMPT) == metric(before, M_PROMPT) + len);
+    CHECK(metric(after, M_TTFT) == metric(before, M_TTFT) + 1);
+    CHECK(metric(after, M_ITL) == metric(before, M_ITL) + max_new - 1);
+    CHECK(metric(after, M_ITL) == metric(after, "ina_inter_token_latency_seconds_bucket{le=\"+Inf\"}"));
+    CHECK(metric(after, M_STEPS) > metric(before, M_STEPS));
+    CHECK(metric(after, "ina_time_to_first_token_seconds_sum") > 0);
+  }
+  free(before);
+  free(after);
+}
+
 typedef struct long_stream {
   ina_rpc_client_t *client;
   const char *id;
@@ -342,6 +511,7 @@ int main(void) {
   ina_agent_options_t o = at_options(g_model_seed, KV_TOKENS);
   o.admin_token = ADMIN_TOKEN;
   o.warmup_tokens = WARMUP_TOKENS;
+  o.metrics_listen = "127.0.0.1:0";
   ina_agent_t *agent = NULL;
   CHECK_OK(ina_agent_create(&o, &agent));
   if (!agent) return test_finish("test_agent_serve");
@@ -359,6 +529,7 @@ int main(void) {
   test_generate_matches_reference(c, &ref, &rng);
   test_concurrent_streams(c, &ref, &rng);
   test_bad_requests(c, &ref, &rng);
+  test_metrics_scrape(ina_agent_metrics_port(agent), c, &rng);
   test_cancel_and_disconnect(c, baseline);
   test_load_and_placement(c, admin);
   CHECK(at_wait_pages(c, baseline, 10000));

@@ -14,8 +14,8 @@ GetHealth / GetLoad, ina.v1.Inference Generate (greedy, streamed, token for toke
 equal to a local `ina generate`; stop ids) and its refusals, Cancel (unknown,
 running and finished ids; a client that goes away),
 ina.v1.Placement GetPlacement and ApplyPlacement (admin token, single-rank refusal),
-undecodable request bytes, and a clean exit on SIGTERM. Metrics are not served by
-the agent yet, so they are not scraped here.
+undecodable request bytes, a scrape of Prometheus /metrics (--metrics-listen) after
+the generations, and a clean exit on SIGTERM.
 
 Exit status: 0 pass, 1 fail, 77 skip (no grpc or protobuf module for /usr/bin/python3,
 or no protoc).
@@ -147,7 +147,7 @@ class Agent:
     def __init__(self, path):
         argv = [path, "--model", "tiny", "--model-seed", MODEL_SEED, "--device", "cpu",
                 "--listen", "127.0.0.1:0", "--threads", THREADS, "--admin-token", ADMIN_TOKEN,
-                "--drain-grace-ms", "2000"]
+                "--drain-grace-ms", "2000", "--metrics-listen", "127.0.0.1:0"]
         print("starting", " ".join(argv), flush=True)
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         self.lines = queue.Queue()
@@ -475,6 +475,43 @@ def check_garbage(c, client, pb):
     c.equal(sum(len(x.token_ids) for x in out), 2, "Generate after garbage requests: tokens")
 
 
+METRIC_LINE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*'
+                         r'(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? '
+                         r'(\S+)$')
+
+
+def check_metrics(c, metrics_address):
+    """GET /metrics: 200, the 0.0.4 text format line by line, counters that moved."""
+    import urllib.request
+    # No proxy between the test and a loopback address, whatever the environment says.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://{metrics_address}/metrics", timeout=10) as resp:
+        c.equal(resp.status, 200, "GET /metrics status")
+        c.check(resp.headers.get("Content-Type", "").startswith("text/plain; version=0.0.4"),
+                f"/metrics content type {resp.headers.get('Content-Type')!r}")
+        text = resp.read().decode("utf-8")
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        m = METRIC_LINE.match(line)
+        if not c.check(m, f"/metrics line does not parse: {line!r}"):
+            continue
+        try:
+            values[line.rsplit(" ", 1)[0]] = float(m.group(4))
+        except ValueError:
+            c.check(False, f"/metrics value is not a number: {line!r}")
+    finished = sum(v for k, v in values.items() if k.startswith("ina_requests_total{"))
+    c.check(finished >= 1, f"ina_requests_total should count the generations, got {finished}")
+    c.check(values.get("ina_generated_tokens_total", 0) >= finished,
+            "ina_generated_tokens_total should count their tokens")
+    c.check(values.get("ina_time_to_first_token_seconds_count", 0) >= 1,
+            "the time-to-first-token histogram should have observations")
+    c.check(values.get("ina_scheduler_steps_total", 0) >= 1, "ina_scheduler_steps_total should move")
+    c.check(values.get("ina_kv_pages_free", 0) > 0, "ina_kv_pages_free should be positive")
+    print(f"metrics scrape: {len(values)} series, {finished:.0f} requests finished", flush=True)
+
+
 def check_sigterm(c, client, pb, agent):
     """SIGTERM: health goes NOT_SERVING (seen by a Watch opened before), the process
     says stopped and exits 0 within EXIT_TIMEOUT_S."""
@@ -525,6 +562,10 @@ def main():
             if not c.check(m, f"ina-agent printed no address; its output: {''.join(agent.output)!r}"):
                 return 1
             address = m.group(1)
+            m = agent.wait_line(r"metrics on (\S+)", START_TIMEOUT_S)
+            if not c.check(m, f"ina-agent printed no metrics address; its output: {''.join(agent.output)!r}"):
+                return 1
+            metrics_address = m.group(1)
             print("ina-agent at", address, flush=True)
             # No proxy between the test and a loopback address, whatever the environment says.
             with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as channel:
@@ -534,11 +575,11 @@ def main():
                 check_generate(c, client, pb, args.ina, info, rng)
                 check_placement(c, client, pb, info)
                 check_garbage(c, client, pb)
+                check_metrics(c, metrics_address)
                 check_sigterm(c, client, pb, agent)
         finally:
             if agent:
                 agent.kill()
-    print("metrics scrape: not covered (the agent does not serve metrics yet)")
     if c.failed:
         print(f"test_agent_grpc: FAILED {len(c.failed)} of {c.passed + len(c.failed)} checks (seed {seed})")
         return 1
