@@ -1,4 +1,5 @@
 /* ina-agent: serve a model over gRPC until SIGTERM or SIGINT, then drain and exit 0. */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,6 +32,8 @@ static void usage(FILE *f) {
           "  --tls-cert F         PEM certificate chain (with --tls-key: TLS instead of plaintext)\n"
           "  --tls-key F          PEM private key\n"
           "  --admin-token T      bearer token required by admin calls (ApplyPlacement)\n"
+          "  --admin-token-file F the same, read from file F (its first line), so that the token\n"
+          "                       does not show in the process list\n"
           "  --drain-grace-ms N   how long running generations may finish at shutdown\n"
           "                       (default 30000)\n"
           "  -h, --help           this help\n"
@@ -92,6 +95,26 @@ static int install_signal_handlers(void) {
   return sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0;
 }
 
+/* The first line of `path` (without its line end) into buf; 1 with a message when the
+ * file cannot be read, or the line is empty or longer than buf. */
+static int read_token_file(const char *path, char *buf, size_t size) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "ina-agent: --admin-token-file '%s': %s\n", path, strerror(errno));
+    return 1;
+  }
+  const int got = fgets(buf, (int)size, f) != NULL;
+  fclose(f);
+  const size_t n = got ? strcspn(buf, "\r\n") : 0;
+  if (n == 0 || n == size - 1) {
+    fprintf(stderr, "ina-agent: --admin-token-file '%s': %s\n", path,
+            n == 0 ? "the first line is empty" : "the token is too long");
+    return 1;
+  }
+  buf[n] = '\0';
+  return 0;
+}
+
 /* "ina-agent: WHAT HOST:PORT" with the port the server got (the address may say port 0). */
 static void print_address(const char *what, const char *listen, int port) {
   const char *host = listen ? listen : "127.0.0.1:0";
@@ -103,7 +126,7 @@ static void print_address(const char *what, const char *listen, int port) {
 
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
-         O_CERT, O_KEY, O_TOKEN, O_GRACE, O_METRICS };
+         O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_GRACE, O_METRICS };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -111,9 +134,10 @@ int main(int argc, char **argv) {
       {"max-tokens", required_argument, 0, O_MAXTOK}, {"threads", required_argument, 0, O_THREADS},
       {"tls-cert", required_argument, 0, O_CERT},     {"tls-key", required_argument, 0, O_KEY},
       {"admin-token", required_argument, 0, O_TOKEN}, {"drain-grace-ms", required_argument, 0, O_GRACE},
-      {"metrics-listen", required_argument, 0, O_METRICS},
+      {"metrics-listen", required_argument, 0, O_METRICS}, {"admin-token-file", required_argument, 0, O_TOKEN_FILE},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
+  static char token[512];
   long long v = 0;
   int c;
   ina_log_set_quiet_errors(1); /* the last error is printed once, below, with context */
@@ -131,6 +155,10 @@ int main(int argc, char **argv) {
     case O_CERT: o.tls_cert_file = optarg; break;
     case O_KEY: o.tls_key_file = optarg; break;
     case O_TOKEN: o.admin_token = optarg; break;
+    case O_TOKEN_FILE:
+      if (read_token_file(optarg, token, sizeof token)) return 2;
+      o.admin_token = token;
+      break;
     case O_GRACE: if (parse_int("--drain-grace-ms", optarg, 0, INT64_MAX, &v)) return 2; o.drain_grace_ms = v; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;

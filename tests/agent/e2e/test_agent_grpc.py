@@ -144,9 +144,13 @@ class Client:
 class Agent:
     """ina-agent as a child process; a thread collects its stdout lines."""
 
-    def __init__(self, path):
+    def __init__(self, path, token_dir):
+        # The admin token comes from a file (--admin-token-file), as deploy/ passes it.
+        token_file = os.path.join(token_dir, "admin-token")
+        with open(token_file, "w") as f:
+            f.write(ADMIN_TOKEN + "\n")
         argv = [path, "--model", "tiny", "--model-seed", MODEL_SEED, "--device", "cpu",
-                "--listen", "127.0.0.1:0", "--threads", THREADS, "--admin-token", ADMIN_TOKEN,
+                "--listen", "127.0.0.1:0", "--threads", THREADS, "--admin-token-file", token_file,
                 "--drain-grace-ms", "2000", "--metrics-listen", "127.0.0.1:0"]
         print("starting", " ".join(argv), flush=True)
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -557,7 +561,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="ina-e2e-") as tmp:
         pb = load_messages(args.proto_dir, tmp)
         try:
-            agent = Agent(args.agent)
+            agent = Agent(args.agent, tmp)
             m = agent.wait_line(r"listening on (\S+)", START_TIMEOUT_S)
             if not c.check(m, f"ina-agent printed no address; its output: {''.join(agent.output)!r}"):
                 return 1
