@@ -151,9 +151,7 @@ __global__ void __launch_bounds__(kThreads, INA_MLA_CTAS_PER_SM) mla_fast_kernel
   if (it_begin >= it_end) return;
 
   Cursor cur;
-  cur.item = it_begin;
-  cur.item_end = it_end;
-  cur.load_item(a);
+  cur.begin(a, it_begin, it_end);
 #pragma unroll
   for (int s = 0; s < kStages; s++) issue_block(a, cur, smem + s * kTileBytes);
 

@@ -239,9 +239,7 @@ __global__ void __launch_bounds__(kThreads, INA_MLA_CTAS_PER_SM) mla_fast_fp8_ke
   if (it_begin >= it_end) return;
 
   Cursor cur;
-  cur.item = it_begin;
-  cur.item_end = it_end;
-  cur.load_item(a);
+  cur.begin(a, it_begin, it_end);
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) issue_block(a, cur, smem + s * kStageBytes);
 

@@ -84,6 +84,12 @@ struct Cursor {
   int page[kPasses];  /* page id of this thread's positions, -1 past the chunk end */
 
   __device__ bool valid() const { return item < item_end; }
+  /* At the first block of the CTA's items [it_begin, it_end). */
+  __device__ void begin(const Args &a, int it_begin, int it_end) {
+    item = it_begin;
+    item_end = it_end;
+    load_item(a);
+  }
   /* Position of pass `pass` of this thread within the block. */
   __device__ static int token(int pass) { return pass * (kThreads / 8) + (threadIdx.x >> 3); }
   __device__ void fetch_pages(const Args &a) {
