@@ -1,8 +1,10 @@
 /* The custom all-reduce (comm/custom_ar.h) against NCCL on the GPUs of one node, under
  * mpirun with one rank per GPU (e.g. `mpirun -np 2 build/bench/bench_custom_ar`).
  *
- * 1. Plain all-reduce of 8 KiB .. 256 MiB (bytes of bf16 input per rank): custom one-shot,
- *    custom two-shot, FP8 two-shot (bf16 in and out, e4m3 on the wire) and NCCL bf16. Each
+ * 0. The floor: an empty kernel of the all-reduce's grid, timed the same way (graph of 200).
+ * 1. Plain all-reduce of 8 KiB .. 256 MiB (bytes of bf16 input per rank): custom LL (up to
+ *    1 MiB), one-shot, two-shot, FP8 two-shot (bf16 in and out, e4m3 on the wire) and NCCL
+ *    bf16. Each
  *    is captured as a CUDA graph of L back-to-back all-reduces (L from 2 to 200, so a
  *    replay moves about 256 MiB) and the graph is replayed: the figure is the median over
  *    15 replays of (replay time / L), the slowest rank's median. Figures:
@@ -189,6 +191,31 @@ static void report(const char *variant, const char *label, size_t bytes, double 
   }
 }
 
+/* ---- 0. floor ---------------------------------------------------------------------------- */
+
+typedef struct {
+  int blocks;
+} empty_op_t;
+
+static ina_status_t empty_op(void *ctx, void *stream) {
+  return ina_bench_launch_empty(((empty_op_t *)ctx)->blocks, 512, stream);
+}
+
+static void bench_floor(void) {
+  empty_op_t e = {0};
+  cuda_or_die(cudaDeviceGetAttribute(&e.blocks, cudaDevAttrMultiProcessorCount,
+                                     ina_bootstrap_device(g_boot)),
+              "SM count");
+  const double ms = time_op(empty_op, &e, MAX_REPS);
+  if (g_rank == 0) {
+    char formula[160];
+    snprintf(formula, sizeof formula,
+             "empty kernel of %d x 512 threads: median over 15 replays of a graph of %d, / %d",
+             e.blocks, MAX_REPS, MAX_REPS);
+    ina_bench_result("floor_empty_kernel_latency", ms * 1e3, "us", formula);
+  }
+}
+
 /* ---- 1. plain all-reduce ----------------------------------------------------------------- */
 
 static void bench_sizes(ina_custom_ar_t *ar, ina_comm_t *nccl, uint16_t *d_in, uint16_t *d_out) {
@@ -211,6 +238,7 @@ static void bench_sizes(ina_custom_ar_t *ar, ina_comm_t *nccl, uint16_t *d_in, u
       ina_custom_ar_mode_t mode;
       ina_custom_ar_algo_t algo;
     } variants[] = {
+        {"custom_bf16_ll", INA_CUSTOM_AR_BF16, INA_CUSTOM_AR_LL},
         {"custom_bf16_oneshot", INA_CUSTOM_AR_BF16, INA_CUSTOM_AR_ONE_SHOT},
         {"custom_bf16_twoshot", INA_CUSTOM_AR_BF16, INA_CUSTOM_AR_TWO_SHOT},
         {"custom_fp8_twoshot", INA_CUSTOM_AR_FP8, INA_CUSTOM_AR_TWO_SHOT},
@@ -294,7 +322,7 @@ static void bench_epilogue(ina_custom_ar_t *ar, ina_comm_t *nccl, const epi_buff
                              : time_op(unfused_op, &nccl_unfused, reps);
 
     if (g_rank != 0) continue;
-    static const char *algo_names[] = {"auto", "one-shot", "two-shot", "nccl"};
+    static const char *algo_names[] = {"auto", "one-shot", "two-shot", "nccl", "ll"};
     snprintf(formula, sizeof formula,
              "[%lld, %d] bf16: all-reduce (%s) + residual add + RMSNorm + fp8 1x128 output in one "
              "kernel; median of graph replays of %d steps, slowest rank",
@@ -360,6 +388,7 @@ int main(int argc, char **argv) {
   if (reg) cuda_or_die(cudaMemcpy(reg, d_in, MAX_BYTES, cudaMemcpyDeviceToDevice), "copy");
   ina_comm_t *nccl = have_nccl ? comm : NULL;
 
+  bench_floor();
   bench_sizes(ar, nccl, d_in, d_out);
 
   epi_buffers_t b = {0};

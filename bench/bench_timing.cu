@@ -55,3 +55,17 @@ fail:
   free(samples);
   return st;
 }
+
+namespace {
+__global__ void empty_kernel() {}
+}  // namespace
+
+extern "C" ina_status_t ina_bench_launch_empty(int blocks, int threads, void *stream) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(blocks > 0 && threads > 0, INA_ERR_INVALID_ARGUMENT,
+              "ina_bench_launch_empty: grid %d x %d", blocks, threads);
+  empty_kernel<<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>();
+  INA_CUDA_CHECK_LAUNCH();
+fail:
+  return st;
+}

@@ -46,6 +46,10 @@ typedef struct ina_bench_timing {
 ina_status_t ina_bench_time_ms(ina_bench_enqueue_fn enqueue, void *ctx,
                                const ina_bench_timing_t *timing, double *median_ms);
 
+/* Enqueues one kernel of `blocks` x `threads` that does nothing: captured back to back in
+ * a graph, the floor under any one-kernel operation's latency. */
+ina_status_t ina_bench_launch_empty(int blocks, int threads, void *stream);
+
 /* ---- memory ceilings ---------------------------------------------------------------- */
 
 typedef struct ina_bench_ceilings {

@@ -97,8 +97,10 @@ static ina_status_t validate(const ina_comm_t *c, const char *op, ina_dtype_t dt
               "%s on rank %d: invalid dtype %d", op, c->rank, (int)dtype);
   INA_REQUIRE(count == 0 || (a != NULL && b != NULL), INA_ERR_INVALID_ARGUMENT,
               "%s on rank %d: NULL buffer with count %zu", op, c->rank, count);
-  INA_REQUIRE(count <= (size_t)INT_MAX / 8 / (size_t)c->size, INA_ERR_UNSUPPORTED,
-              "%s on rank %d: count %zu is too large for one operation", op, c->rank, count);
+  /* MPI counts are ints (and all-gathers move size x count); NCCL's are size_t. */
+  INA_REQUIRE(c->backend != INA_COMM_BACKEND_MPI || count <= (size_t)INT_MAX / 8 / (size_t)c->size,
+              INA_ERR_UNSUPPORTED, "%s on rank %d: count %zu is too large for one MPI operation",
+              op, c->rank, count);
 fail:
   return st;
 }

@@ -60,6 +60,7 @@ static const char *algo_name(int algo) {
     case INA_CAR_ALGO_ONE_SHOT: return "one-shot";
     case INA_CAR_ALGO_TWO_SHOT: return "two-shot";
     case INA_CAR_ALGO_NCCL: return "nccl";
+    case INA_CAR_ALGO_LL: return "ll";
     default: return "auto";
   }
 }
@@ -268,7 +269,9 @@ ina_status_t ina_custom_ar_create(ina_comm_t *comm, const ina_custom_ar_config_t
   ar->timeout_ns = (uint64_t)(ar->timeout_s * 1e9);
   ar->one_shot_max_bytes = cfg.one_shot_max_bytes ? cfg.one_shot_max_bytes
                                                   : ina_car_default_one_shot_max_bytes(ar->nranks);
-  INA_CHECK(ina_car_layout_init(cfg.max_bytes, &ar->layout));
+  /* More than INA_CAR_MAX_RANKS ranks never take the IPC path; the layout is then unused. */
+  INA_CHECK(ina_car_layout_init(
+      cfg.max_bytes, ar->nranks < INA_CAR_MAX_RANKS ? ar->nranks : INA_CAR_MAX_RANKS, &ar->layout));
   {
     int rc = MPI_Comm_dup(comm->mpi, &dup);
     if (rc != MPI_SUCCESS) {
@@ -384,6 +387,7 @@ static void fill_request(const ina_custom_ar_t *ar, int mode, int algo, size_t c
   r->peer_access = ar->peer_access;
   r->have_nccl = ar->comm->backend == INA_COMM_BACKEND_NCCL;
   r->capacity = ar->layout.capacity;
+  r->ll_capacity = ar->layout.ll_capacity;
   r->one_shot_max_bytes = ar->one_shot_max_bytes;
   r->blocks = ar->blocks;
 }
@@ -508,10 +512,13 @@ ina_status_t ina_custom_ar_run(ina_custom_ar_t *ar, const ina_custom_ar_args_t *
     const ina_car_watchdog_t *w = ar->watchdog;
     INA_REQUIRE(0, INA_ERR_CUDA,
                 "ina_custom_ar_run on rank %d: an earlier run timed out: CTA %d of rank %d "
-                "waited more than %.1f s for rank %d at the %s barrier of run %llu (counter "
+                "waited more than %.1f s for rank %d at the %s of run %llu (counter "
                 "at %llu); the CUDA context is lost",
                 ar->rank, (int)w->block, (int)w->rank, ar->timeout_s, (int)w->peer,
-                w->kind == INA_CAR_FLAG_READY ? "ready" : "mid", (unsigned long long)w->epoch,
+                w->kind == INA_CAR_FLAG_READY ? "ready barrier"
+                : w->kind == INA_CAR_FLAG_MID ? "mid barrier"
+                                              : "LL data wait",
+                (unsigned long long)w->epoch,
                 (unsigned long long)w->seen);
   }
   const int epilogue = a->norm_weight != NULL;
@@ -544,6 +551,7 @@ ina_status_t ina_custom_ar_run(ina_custom_ar_t *ar, const ina_custom_ar_args_t *
                 (const uint8_t *)a->in == ar->base[ar->rank] + ar->layout.input;
   k.in_aligned = aligned(a->in, 16);
   k.out_aligned = aligned(a->out, 16);
+  k.in_place = a->in == a->out;
   k.timeout_ns = ar->timeout_ns;
   k.watchdog = ar->watchdog_dev;
   INA_LOG_D(INA_LOG_SUBSYS, "rank %d: %s %zu elements, mode %d%s%s", ar->rank, algo_name(algo),

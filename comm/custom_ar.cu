@@ -2,21 +2,27 @@
  * custom_ar_plan.h, element arithmetic in custom_ar_math.h).
  *
  * Each run is one kernel of plan.blocks CTAs x 512 threads. Phases, for CTA b:
+ *   LL         write range b of `in` into every peer's LL lines ll[epoch & 1][me] (data and
+ *              flag words in each 8-byte half) | sum range b of `in` and of the lines from
+ *              every peer, in rank order, polling each line until its flags carry this
+ *              run's value, then zero the line -> out (or epilogue rows)
  *   ONE_SHOT   copy range b of `in` into our stage[epoch & 1] | READY | sum range b of
  *              every rank's stage in rank order -> out (or epilogue rows)
  *   TWO_SHOT   copy range b of every stripe of `in` into our input region (skipped when
  *              `in` is that region) | READY | sum range b of our stripe from every rank's
  *              input region -> our reduced region (+ out) | MID | copy range b of every
  *              other stripe from its owner's reduced region -> out (or epilogue rows)
- *   FP8        as TWO_SHOT, but phase 0 quantizes `in` into our stage[epoch & 1] (e4m3 +
- *              scales per 128 values), phase 1 dequantizes, sums and re-quantizes into our
- *              reduced region, and the gather dequantizes to bf16.
+ *   FP8        TWO_SHOT by remote writes: quantize range b of stripe s of `in` (e4m3 +
+ *              scales per 128 values) into rank s's fp8_recv slot [me], for every s | READY
+ *              | dequantize range b of our stripe from our slots, sum in rank order,
+ *              re-quantize into every rank's reduced region (+ out) | MID | dequantize range
+ *              b of every other stripe from our own reduced region -> out (or epilogue rows)
  *
  * Synchronization. Counters ("flags") live in every rank's registered memory:
  * flags[kind][b][src] is written only by CTA b of rank src, with st.release.sys, and read
  * only by CTA b of the owner, with ld.acquire.sys. A barrier of CTA b at epoch e:
- *   __syncthreads()                    every thread's earlier accesses of this CTA are
- *                                      ordered before the releases below
+ *   __syncthreads()                    every thread's earlier accesses of this CTA (local or
+ *                                      remote) are ordered before the releases below
  *   thread p < n: flags_p[kind][b][me] = e   (release, system scope), then waits until
  *                 flags_me[kind][b][p] >= e  (acquire, system scope)
  *   __syncthreads()                    the acquires are ordered before every thread's
@@ -27,6 +33,11 @@
  * custom_ar_plan.h, CTA b only reads peer data written by the peers' CTA b before a barrier
  * both pass, so per-CTA barriers suffice.
  *
+ * LL needs no barrier: a line's data and flag words share an 8-byte half, which a 16-byte
+ * store writes and a 16-byte load reads whole, so a line whose two flags are this run's
+ * value carries this run's data. The value is the epoch folded into [1, 2^32 - 1]; a
+ * consumed line is zeroed, so a line holds either nothing or one unconsumed run's data.
+ *
  * Epochs. CTA b keeps in epochs[b] (our memory, touched only by CTA b of our kernels) the
  * number of kernels it completed; a kernel uses e = epochs[b] + 1 and stores it at the end.
  * Every kernel has the same grid, every rank runs the same sequence of kernels, so e is
@@ -35,22 +46,32 @@
  * peer moved on), hence the >= test. 64-bit counters never wrap.
  *
  * Why buffers can be reused without more barriers (stream order: kernel e of a rank
- * starts after its kernel e-1 ended; a peer passing any barrier of kernel e proves its
- * kernel e-1 ended):
+ * starts after its kernel e-1 ended; seeing anything a peer wrote in kernel e proves its
+ * kernel e-1 ended, and every kernel with data has at least one CTA that sees something
+ * from every peer):
  *   stage[e & 1]  written before READY of kernel e. Its last readers were kernels <= e-2
  *                 of the peers, which ended before the peers signalled READY of kernel
  *                 e-1, which we waited for in kernel e-1.
+ *   ll[e & 1]     written by the peers in kernel e without waiting. Our last reads of it
+ *                 were in kernel e-2, which ended before our kernel e-1 wrote to the
+ *                 peers, which they saw in their kernel e-1 before starting kernel e.
  *   input         the peers read it in TWO_SHOT phase 1, before their MID signal; we wait
  *                 for MID before our kernel ends, so afterwards the caller may overwrite
  *                 it, and our next copy-in may too.
- *   reduced       written after READY of kernel e; its readers (phase 2 of kernels <= e-1)
- *                 ended before the peers could signal READY of kernel e.
+ *   fp8_recv      written by the peers before READY of kernel e; we read it before our MID
+ *                 signal of kernel e-1, which they waited for in kernel e-1.
+ *   reduced       written after READY of kernel e (by us, and in FP8 by the peers); its
+ *                 readers (phase 2 of kernels <= e-1, ours or the peers') ended before
+ *                 the READY signals of kernel e.
  *
  * Deadlock freedom. A CTA spins only on the CTAs with its own index on the other ranks,
  * and the grid is at most the smallest SM count of the ranks while at least one CTA fits
  * on an SM (checked at creation: ina_car_min_blocks_per_sm), so once other work leaves the
  * GPUs every CTA of every rank is resident and every barrier completes; no CTA waits for a
- * CTA of its own grid that could still be queued behind it.
+ * CTA of its own grid that could still be queued behind it. Kernels are programmatic
+ * dependents of the previous kernel in the stream (PDL): a CTA may become resident early,
+ * but it waits for that kernel's completion (griddepcontrol.wait) before anything else,
+ * so it never spins on a peer while the previous kernel still needs the SMs.
  *
  * Peer data is loaded with ld.global.cg (__ldcg): coherent, from L2, never the
  * non-coherent read-only path, which may serve data written during the kernel stale. */
@@ -64,6 +85,7 @@
 #include "comm/custom_ar_math.h"
 #include "core/cuda_check.h"
 #include "core/cuda_math.cuh"
+#include "core/ptx.cuh"
 
 namespace {
 
@@ -83,6 +105,7 @@ constexpr int kHalfWarps = kThreads / kLanesPerGranule;
 constexpr int kUnroll = 2;                          /* vectors in flight per thread and rank */
 
 constexpr int kOneShot = INA_CAR_ALGO_ONE_SHOT;
+constexpr int kLL = INA_CAR_ALGO_LL;
 constexpr int kTwoShot = INA_CAR_ALGO_TWO_SHOT;
 constexpr int kBf16 = INA_CAR_MODE_BF16;
 constexpr int kF32 = INA_CAR_MODE_F32;
@@ -159,6 +182,45 @@ __device__ __forceinline__ void barrier(const Args &a, int kind, uint64_t epoch)
     wait_flag(a, flag_at(a, a.rank, kind, peer), epoch, kind, peer);
   }
   __syncthreads();
+}
+
+/* ---- LL lines ------------------------------------------------------------------------------ */
+
+/* The flag of epoch e: never 0, the value of a consumed line. */
+__device__ __forceinline__ uint32_t ll_flag(uint64_t epoch) {
+  return (uint32_t)(epoch % 0xFFFFFFFFull) + 1u;
+}
+
+__device__ __forceinline__ void ll_store(uint8_t *line, uint32_t w0, uint32_t w1, uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(w0), "r"(flag),
+               "r"(w1), "r"(flag)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 ll_load(const uint8_t *line) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(line)
+               : "memory");
+  return v;
+}
+
+/* Waits until `line` (ours, written by `peer`) carries `flag`, zeroes it, and returns its
+ * two data words. */
+__device__ __forceinline__ uint2 ll_take(const Args &a, uint8_t *line, uint32_t flag, int peer) {
+  uint4 v = ll_load(line);
+  if (v.y != flag || v.w != flag) {
+    const uint64_t start = global_timer_ns();
+    for (uint32_t spin = 1;; spin++) {
+      v = ll_load(line);
+      if (v.y == flag && v.w == flag) break;
+      if (a.timeout_ns != 0 && (spin & 1023u) == 0 && global_timer_ns() - start > a.timeout_ns)
+        watchdog_trip(a, INA_CAR_WAIT_LL, peer, flag, v.y);
+    }
+  }
+  ll_store(line, 0u, 0u, 0u);
+  return make_uint2(v.x, v.z);
 }
 
 /* ---- local input and output (any element alignment) -------------------------------------- */
@@ -382,86 +444,198 @@ __device__ __forceinline__ int64_t first_granule_pair(int64_t g0) {
 }
 __device__ __forceinline__ int half_of_warp() { return (threadIdx.x / kLanesPerGranule) % 2; }
 
-/* Granules [g0, g1) of `in` -> e4m3 values and scales in our `stage` region. */
-__device__ void fp8_quantize_input(const Args &a, uint64_t stage, int64_t g0, int64_t g1) {
+/* Where a stripe's granules live in an fp8_recv slot: values at e - first element, scales
+ * after fp8_slot_elems values. */
+struct Fp8Slot {
+  uint8_t *values;
+  float *scales;
+  int64_t first_granule;
+  __device__ uint8_t *value_at(int64_t e) const {
+    return values + (e - first_granule * kGranule);
+  }
+  __device__ float *scale_at(int64_t g) const { return scales + (g - first_granule); }
+};
+
+__device__ __forceinline__ Fp8Slot fp8_slot(const Args &a, int owner, int src,
+                                            int64_t first_granule) {
+  uint8_t *values = a.base[owner] + ina_car_fp8_recv_slot(&a.layout, src);
+  return Fp8Slot{values, reinterpret_cast<float *>(values + a.layout.fp8_slot_elems),
+                 first_granule};
+}
+
+/* Granule pairs in flight per half-warp in the FP8 loops: enough loads outstanding to
+ * keep HBM and NVLink busy with one CTA per SM. */
+constexpr int kFp8Unroll = 2;
+
+/* Granules [g0, g1) of `in` (in stripe `stripe`, which starts at granule s0) -> e4m3 values
+ * and scales in rank `stripe`'s fp8_recv slot for us: remote writes, except our own
+ * stripe. */
+__device__ void fp8_push_share(const Args &a, int stripe, int64_t s0, int64_t g0, int64_t g1) {
   const int lane = threadIdx.x % kLanesPerGranule;
-  uint8_t *values = a.base[a.rank] + stage;
-  float *scales = reinterpret_cast<float *>(values + ina_car_fp8_scales_offset(&a.layout));
-  for (int64_t pair = first_granule_pair(g0); pair < g1; pair += kHalfWarps) {
-    const int64_t g = pair + half_of_warp();
-    const bool valid = g < g1;
-    const int64_t e = g * kGranule + lane * kLane;
-    float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (valid) unpack_bf16x8(load_in<kBf16>(a, e), x);
-    const float scale_inv = ina_fp8_rule_scale_inv(half_warp_max(amax8(x)));
-    if (valid) {
-      *reinterpret_cast<uint2 *>(values + e) = quantize8(x, scale_inv);
-      if (lane == 0) scales[g] = scale_inv;
+  const Fp8Slot dst = fp8_slot(a, stripe, a.rank, s0);
+  for (int64_t pair = first_granule_pair(g0); pair < g1; pair += kHalfWarps * kFp8Unroll) {
+    float x[kFp8Unroll][8];
+#pragma unroll
+    for (int u = 0; u < kFp8Unroll; u++) {
+      const int64_t g = pair + u * kHalfWarps + half_of_warp();
+#pragma unroll
+      for (int i = 0; i < 8; i++) x[u][i] = 0.0f;
+      if (g < g1) unpack_bf16x8(load_in<kBf16>(a, g * kGranule + lane * kLane), x[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kFp8Unroll; u++) {
+      const int64_t g = pair + u * kHalfWarps + half_of_warp();
+      const float scale_inv = ina_fp8_rule_scale_inv(half_warp_max(amax8(x[u])));
+      if (g < g1) {
+        *reinterpret_cast<uint2 *>(dst.value_at(g * kGranule + lane * kLane)) =
+            quantize8(x[u], scale_inv);
+        if (lane == 0) *dst.scale_at(g) = scale_inv;
+      }
     }
   }
 }
 
-/* Our stripe's granules [g0, g1): dequantize every rank's staged values, sum in rank order,
- * re-quantize into our reduced region; with to_out also the bf16 result. */
-__device__ void fp8_reduce_stripe(const Args &a, uint64_t stage, int64_t g0, int64_t g1,
+/* Our stripe's granules [g0, g1) (the stripe starts at granule s0): dequantize every rank's
+ * share from our slots, sum in rank order, re-quantize into every rank's reduced region;
+ * with to_out also the bf16 result. */
+__device__ void fp8_reduce_stripe(const Args &a, int64_t s0, int64_t g0, int64_t g1,
                                   bool to_out) {
   const int lane = threadIdx.x % kLanesPerGranule;
   const uint64_t scales_at = ina_car_fp8_scales_offset(&a.layout);
-  uint8_t *reduced = a.base[a.rank] + a.layout.reduced;
-  for (int64_t pair = first_granule_pair(g0); pair < g1; pair += kHalfWarps) {
-    const int64_t g = pair + half_of_warp();
-    const bool valid = g < g1;
-    const int64_t e = g * kGranule + lane * kLane;
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (valid) {
-      uint2 q[kMaxRanks];
-      float s[kMaxRanks];
+  for (int64_t pair = first_granule_pair(g0); pair < g1; pair += kHalfWarps * kFp8Unroll) {
+    uint2 q[kFp8Unroll][kMaxRanks];
+    float s[kFp8Unroll][kMaxRanks];
+#pragma unroll
+    for (int u = 0; u < kFp8Unroll; u++) {
+      const int64_t g = pair + u * kHalfWarps + half_of_warp();
+      const int64_t e = g * kGranule + lane * kLane;
 #pragma unroll
       for (int r = 0; r < kMaxRanks; r++) {
-        q[r] = make_uint2(0u, 0u);
-        s[r] = 0.0f;
-        if (r < a.plan.nranks) {
-          q[r] = __ldcg(reinterpret_cast<const uint2 *>(a.base[r] + stage + e));
-          s[r] = __ldcg(reinterpret_cast<const float *>(a.base[r] + stage + scales_at) + g);
+        q[u][r] = make_uint2(0u, 0u);
+        s[u][r] = 0.0f;
+        if (g < g1 && r < a.plan.nranks) {
+          const Fp8Slot src = fp8_slot(a, a.rank, r, s0);
+          q[u][r] = __ldcg(reinterpret_cast<const uint2 *>(src.value_at(e)));
+          s[u][r] = __ldcg(src.scale_at(g));
         }
       }
-      dequantize8(q[0], s[0], acc);
+    }
+#pragma unroll
+    for (int u = 0; u < kFp8Unroll; u++) {
+      const int64_t g = pair + u * kHalfWarps + half_of_warp();
+      const int64_t e = g * kGranule + lane * kLane;
+      float acc[8];
+      dequantize8(q[u][0], s[u][0], acc);
 #pragma unroll
       for (int r = 1; r < kMaxRanks; r++) {
         if (r < a.plan.nranks) {
           float v[8];
-          dequantize8(q[r], s[r], v);
+          dequantize8(q[u][r], s[u][r], v);
 #pragma unroll
           for (int i = 0; i < 8; i++) acc[i] = ina_car_add(acc[i], v[i]);
         }
       }
-    }
-    const float scale_inv = ina_fp8_rule_scale_inv(half_warp_max(amax8(acc)));
-    if (valid) {
-      const uint2 q = quantize8(acc, scale_inv);
-      *reinterpret_cast<uint2 *>(reduced + e) = q;
-      if (lane == 0) reinterpret_cast<float *>(reduced + scales_at)[g] = scale_inv;
+      const float scale_inv = ina_fp8_rule_scale_inv(half_warp_max(amax8(acc)));
+      if (g >= g1) continue;
+      const uint2 out_q = quantize8(acc, scale_inv);
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; r++) {
+        if (r < a.plan.nranks) {
+          uint8_t *reduced = a.base[r] + a.layout.reduced;
+          *reinterpret_cast<uint2 *>(reduced + e) = out_q;
+          if (lane == 0) reinterpret_cast<float *>(reduced + scales_at)[g] = scale_inv;
+        }
+      }
       if (to_out) {
         float v[8];
-        dequantize8(q, scale_inv, v);
+        dequantize8(out_q, scale_inv, v);
         store_out<kBf16>(a, e, pack_bf16x8(v));
       }
     }
   }
 }
 
-/* Granules [g0, g1) of rank `owner`'s reduced region -> bf16 out. */
-__device__ void fp8_gather(const Args &a, int owner, int64_t g0, int64_t g1) {
-  const uint8_t *values = a.base[owner] + a.layout.reduced;
+/* Granules [g0, g1) of our reduced region -> bf16 out. */
+__device__ void fp8_gather(const Args &a, int64_t g0, int64_t g1) {
+  constexpr int kDepth = 4;
+  const uint8_t *values = a.base[a.rank] + a.layout.reduced;
   const float *scales =
       reinterpret_cast<const float *>(values + ina_car_fp8_scales_offset(&a.layout));
-  for (int64_t k = g0 * kLanesPerGranule + threadIdx.x; k < g1 * kLanesPerGranule; k += kThreads) {
-    const int64_t e = k * kLane;
-    const uint2 q = __ldcg(reinterpret_cast<const uint2 *>(values + e));
-    float v[8];
-    dequantize8(q, __ldcg(scales + e / kGranule), v);
-    store_out<kBf16>(a, e, pack_bf16x8(v));
+  const int64_t k1 = g1 * kLanesPerGranule;
+  for (int64_t k = g0 * kLanesPerGranule + threadIdx.x; k < k1; k += kThreads * kDepth) {
+    uint2 q[kDepth];
+    float sc[kDepth];
+#pragma unroll
+    for (int u = 0; u < kDepth; u++) {
+      const int64_t e = (k + u * kThreads) * kLane;
+      if (k + u * kThreads < k1) {
+        q[u] = __ldcg(reinterpret_cast<const uint2 *>(values + e));
+        sc[u] = __ldcg(scales + e / kGranule);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kDepth; u++) {
+      if (k + u * kThreads < k1) {
+        float v[8];
+        dequantize8(q[u], sc[u], v);
+        store_out<kBf16>(a, (k + u * kThreads) * kLane, pack_bf16x8(v));
+      }
+    }
   }
+}
+
+/* ---- LL phases ------------------------------------------------------------------------------ */
+
+/* The two lines of our slot from `src` that carry the 16 payload bytes at element e. */
+template <int kMode>
+__device__ __forceinline__ uint8_t *ll_lines(const Args &a, int owner, int parity, int src,
+                                             int64_t e) {
+  const int64_t line = e * elem_bytes<kMode>() / INA_CAR_LL_PAYLOAD_BYTES;
+  return a.base[owner] + ina_car_ll_slot(&a.layout, parity, src) + line * INA_CAR_LL_LINE_BYTES;
+}
+
+/* in[e0, e1) -> every peer's lines from us. */
+template <int kMode>
+__device__ void ll_push(const Args &a, int parity, uint32_t flag, int64_t e0, int64_t e1) {
+  constexpr int kV = vec_elems<kMode>();
+  for (int64_t e = e0 + (int64_t)threadIdx.x * kV; e < e1; e += (int64_t)kThreads * kV) {
+    const uint4 v = load_in<kMode>(a, e);
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; r++) {
+      if (r < a.plan.nranks && r != a.rank) {
+        uint8_t *line = ll_lines<kMode>(a, r, parity, a.rank, e);
+        ll_store(line, v.x, v.y, flag);
+        ll_store(line + INA_CAR_LL_LINE_BYTES, v.z, v.w, flag);
+      }
+    }
+  }
+}
+
+/* The sum over the ranks of the 16 bytes at element e: ours from `in`, the peers' from our
+ * lines (consumed). */
+template <int kMode>
+__device__ __forceinline__ uint4 ll_sum(const Args &a, int parity, uint32_t flag, int64_t e) {
+  uint4 x[kMaxRanks];
+#pragma unroll
+  for (int r = 0; r < kMaxRanks; r++) {
+    x[r] = make_uint4(0u, 0u, 0u, 0u);
+    if (r == a.rank) {
+      x[r] = load_in<kMode>(a, e);
+    } else if (r < a.plan.nranks) {
+      uint8_t *line = ll_lines<kMode>(a, a.rank, parity, r, e);
+      const uint2 lo = ll_take(a, line, flag, r);
+      const uint2 hi = ll_take(a, line + INA_CAR_LL_LINE_BYTES, flag, r);
+      x[r] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    }
+  }
+  return sum_ranks<kMode>(x, a.plan.nranks);
+}
+
+template <int kMode>
+__device__ void ll_reduce(const Args &a, int parity, uint32_t flag, int64_t e0, int64_t e1) {
+  constexpr int kV = vec_elems<kMode>();
+  for (int64_t e = e0 + (int64_t)threadIdx.x * kV; e < e1; e += (int64_t)kThreads * kV)
+    store_out<kMode>(a, e, ll_sum<kMode>(a, parity, flag, e));
 }
 
 /* ---- fused epilogue ---------------------------------------------------------------------- */
@@ -479,6 +653,12 @@ struct OneShotRows { /* sum over the ranks' staged copies */
 struct Bf16Rows { /* a reduced bf16 region, or out itself after an NCCL all-reduce */
   const uint16_t *p;
   __device__ uint4 load(int64_t e) const { return __ldcg(reinterpret_cast<const uint4 *>(p + e)); }
+};
+struct LLRows { /* our input plus the peers' LL lines */
+  const Args *a;
+  int parity;
+  uint32_t flag;
+  __device__ uint4 load(int64_t e) const { return ll_sum<kBf16>(*a, parity, flag, e); }
 };
 struct Fp8Rows { /* a reduced FP8 region */
   const uint8_t *values;
@@ -618,39 +798,77 @@ __device__ void two_shot(const Args &a, uint64_t epoch, float *scratch) {
 }
 
 template <int kIters>
-__device__ void fp8_two_shot(const Args &a, uint64_t epoch, uint64_t stage, float *scratch) {
+__device__ void fp8_two_shot(const Args &a, uint64_t epoch, float *scratch) {
   const int64_t per_unit = a.plan.unit_elems / kGranule;
   const int n = a.plan.nranks, me = a.rank;
-  int64_t u0 = 0, u1 = 0;
+  int64_t u0 = 0, u1 = 0, s0 = 0, s1 = 0;
   for (int s = 0; s < n; s++) {
     ina_car_block_units(&a.plan, s, blockIdx.x, &u0, &u1);
-    fp8_quantize_input(a, stage, u0 * per_unit, u1 * per_unit);
+    ina_car_stripe_units(&a.plan, s, &s0, &s1);
+    fp8_push_share(a, s, s0 * per_unit, u0 * per_unit, u1 * per_unit);
   }
   barrier(a, INA_CAR_FLAG_READY, epoch);
   ina_car_block_units(&a.plan, me, blockIdx.x, &u0, &u1);
-  fp8_reduce_stripe(a, stage, u0 * per_unit, u1 * per_unit, kIters == 0);
+  ina_car_stripe_units(&a.plan, me, &s0, &s1);
+  fp8_reduce_stripe(a, s0 * per_unit, u0 * per_unit, u1 * per_unit, kIters == 0);
   barrier(a, INA_CAR_FLAG_MID, epoch);
+  const uint8_t *values = a.base[me] + a.layout.reduced;
+  const float *scales =
+      reinterpret_cast<const float *>(values + ina_car_fp8_scales_offset(&a.layout));
+  const Fp8Rows rows = {values, scales};
   for (int s = 0; s < n; s++) {
     ina_car_block_units(&a.plan, s, blockIdx.x, &u0, &u1);
     if constexpr (kIters == 0) {
-      if (s != me) fp8_gather(a, s, u0 * per_unit, u1 * per_unit);
+      if (s != me) fp8_gather(a, u0 * per_unit, u1 * per_unit);
     } else {
-      const uint8_t *values = a.base[s] + a.layout.reduced;
-      const Fp8Rows rows = {values, reinterpret_cast<const float *>(
-                                        values + ina_car_fp8_scales_offset(&a.layout))};
       epilogue_rows<kIters>(a, u0, u1, rows, scratch);
     }
+  }
+}
+
+template <int kMode, int kIters>
+__device__ void ll_one_shot(const Args &a, uint64_t epoch, float *scratch) {
+  const int64_t ue = a.plan.unit_elems;
+  const int parity = (int)(epoch & 1u);
+  const uint32_t flag = ll_flag(epoch);
+  int64_t u0 = 0, u1 = 0;
+  ina_car_block_units(&a.plan, 0, blockIdx.x, &u0, &u1);
+  if (kIters == 0 || a.in_place) {
+    ll_push<kMode>(a, parity, flag, u0 * ue, u1 * ue);
+    /* The epilogue maps elements to threads differently: with out == in, no thread may
+     * write out before every thread has pushed its input. */
+    __syncthreads();
+  } else {
+    /* Few rows leave most CTAs without a row; lines carry their own flags, so any CTA may
+     * push them: spread the push over the grid. Not in place, where another CTA could
+     * overwrite `in` with its normalized rows before this one has pushed it. */
+    constexpr int kV = vec_elems<kMode>();
+    int64_t v0 = 0, v1 = 0;
+    ina_car_split(a.plan.units * ue / kV, a.plan.blocks, blockIdx.x, &v0, &v1);
+    ll_push<kMode>(a, parity, flag, v0 * kV, v1 * kV);
+  }
+  if constexpr (kIters == 0) {
+    ll_reduce<kMode>(a, parity, flag, u0 * ue, u1 * ue);
+  } else {
+    const LLRows rows = {&a, parity, flag};
+    epilogue_rows<kIters>(a, u0, u1, rows, scratch);
   }
 }
 
 template <int kAlgo, int kMode, int kIters>
 __global__ void __launch_bounds__(kThreads, 1) all_reduce_kernel(const __grid_constant__ Args a) {
   __shared__ float scratch[kWarp];
+  /* Launched as a programmatic dependent: the launch overlaps the previous kernel, and
+   * nothing (input, epochs, buffers) is touched before that kernel has completed. The
+   * next kernel may launch at once: it waits the same way for this one. */
+  ina_ptx::griddep_wait();
+  ina_ptx::griddep_launch_dependents();
   uint64_t *epoch_slot =
       reinterpret_cast<uint64_t *>(a.base[a.rank] + ina_car_epoch_offset(&a.layout, blockIdx.x));
   const uint64_t epoch = *epoch_slot + 1;
   const uint64_t stage = a.layout.stage[epoch & 1u];
-  if constexpr (kMode == kFp8) fp8_two_shot<kIters>(a, epoch, stage, scratch);
+  if constexpr (kMode == kFp8) fp8_two_shot<kIters>(a, epoch, scratch);
+  else if constexpr (kAlgo == kLL) ll_one_shot<kMode, kIters>(a, epoch, scratch);
   else if constexpr (kAlgo == kOneShot) one_shot<kMode, kIters>(a, epoch, stage, scratch);
   else two_shot<kMode, kIters>(a, epoch, scratch);
   __syncthreads(); /* every thread has read the epoch */
@@ -691,6 +909,7 @@ Kernel pick(int iters) {
 
 Kernel pick_kernel(int algo, int mode, int iters) {
   if (mode == kFp8) return pick<kTwoShot, kFp8>(iters);
+  if (algo == kLL) return mode == kF32 ? pick<kLL, kF32>(0) : pick<kLL, kBf16>(iters);
   if (algo == kOneShot)
     return mode == kF32 ? pick<kOneShot, kF32>(0) : pick<kOneShot, kBf16>(iters);
   return mode == kF32 ? pick<kTwoShot, kF32>(0) : pick<kTwoShot, kBf16>(iters);
@@ -717,8 +936,18 @@ extern "C" ina_status_t ina_car_launch(const ina_car_kernel_args_t *a, void *str
               INA_ERR_INTERNAL, "custom_ar launch: grid %d or %d ranks out of range",
               a->plan.blocks, a->plan.nranks);
   kernel = pick_kernel(a->plan.algo, a->plan.mode, a->epilogue ? epilogue_iters(a->cols) : 0);
-  kernel<<<(unsigned)a->plan.blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(*a);
-  INA_CUDA_CHECK_LAUNCH();
+  {
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.gridDim = dim3((unsigned)a->plan.blocks);
+    config.blockDim = dim3(kThreads);
+    config.stream = static_cast<cudaStream_t>(stream);
+    config.attrs = attr;
+    config.numAttrs = 1;
+    INA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, *a));
+  }
 fail:
   return st;
 }
@@ -748,6 +977,9 @@ extern "C" int ina_car_min_blocks_per_sm(void) {
       pick_kernel(kTwoShot, kBf16, 4), pick_kernel(kTwoShot, kF32, 0),
       pick_kernel(kTwoShot, kFp8, 0),  pick_kernel(kTwoShot, kFp8, 1),
       pick_kernel(kTwoShot, kFp8, 2),  pick_kernel(kTwoShot, kFp8, 4),
+      pick_kernel(kLL, kBf16, 0),      pick_kernel(kLL, kBf16, 1),
+      pick_kernel(kLL, kBf16, 2),      pick_kernel(kLL, kBf16, 4),
+      pick_kernel(kLL, kF32, 0),
   };
   int fewest = 1 << 30;
   for (Kernel k : kernels) {

@@ -8,13 +8,22 @@
  * over NVLink and synchronize through counters in that memory.
  *
  * Algorithms (ina_custom_ar_algo_t):
+ *   LL        low-latency one-shot: every rank writes its whole input into every peer's
+ *             memory as 16-byte lines of 8 data bytes and two flag words carrying the run's
+ *             counter, and sums its own input with the lines it receives once their flags
+ *             match: no barrier and no remote read, (n-1) x 2 x bytes written per rank; for
+ *             messages up to 1 MiB (asked for larger, it takes ONE_SHOT). BF16 and F32.
  *   ONE_SHOT  every rank reads every peer's whole input and sums it: one barrier, (n-1) x
  *             bytes read per rank; best for small messages.
  *   TWO_SHOT  reduce-scatter then all-gather: rank s reduces stripe s (1/n of the data) from
  *             every rank and publishes it, then every rank gathers the n stripes: two
- *             barriers, 2 (n-1)/n x bytes read per rank; best for large messages.
+ *             barriers, 2 (n-1)/n x bytes read per rank; best for large messages. In FP8
+ *             mode the data moves by remote writes instead: each rank pushes its quantized
+ *             share of stripe s to rank s, and rank s pushes the re-quantized sum to every
+ *             rank, so all reads are local.
  *   NCCL      the communicator's NCCL all-reduce (fallback).
- * AUTO picks ONE_SHOT up to the config's one_shot_max_bytes and TWO_SHOT above it. Every
+ * AUTO picks LL up to 128 KiB (BF16, F32), then ONE_SHOT up to the config's
+ * one_shot_max_bytes and TWO_SHOT above it. Every
  * run falls back to NCCL, whatever was asked, when the peers cannot access each other
  * (cudaDeviceCanAccessPeer, or the ranks are not on one node, or more than 8 ranks) or the
  * message does not fit the registered buffers (max_bytes). Peers are found by PCI bus id,
@@ -33,12 +42,13 @@
  *         q = e4m3_satfinite(x / scale_inv), as ina_fp8_quantize_blocks), the owner of a
  *         stripe dequantizes and sums in fp32 in rank order, re-quantizes the reduced
  *         stripe the same way, and every rank dequantizes it to bf16. TWO_SHOT only (AUTO
- *         picks it; ONE_SHOT is INA_ERR_UNSUPPORTED); its NCCL fallback is a bf16 all-reduce.
+ *         picks it; ONE_SHOT and LL are INA_ERR_UNSUPPORTED); its NCCL fallback is a bf16
+ *         all-reduce.
  *         Error: per element at most about 2^-4 (sum of the ranks' block amax) + 2^-4 (block
  *         amax of the sum), i.e. two e4m3 roundings relative to the 128-block max.
  * Results are bitwise identical on every rank (the owner reduces each stripe once and the
- * others copy it; in ONE_SHOT every rank sums in the same order), and for BF16 and F32
- * ONE_SHOT and TWO_SHOT give identical bits. NCCL runs are NCCL's numerics.
+ * others copy it; in LL and ONE_SHOT every rank sums in the same order), and for BF16 and
+ * F32 LL, ONE_SHOT and TWO_SHOT give identical bits. NCCL runs are NCCL's numerics.
  *
  * Fused epilogue (BF16 and FP8 modes, when args->norm_weight is set), per row of the
  * [rows, cols] result, as ina_gpu_rmsnorm (gpu_ops/gpu_ops.h) on the all-reduced bf16 sum x:
@@ -102,6 +112,7 @@ typedef enum ina_custom_ar_algo {
   INA_CUSTOM_AR_ONE_SHOT = 1,
   INA_CUSTOM_AR_TWO_SHOT = 2,
   INA_CUSTOM_AR_NCCL = 3,
+  INA_CUSTOM_AR_LL = 4,
 } ina_custom_ar_algo_t;
 
 /* Settings; every rank must pass the same values (checked at creation). */
@@ -109,7 +120,8 @@ typedef struct ina_custom_ar_config {
   size_t struct_size; /* sizeof(ina_custom_ar_config_t), set by the INIT macro */
   uint32_t version;   /* 1 */
   /* Largest input of one run in bytes (count x 2 for BF16 and FP8, x 4 for F32, rounded
-   * up to 128 elements). Device memory per rank: about 4 x max_bytes. */
+   * up to 128 elements). Device memory per rank: about 4.5 x max_bytes, plus 4 x nranks x
+   * min(max_bytes, 1 MiB) of LL lines. */
   size_t max_bytes;
   /* AUTO takes ONE_SHOT up to this many input bytes, TWO_SHOT above. 0 = the default for
    * the rank count: 8 MiB for 2 ranks, 512 KiB for 3-4, 256 KiB for 5-8. */
@@ -173,7 +185,7 @@ void *ina_custom_ar_input_buffer(const ina_custom_ar_t *ar, size_t *bytes);
 /* 1 when the IPC path is usable, 0 when every run falls back to NCCL. */
 int ina_custom_ar_peer_access(const ina_custom_ar_t *ar);
 int ina_custom_ar_nranks(const ina_custom_ar_t *ar);
-/* The algorithm a run with these values would take (ONE_SHOT, TWO_SHOT or NCCL), in
+/* The algorithm a run with these values would take (LL, ONE_SHOT, TWO_SHOT or NCCL), in
  * *algo; rows and cols are 0 without the epilogue. Errors as ina_custom_ar_run would
  * report for them (unsupported combinations). */
 ina_status_t ina_custom_ar_choose(const ina_custom_ar_t *ar, ina_custom_ar_mode_t mode,

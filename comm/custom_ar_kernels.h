@@ -33,6 +33,7 @@ typedef struct ina_car_kernel_args {
   int32_t zero_copy;
   /* in / out are 16-byte aligned: whole vectors, else element by element. */
   int32_t in_aligned, out_aligned;
+  int32_t in_place; /* in == out */
   const void *in; /* count elements (bf16 for BF16 and FP8, f32 for F32) */
   void *out;      /* count elements; with the epilogue the normalized rows (16-byte aligned) */
   /* Fused epilogue (plan.unit_elems == cols). */

@@ -7,26 +7,42 @@
 
 static uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
-ina_status_t ina_car_layout_init(uint64_t capacity_bytes, ina_car_layout_t *out) {
+ina_status_t ina_car_layout_init(uint64_t capacity_bytes, int nranks, ina_car_layout_t *out) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "custom_ar layout: out is NULL");
   INA_REQUIRE(capacity_bytes > 0 && capacity_bytes <= ((uint64_t)1 << 40), INA_ERR_INVALID_ARGUMENT,
               "custom_ar layout: capacity %llu bytes must be in [1, 2^40]",
               (unsigned long long)capacity_bytes);
+  INA_REQUIRE(nranks >= 1 && nranks <= INA_CAR_MAX_RANKS, INA_ERR_INVALID_ARGUMENT,
+              "custom_ar layout: %d ranks must be in [1, %d]", nranks, INA_CAR_MAX_RANKS);
   const uint64_t cap = round_up(capacity_bytes, INA_CAR_REGION_ALIGN);
+  const uint64_t n = (uint64_t)nranks;
+  /* A stripe holds at most ceil(units / n) units of at most INA_CAR_MAX_COLS elements, and
+   * units x unit x 2 bytes fit the capacity. */
+  const uint64_t slot_elems = round_up((cap / 2 + n - 1) / n + INA_CAR_MAX_COLS, INA_CAR_GRANULE);
   uint64_t at = 0;
   out->capacity = cap;
+  out->ll_capacity = cap < INA_CAR_LL_MAX_BYTES ? cap : INA_CAR_LL_MAX_BYTES;
+  out->fp8_slot_elems = slot_elems;
+  out->fp8_slot_bytes =
+      round_up(slot_elems + slot_elems / INA_CAR_GRANULE * 4, INA_CAR_REGION_ALIGN);
   out->flags = at;
   at = round_up(at + 8u * INA_CAR_FLAG_KINDS * INA_CAR_MAX_BLOCKS * INA_CAR_MAX_RANKS,
                 INA_CAR_REGION_ALIGN);
   out->epochs = at;
   at = round_up(at + 8u * INA_CAR_MAX_BLOCKS, INA_CAR_REGION_ALIGN);
+  for (int p = 0; p < 2; p++) {
+    out->ll[p] = at;
+    at += n * (out->ll_capacity / INA_CAR_LL_PAYLOAD_BYTES) * INA_CAR_LL_LINE_BYTES;
+  }
   out->input = at;
   at += cap;
   out->stage[0] = at;
   at += cap;
   out->stage[1] = at;
   at += cap;
+  out->fp8_recv = at;
+  at += n * out->fp8_slot_bytes;
   out->reduced = at;
   at += cap;
   out->total = at;
@@ -44,6 +60,15 @@ size_t ina_car_default_one_shot_max_bytes(int nranks) {
   return (size_t)256 << 10;
 }
 
+size_t ina_car_ll_auto_max_bytes(int nranks) {
+  /* LL sends twice the bytes (a flag word per payload word) but needs no barrier and no
+   * round trip: it wins while latency dominates. On two H200s (bench_custom_ar, graph
+   * replays) LL beats one-shot up to 128 KiB (4.8 vs 5.9 us) and loses from 256 KiB
+   * (7.7 vs 6.1 us). More ranks multiply LL's writes: unmeasured, same limit. */
+  (void)nranks;
+  return (size_t)128 << 10;
+}
+
 static const char *mode_name(int mode) {
   switch (mode) {
     case INA_CAR_MODE_BF16: return "bf16";
@@ -59,7 +84,7 @@ static ina_status_t check_shape(const ina_car_request_t *r) {
   INA_REQUIRE(r->mode == INA_CAR_MODE_BF16 || r->mode == INA_CAR_MODE_F32 ||
                   r->mode == INA_CAR_MODE_FP8,
               INA_ERR_INVALID_ARGUMENT, "custom_ar: unknown mode %d", r->mode);
-  INA_REQUIRE(r->algo >= INA_CAR_ALGO_AUTO && r->algo <= INA_CAR_ALGO_NCCL,
+  INA_REQUIRE(r->algo >= INA_CAR_ALGO_AUTO && r->algo <= INA_CAR_ALGO_LL,
               INA_ERR_INVALID_ARGUMENT, "custom_ar: unknown algorithm %d", r->algo);
   INA_REQUIRE(r->nranks >= 1, INA_ERR_INVALID_ARGUMENT, "custom_ar: %d ranks", r->nranks);
   INA_REQUIRE(r->count <= ((uint64_t)1 << 40), INA_ERR_INVALID_ARGUMENT,
@@ -97,8 +122,10 @@ ina_status_t ina_car_choose(const ina_car_request_t *r, int *algo, ina_car_plan_
   const int fits = r->peer_access && r->nranks <= INA_CAR_MAX_RANKS && r->blocks >= 1 &&
                    r->blocks <= INA_CAR_MAX_BLOCKS && padded_bytes <= r->capacity;
 
-  INA_REQUIRE(!(r->mode == INA_CAR_MODE_FP8 && r->algo == INA_CAR_ALGO_ONE_SHOT),
-              INA_ERR_UNSUPPORTED, "custom_ar: fp8 mode is two-shot only (one-shot requested)");
+  INA_REQUIRE(r->mode != INA_CAR_MODE_FP8 ||
+                  (r->algo != INA_CAR_ALGO_ONE_SHOT && r->algo != INA_CAR_ALGO_LL),
+              INA_ERR_UNSUPPORTED, "custom_ar: fp8 mode is two-shot only (%s requested)",
+              r->algo == INA_CAR_ALGO_LL ? "ll" : "one-shot");
   if (r->algo == INA_CAR_ALGO_NCCL || !fits) {
     INA_REQUIRE(r->have_nccl, INA_ERR_UNSUPPORTED,
                 "custom_ar: %s all-reduce of %llu elements needs the NCCL fallback (%s), but "
@@ -110,8 +137,11 @@ ina_status_t ina_car_choose(const ina_car_request_t *r, int *algo, ina_car_plan_
     *algo = INA_CAR_ALGO_NCCL;
     return INA_OK;
   }
+  const int ll_fits = padded_bytes <= r->ll_capacity;
   if (r->mode == INA_CAR_MODE_FP8) *algo = INA_CAR_ALGO_TWO_SHOT;
+  else if (r->algo == INA_CAR_ALGO_LL) *algo = ll_fits ? INA_CAR_ALGO_LL : INA_CAR_ALGO_ONE_SHOT;
   else if (r->algo != INA_CAR_ALGO_AUTO) *algo = r->algo;
+  else if (ll_fits && in_bytes <= ina_car_ll_auto_max_bytes(r->nranks)) *algo = INA_CAR_ALGO_LL;
   else *algo = in_bytes <= r->one_shot_max_bytes ? INA_CAR_ALGO_ONE_SHOT : INA_CAR_ALGO_TWO_SHOT;
   plan->algo = *algo;
   plan->mode = r->mode;

@@ -103,6 +103,9 @@ ina_status_t ina_ucx_region_register(ina_ucx_engine_t *e, void *base, size_t byt
      * cudaHostAlloc, so copies to and from it are ordinary pageable memcpys. */
     r->mirror = malloc(bytes);
     INA_CHECK_ALLOC(r->mirror);
+    /* The mirror starts as a copy, so staging in more than what arrived rewrites the
+     * device with its own bytes instead of garbage. */
+    INA_CHECK(ina_cuda_memcpy_d2h(r->mirror, base, bytes));
     exposed = r->mirror;
   }
 

@@ -8,9 +8,9 @@
  *
  * GPU memory: when this UCX build handles CUDA memory (ina_ucx_engine_has_cuda), device
  * regions are registered as they are. Otherwise (Debian's UCX) a device region gets a
- * host mirror of the same size and peers access the mirror: the owner copies device →
- * mirror with ina_ucx_region_stage_out before peers read, and mirror → device with
- * ina_ucx_region_stage_in after peers wrote. Local device pointers in a batch are
+ * host mirror of the same size (a copy of the device bytes at registration) and peers
+ * access the mirror: the owner copies device → mirror with ina_ucx_region_stage_out
+ * before peers read, and mirror → device with ina_ucx_region_stage_in after peers wrote. Local device pointers in a batch are
  * staged by the engine itself (copied out before a put, copied in after a get).
  *
  * Ownership: the engine owns nothing the caller passes in; regions, peers and batches

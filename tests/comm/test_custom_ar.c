@@ -1,5 +1,5 @@
 /* The custom all-reduce (comm/custom_ar.h) on GPUs, under mpirun with one GPU per rank:
- *   - every mode (bf16, f32, fp8) and algorithm (one-shot, two-shot, auto, NCCL) on sizes
+ *   - every mode (bf16, f32, fp8) and algorithm (LL, one-shot, two-shot, auto, NCCL) on sizes
  *     from 1 element to the full buffer and past it (fallback), with the input copied in,
  *     zero-copy from the registered buffer, in place, and misaligned: bit for bit equal to
  *     the CPU model (tests/comm/custom_ar_model.h) on the IPC path, within each mode's
@@ -179,10 +179,21 @@ typedef enum {
   PLACE_ZERO_COPY_IN_PLACE,
   PLACE_MISALIGNED
 } place_t;
+/* Host copies and memsets run on the legacy stream, which does not order g.stream (a
+ * non-blocking stream), and a pageable copy may return before its data has landed: wait
+ * for the device before enqueuing the runs that read or overwrite them. */
+static void settle_uploads(void) { CUDA_OK(cudaDeviceSynchronize()); }
+
 static const char *place_names[] = {"copy", "zero-copy", "in-place", "zero-copy in-place",
                                     "misaligned"};
 static const char *mode_names[] = {"bf16", "f32", "fp8"};
-static const char *algo_names[] = {"auto", "one-shot", "two-shot", "nccl"};
+static const char *algo_names[] = {"auto", "one-shot", "two-shot", "nccl", "ll"};
+#define NALGOS 5
+
+/* FP8 moves by two-shot only. */
+static int fp8_refuses(int mode, int algo) {
+  return mode == INA_CAR_MODE_FP8 && (algo == INA_CUSTOM_AR_ONE_SHOT || algo == INA_CUSTOM_AR_LL);
+}
 
 static void run_case(int mode, ina_custom_ar_algo_t algo, size_t count, place_t place, int spread,
                      uint64_t id) {
@@ -210,6 +221,7 @@ static void run_case(int mode, ina_custom_ar_algo_t algo, size_t count, place_t 
   }
   CUDA_OK(cudaMemset(out, 0xFF, bytes)); /* poison (NaN in every float type) */
   CUDA_OK(cudaMemcpy(in, c.raw[g.rank], bytes, cudaMemcpyHostToDevice));
+  settle_uploads();
   ina_custom_ar_args_t a = INA_CUSTOM_AR_ARGS_INIT;
   a.mode = (ina_custom_ar_mode_t)mode;
   a.algo = algo;
@@ -234,8 +246,8 @@ static void test_modes(void) {
   const int nsizes = (int)(sizeof sizes / sizeof sizes[0]);
   uint64_t id = 1;
   for (int mode = 0; mode < 3; mode++)
-    for (int algo = 0; algo < 4; algo++) {
-      if (mode == INA_CAR_MODE_FP8 && algo == INA_CUSTOM_AR_ONE_SHOT) continue;
+    for (int algo = 0; algo < NALGOS; algo++) {
+      if (fp8_refuses(mode, algo)) continue;
       if (algo == INA_CUSTOM_AR_NCCL && !g.have_nccl) continue;
       for (int k = 0; k < nsizes; k++) {
         const size_t full = mode == INA_CAR_MODE_F32 ? full_f32 : full_bf16;
@@ -254,8 +266,11 @@ static void test_modes(void) {
       }
     }
   /* Every placement once more on one mid size, for each algorithm. */
-  for (int algo = 1; algo <= 2; algo++)
-    for (int place = 0; place < 5; place++) run_case(INA_CAR_MODE_BF16, algo, 3001, place, 0, id++);
+  static const ina_custom_ar_algo_t own[] = {INA_CUSTOM_AR_ONE_SHOT, INA_CUSTOM_AR_TWO_SHOT,
+                                             INA_CUSTOM_AR_LL};
+  for (int k = 0; k < 3; k++)
+    for (int place = 0; place < 5; place++)
+      run_case(INA_CAR_MODE_BF16, own[k], 3001, place, 0, id++);
   for (int place = 0; place < 5; place++)
     run_case(INA_CAR_MODE_FP8, INA_CUSTOM_AR_TWO_SHOT, 3001, place, 1, id++);
 }
@@ -265,6 +280,7 @@ static void test_modes(void) {
 typedef struct {
   int64_t rows, cols;
   int residual, weight_f32, fp8;
+  int in_place; /* out = in */
 } epi_shape_t;
 
 static void run_epilogue_case(int mode, ina_custom_ar_algo_t algo, const epi_shape_t *s,
@@ -275,9 +291,10 @@ static void run_epilogue_case(int mode, ina_custom_ar_algo_t algo, const epi_sha
   char what[200];
   case_t c;
   ina_custom_ar_algo_t taken = INA_CUSTOM_AR_AUTO;
-  snprintf(what, sizeof what, "epilogue %s %s %lldx%lld%s%s%s", mode_names[mode], algo_names[algo],
-           (long long)rows, (long long)cols, s->residual ? " residual" : "",
-           s->weight_f32 ? " f32-weight" : " bf16-weight", s->fp8 ? " fp8-out" : "");
+  snprintf(what, sizeof what, "epilogue %s %s %lldx%lld%s%s%s%s", mode_names[mode],
+           algo_names[algo], (long long)rows, (long long)cols, s->residual ? " residual" : "",
+           s->weight_f32 ? " f32-weight" : " bf16-weight", s->fp8 ? " fp8-out" : "",
+           s->in_place ? " in-place" : "");
   make_case(&c, mode, (size_t)count, id, mode == INA_CAR_MODE_FP8);
   CHECK_OK(ina_custom_ar_choose(g.ar, (ina_custom_ar_mode_t)mode, algo, (size_t)count, rows, cols,
                                 &taken));
@@ -318,13 +335,14 @@ static void run_epilogue_case(int mode, ina_custom_ar_algo_t algo, const epi_sha
   CUDA_OK(cudaMemset(d_out, 0xFF, (size_t)count * 2));
   CUDA_OK(cudaMemset(d_q, 0xFF, (size_t)count));
   CUDA_OK(cudaMemset(d_scale, 0xFF, (size_t)(rows * nbc) * 4));
+  settle_uploads();
 
   ina_custom_ar_args_t a = INA_CUSTOM_AR_ARGS_INIT;
   a.mode = (ina_custom_ar_mode_t)mode;
   a.algo = algo;
   a.count = (size_t)count;
   a.in = d_in;
-  a.out = d_out;
+  a.out = s->in_place ? d_in : d_out;
   a.rows = rows;
   a.cols = cols;
   a.residual = s->residual ? d_res : NULL;
@@ -340,7 +358,7 @@ static void run_epilogue_case(int mode, ina_custom_ar_algo_t algo, const epi_sha
   uint16_t *y = malloc((size_t)count * 2), *res_got = malloc((size_t)count * 2);
   uint8_t *q = malloc((size_t)count), *q_want = malloc((size_t)count);
   float *scale = malloc((size_t)(rows * nbc) * 4), *scale_want = malloc((size_t)(rows * nbc) * 4);
-  CUDA_OK(cudaMemcpy(y, d_out, (size_t)count * 2, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(y, a.out, (size_t)count * 2, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(res_got, d_res, (size_t)count * 2, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(q, d_q, (size_t)count, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(scale, d_scale, (size_t)(rows * nbc) * 4, cudaMemcpyDeviceToHost));
@@ -411,16 +429,16 @@ static void run_epilogue_case(int mode, ina_custom_ar_algo_t algo, const epi_sha
 
 static void test_epilogue(void) {
   const epi_shape_t shapes[] = {
-      {1, 7168, 1, 0, 1},  {3, 7168, 1, 1, 1},   {64, 7168, 1, 0, 1}, {5, 1024, 0, 0, 1},
-      {2, 8, 1, 0, 0},     {7, 136, 1, 1, 1},    {4, 16384, 1, 0, 1}, {300, 1024, 1, 1, 1},
-      {9, 4096, 1, 0, 0},  {2, 12288, 0, 1, 1},
+      {1, 7168, 1, 0, 1, 0}, {3, 7168, 1, 1, 1, 0}, {64, 7168, 1, 0, 1, 0}, {5, 1024, 0, 0, 1, 0},
+      {2, 8, 1, 0, 0, 0}, {7, 136, 1, 1, 1, 0}, {4, 16384, 1, 0, 1, 0}, {300, 1024, 1, 1, 1, 0},
+      {9, 4096, 1, 0, 0, 0}, {2, 12288, 0, 1, 1, 0}, {3, 7168, 1, 0, 1, 1}, {20, 1024, 1, 1, 0, 1},
   };
   uint64_t id = 5000;
   for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
     for (int mode = 0; mode < 3; mode += 2) {
       if (mode == INA_CAR_MODE_FP8 && shapes[k].cols % 128 != 0) continue;
-      for (int algo = 0; algo < 4; algo++) {
-        if (mode == INA_CAR_MODE_FP8 && algo == INA_CUSTOM_AR_ONE_SHOT) continue;
+      for (int algo = 0; algo < NALGOS; algo++) {
+        if (fp8_refuses(mode, algo)) continue;
         if (algo == INA_CUSTOM_AR_NCCL && !g.have_nccl) continue;
         run_epilogue_case(mode, (ina_custom_ar_algo_t)algo, &shapes[k], id++);
       }
@@ -431,16 +449,19 @@ static void test_epilogue(void) {
 
 static void test_graph(void) {
   /* A: bf16 one-shot copied in; B: bf16 two-shot zero-copy (the copy into the registered
-   * buffer is part of the graph); C: fp8 two-shot; D: fused epilogue. */
+   * buffer is part of the graph); C: fp8 two-shot; D: fused epilogue; E: bf16 LL of A's
+   * input. */
   const size_t na = 5000, nb = 300001, nc = 70000;
-  const epi_shape_t ds = {4, 7168, 1, 0, 1};
-  uint16_t *d_a = NULL, *d_oa = NULL, *d_b = NULL, *d_ob = NULL, *d_c = NULL, *d_oc = NULL;
+  const epi_shape_t ds = {4, 7168, 1, 0, 1, 0};
+  uint16_t *d_a = NULL, *d_oa = NULL, *d_oe = NULL, *d_b = NULL, *d_ob = NULL;
+  uint16_t *d_c = NULL, *d_oc = NULL;
   uint16_t *d_d = NULL, *d_od = NULL, *d_res = NULL, *d_w = NULL;
   uint8_t *d_q = NULL;
   float *d_s = NULL;
   const size_t nd = (size_t)(ds.rows * ds.cols);
   CUDA_OK(cudaMalloc((void **)&d_a, na * 2));
   CUDA_OK(cudaMalloc((void **)&d_oa, na * 2));
+  CUDA_OK(cudaMalloc((void **)&d_oe, na * 2));
   CUDA_OK(cudaMalloc((void **)&d_b, nb * 2));
   CUDA_OK(cudaMalloc((void **)&d_ob, nb * 2));
   CUDA_OK(cudaMalloc((void **)&d_c, nc * 2));
@@ -452,7 +473,7 @@ static void test_graph(void) {
   CUDA_OK(cudaMalloc((void **)&d_q, nd));
   CUDA_OK(cudaMalloc((void **)&d_s, nd / 128 * 4));
 
-  ina_custom_ar_args_t a = INA_CUSTOM_AR_ARGS_INIT, b = a, c = a, d = a;
+  ina_custom_ar_args_t a = INA_CUSTOM_AR_ARGS_INIT, b = a, c = a, d = a, e = a;
   a.algo = INA_CUSTOM_AR_ONE_SHOT;
   a.count = na;
   a.in = d_a;
@@ -478,6 +499,9 @@ static void test_graph(void) {
   d.y_fp8 = d_q;
   d.y_scale_inv = d_s;
   d.stream = g.stream;
+  e = a;
+  e.algo = INA_CUSTOM_AR_LL;
+  e.out = d_oe;
 
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
@@ -487,13 +511,15 @@ static void test_graph(void) {
   CHECK_OK(ina_custom_ar_run(g.ar, &b));
   CHECK_OK(ina_custom_ar_run(g.ar, &c));
   CHECK_OK(ina_custom_ar_run(g.ar, &d));
+  CHECK_OK(ina_custom_ar_run(g.ar, &e));
   CUDA_OK(cudaStreamEndCapture(g.stream, &graph));
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
 
-  ina_custom_ar_algo_t ta = INA_CUSTOM_AR_AUTO, tb = ta, tc = ta;
+  ina_custom_ar_algo_t ta = INA_CUSTOM_AR_AUTO, tb = ta, tc = ta, te = ta;
   CHECK_OK(ina_custom_ar_choose(g.ar, a.mode, a.algo, na, 0, 0, &ta));
   CHECK_OK(ina_custom_ar_choose(g.ar, b.mode, b.algo, nb, 0, 0, &tb));
   CHECK_OK(ina_custom_ar_choose(g.ar, c.mode, c.algo, nc, 0, 0, &tc));
+  CHECK_OK(ina_custom_ar_choose(g.ar, e.mode, e.algo, na, 0, 0, &te));
   uint16_t *host = malloc(nb * 2);
   for (int rep = 0; rep < 4 && exec; rep++) {
     case_t ca, cb, cc, cd;
@@ -514,13 +540,17 @@ static void test_graph(void) {
     CUDA_OK(cudaMemcpy(d_w, ones, (size_t)ds.cols * 2, cudaMemcpyHostToDevice));
     free(ones);
     CUDA_OK(cudaMemset(d_oa, 0xFF, na * 2));
+    CUDA_OK(cudaMemset(d_oe, 0xFF, na * 2));
     CUDA_OK(cudaMemset(d_ob, 0xFF, nb * 2));
     CUDA_OK(cudaMemset(d_oc, 0xFF, nc * 2));
+    settle_uploads();
     if (rep == 2) run_case(INA_CAR_MODE_F32, INA_CUSTOM_AR_AUTO, 1234, PLACE_COPY, 0, id + 4);
     CUDA_OK(cudaGraphLaunch(exec, g.stream));
     CUDA_OK(cudaStreamSynchronize(g.stream));
     CUDA_OK(cudaMemcpy(host, d_oa, na * 2, cudaMemcpyDeviceToHost));
     check_sum(&ca, ta, host, "graph one-shot");
+    CUDA_OK(cudaMemcpy(host, d_oe, na * 2, cudaMemcpyDeviceToHost));
+    check_sum(&ca, te, host, "graph ll");
     CUDA_OK(cudaMemcpy(host, d_ob, nb * 2, cudaMemcpyDeviceToHost));
     check_sum(&cb, tb, host, "graph two-shot zero-copy");
     CUDA_OK(cudaMemcpy(host, d_oc, nc * 2, cudaMemcpyDeviceToHost));
@@ -539,6 +569,7 @@ static void test_graph(void) {
   if (graph) cudaGraphDestroy(graph);
   cudaFree(d_a);
   cudaFree(d_oa);
+  cudaFree(d_oe);
   cudaFree(d_b);
   cudaFree(d_ob);
   cudaFree(d_c);
@@ -572,6 +603,7 @@ static void test_stress(void) {
     CUDA_OK(cudaMemcpy(d_pool[m], pool[m].raw[g.rank], (size_t)MAXN * elem_bytes(m),
                        cudaMemcpyHostToDevice));
   }
+  settle_uploads();
   for (int k = 0; k < NSIZES; k++) {
     want_fp8[k] = malloc(sizes[k] * 2);
     car_model_all_reduce(INA_CAR_MODE_FP8, g.nranks, (const void *const *)pool[2].raw, sizes[k],
@@ -583,8 +615,10 @@ static void test_stress(void) {
   for (int i = 0; i < STRESS_RUNS; i++) {
     const int m = i % 3, slot = i % STRESS_SLOTS;
     const size_t n = sizes[(i * 7 + i / 3) % NSIZES];
-    ina_custom_ar_algo_t algo = (ina_custom_ar_algo_t)((i / 3) % 3); /* auto, one, two */
-    if (m == INA_CAR_MODE_FP8 && algo == INA_CUSTOM_AR_ONE_SHOT) algo = INA_CUSTOM_AR_AUTO;
+    static const ina_custom_ar_algo_t algos[] = {INA_CUSTOM_AR_AUTO, INA_CUSTOM_AR_ONE_SHOT,
+                                                 INA_CUSTOM_AR_TWO_SHOT, INA_CUSTOM_AR_LL};
+    ina_custom_ar_algo_t algo = algos[(i / 3) % 4];
+    if (fp8_refuses(m, algo)) algo = INA_CUSTOM_AR_AUTO;
     if (g.have_nccl && i % 50 == 7) algo = INA_CUSTOM_AR_NCCL;
     ina_custom_ar_algo_t taken = INA_CUSTOM_AR_AUTO;
     ina_custom_ar_choose(g.ar, (ina_custom_ar_mode_t)m, algo, n, 0, 0, &taken);
@@ -702,6 +736,7 @@ static void test_checked_mode(void) {
   case_t c;
   make_case(&c, INA_CAR_MODE_BF16, 1000, 31337, 0);
   CUDA_OK(cudaMemcpy(d_in, c.raw[g.rank], 2000, cudaMemcpyHostToDevice));
+  settle_uploads();
   CHECK_OK(ina_custom_ar_run(ar, &a));
   CUDA_OK(cudaStreamSynchronize(g.stream));
   uint16_t host[1000];

@@ -25,31 +25,49 @@
 
 static void test_layout(void) {
   const uint64_t caps[] = {1, 4095, 4096, 4097, (uint64_t)8 << 20, ((uint64_t)256 << 20) + 3};
-  for (size_t k = 0; k < sizeof caps / sizeof caps[0]; k++) {
-    ina_car_layout_t l;
-    CHECK_OK(ina_car_layout_init(caps[k], &l));
-    CHECK(l.capacity >= caps[k] && l.capacity % INA_CAR_REGION_ALIGN == 0 &&
-          l.capacity - caps[k] < INA_CAR_REGION_ALIGN);
-    const uint64_t starts[] = {l.flags, l.epochs, l.input, l.stage[0], l.stage[1], l.reduced};
-    for (int i = 0; i < 6; i++) CHECK(starts[i] % INA_CAR_REGION_ALIGN == 0);
-    CHECK(l.flags == 0 && l.epochs < l.input && l.input + l.capacity <= l.stage[0] &&
-          l.stage[0] + l.capacity <= l.stage[1] && l.stage[1] + l.capacity <= l.reduced &&
-          l.reduced + l.capacity == l.total);
-    /* Every counter slot is distinct, 8-byte aligned and inside its region. */
-    const uint64_t last_flag = ina_car_flag_offset(&l, INA_CAR_FLAG_KINDS - 1,
-                                                   INA_CAR_MAX_BLOCKS - 1, INA_CAR_MAX_RANKS - 1);
-    CHECK(last_flag + 8 <= l.epochs);
-    CHECK(ina_car_flag_offset(&l, 0, 0, 1) == l.flags + 8);
-    CHECK(ina_car_flag_offset(&l, 0, 1, 0) == l.flags + 8 * INA_CAR_MAX_RANKS);
-    CHECK(ina_car_flag_offset(&l, 1, 0, 0) == l.flags + 8 * INA_CAR_MAX_RANKS * INA_CAR_MAX_BLOCKS);
-    CHECK(ina_car_epoch_offset(&l, INA_CAR_MAX_BLOCKS - 1) + 8 <= l.input);
-    /* FP8 regions: values [0, cap/2) then scales for cap/2 values. */
-    CHECK(ina_car_fp8_scales_offset(&l) % 16 == 0 &&
-          ina_car_fp8_scales_offset(&l) + l.capacity / 2 / INA_CAR_GRANULE * 4 <= l.capacity);
-  }
+  for (size_t k = 0; k < sizeof caps / sizeof caps[0]; k++)
+    for (int n = 1; n <= INA_CAR_MAX_RANKS; n++) {
+      ina_car_layout_t l;
+      CHECK_OK(ina_car_layout_init(caps[k], n, &l));
+      CHECK(l.capacity >= caps[k] && l.capacity % INA_CAR_REGION_ALIGN == 0 &&
+            l.capacity - caps[k] < INA_CAR_REGION_ALIGN);
+      const uint64_t starts[] = {l.flags,    l.epochs,   l.ll[0],    l.ll[1],   l.input,
+                                 l.stage[0], l.stage[1], l.fp8_recv, l.reduced, l.fp8_slot_bytes};
+      for (int i = 0; i < 10; i++) CHECK(starts[i] % INA_CAR_REGION_ALIGN == 0);
+      /* In address order, disjoint, everything zeroed at creation (before input) first. */
+      const uint64_t ll_bytes = (uint64_t)n * l.ll_capacity / 8 * 16;
+      CHECK(l.ll_capacity ==
+            (l.capacity < INA_CAR_LL_MAX_BYTES ? l.capacity : INA_CAR_LL_MAX_BYTES));
+      CHECK(l.flags == 0 && l.epochs < l.ll[0] && l.ll[0] + ll_bytes <= l.ll[1] &&
+            l.ll[1] + ll_bytes <= l.input && l.input + l.capacity <= l.stage[0] &&
+            l.stage[0] + l.capacity <= l.stage[1] && l.stage[1] + l.capacity <= l.fp8_recv &&
+            l.fp8_recv + (uint64_t)n * l.fp8_slot_bytes <= l.reduced &&
+            l.reduced + l.capacity == l.total);
+      /* Parity 3 is parity 1; the last source's lines end the region. */
+      CHECK(ina_car_ll_slot(&l, 0, 0) == l.ll[0]);
+      CHECK(ina_car_ll_slot(&l, 3, n - 1) + ll_bytes / n == l.ll[1] + ll_bytes);
+      /* An FP8 slot holds values and scales of fp8_slot_elems elements. */
+      CHECK(l.fp8_slot_elems % INA_CAR_GRANULE == 0 &&
+            l.fp8_slot_elems + l.fp8_slot_elems / INA_CAR_GRANULE * 4 <= l.fp8_slot_bytes);
+      CHECK(ina_car_fp8_recv_slot(&l, n - 1) + l.fp8_slot_bytes <= l.reduced);
+      /* Every counter slot is distinct, 8-byte aligned and inside its region. */
+      const uint64_t last_flag = ina_car_flag_offset(&l, INA_CAR_FLAG_KINDS - 1,
+                                                     INA_CAR_MAX_BLOCKS - 1, INA_CAR_MAX_RANKS - 1);
+      CHECK(last_flag + 8 <= l.epochs);
+      CHECK(ina_car_flag_offset(&l, 0, 0, 1) == l.flags + 8);
+      CHECK(ina_car_flag_offset(&l, 0, 1, 0) == l.flags + 8 * INA_CAR_MAX_RANKS);
+      CHECK(ina_car_flag_offset(&l, 1, 0, 0) ==
+            l.flags + 8 * INA_CAR_MAX_RANKS * INA_CAR_MAX_BLOCKS);
+      CHECK(ina_car_epoch_offset(&l, INA_CAR_MAX_BLOCKS - 1) + 8 <= l.ll[0]);
+      /* FP8 regions: values [0, cap/2) then scales for cap/2 values. */
+      CHECK(ina_car_fp8_scales_offset(&l) % 16 == 0 &&
+            ina_car_fp8_scales_offset(&l) + l.capacity / 2 / INA_CAR_GRANULE * 4 <= l.capacity);
+    }
   ina_car_layout_t l;
   ina_log_set_quiet_errors(1);
-  CHECK(ina_car_layout_init(0, &l) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_car_layout_init(0, 2, &l) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_car_layout_init(4096, 0, &l) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_car_layout_init(4096, INA_CAR_MAX_RANKS + 1, &l) == INA_ERR_INVALID_ARGUMENT);
   ina_log_set_quiet_errors(0);
 }
 
@@ -189,6 +207,35 @@ static void test_choose(void) {
   r.algo = 9;
   CHECK(choose(&r, &algo, &p) == INA_ERR_INVALID_ARGUMENT);
 
+  /* LL: AUTO takes it up to its threshold when the lines hold the padded input; asked
+   * for, it is kept while it fits and becomes one-shot above; never for FP8. */
+  r = base_request();
+  r.ll_capacity = (uint64_t)1 << 20;
+  r.one_shot_max_bytes = (uint64_t)4 << 20;
+  r.count = ina_car_ll_auto_max_bytes(2) / 2;
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_LL && p.algo == algo);
+  r.count++;
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_ONE_SHOT);
+  r.algo = INA_CAR_ALGO_LL;
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_LL);
+  r.count = r.ll_capacity / 2;
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_LL);
+  r.count++; /* one element more: its padded granule does not fit the lines */
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_ONE_SHOT);
+  r.mode = INA_CAR_MODE_F32;
+  r.count = r.ll_capacity / 4;
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_LL);
+  r.mode = INA_CAR_MODE_FP8;
+  CHECK(choose(&r, &algo, &p) == INA_ERR_UNSUPPORTED);
+  r = base_request();
+  r.ll_capacity = (uint64_t)1 << 20;
+  r.rows = 4;
+  r.cols = 7168;
+  r.count = 4 * 7168;
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_LL && p.unit_elems == 7168);
+  r.algo = INA_CAR_ALGO_NCCL;
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_NCCL);
+
   /* Default thresholds shrink with the rank count. */
   CHECK(ina_car_default_one_shot_max_bytes(2) == (size_t)8 << 20);
   CHECK(ina_car_default_one_shot_max_bytes(4) == (size_t)512 << 10);
@@ -306,7 +353,9 @@ static void test_partition(test_rng_t *rng) {
     r.nranks = (int)test_rng_int(rng, 1, INA_CAR_MAX_RANKS);
     r.blocks = grids[test_rng_int(rng, 0, 6)];
     r.mode = (int)test_rng_int(rng, 0, 2);
-    r.algo = r.mode == INA_CAR_MODE_FP8 ? INA_CAR_ALGO_TWO_SHOT : (int)test_rng_int(rng, 1, 2);
+    static const int algos[] = {INA_CAR_ALGO_ONE_SHOT, INA_CAR_ALGO_TWO_SHOT, INA_CAR_ALGO_LL};
+    r.algo = r.mode == INA_CAR_MODE_FP8 ? INA_CAR_ALGO_TWO_SHOT : algos[test_rng_int(rng, 0, 2)];
+    r.ll_capacity = (uint64_t)1 << 20;
     const int epilogue = r.mode != INA_CAR_MODE_F32 && test_rng_int(rng, 0, 2) == 0;
     if (epilogue) {
       r.cols =
@@ -328,6 +377,49 @@ static void test_partition(test_rng_t *rng) {
     /* The kernels touch whole units: they must lie inside the regions. */
     CHECK((uint64_t)(p.units * p.unit_elems) * (uint64_t)ina_car_in_elem_bytes(p.mode) <=
           r.capacity);
+    if (p.algo == INA_CAR_ALGO_LL)
+      CHECK((uint64_t)(p.units * p.unit_elems) * (uint64_t)ina_car_in_elem_bytes(p.mode) <=
+            r.ll_capacity);
+  }
+}
+
+/* The largest FP8 stripe of a plan, in elements. */
+static int64_t largest_stripe(const ina_car_plan_t *p) {
+  int64_t most = 0;
+  for (int s = 0; s < p->nranks; s++) {
+    int64_t s0 = 0, s1 = 0;
+    ina_car_stripe_units(p, s, &s0, &s1);
+    if ((s1 - s0) * p->unit_elems > most) most = (s1 - s0) * p->unit_elems;
+  }
+  return most;
+}
+
+/* Every FP8 stripe that fits the capacity fits an fp8_recv slot: the fullest runs, with
+ * and without rows, on random capacities and rank counts. */
+static void test_fp8_slots(test_rng_t *rng) {
+  for (int trial = 0; trial < 300; trial++) {
+    ina_car_request_t r = base_request();
+    r.mode = INA_CAR_MODE_FP8;
+    r.nranks = (int)test_rng_int(rng, 1, INA_CAR_MAX_RANKS);
+    r.capacity = (uint64_t)test_rng_int(rng, 1, 16384) * INA_CAR_REGION_ALIGN;
+    ina_car_layout_t l;
+    CHECK_OK(ina_car_layout_init(r.capacity, r.nranks, &l));
+    if (trial % 2) {
+      r.cols = 128 * test_rng_int(rng, 1, INA_CAR_MAX_COLS / 128);
+      r.rows = (int64_t)(l.capacity / 2 / (uint64_t)r.cols);
+      if (r.rows == 0) continue;
+      r.count = (uint64_t)(r.rows * r.cols);
+    } else {
+      r.count = l.capacity / 2 - (uint64_t)test_rng_int(rng, 0, 127);
+    }
+    ina_car_plan_t p;
+    int algo = 0;
+    CHECK_OK(ina_car_choose(&r, &algo, &p));
+    CHECK(algo == INA_CAR_ALGO_TWO_SHOT);
+    CHECKF((uint64_t)largest_stripe(&p) <= l.fp8_slot_elems,
+           "fp8 stripe of %lld elements > slot of %llu (ranks %d, capacity %llu, rows %lld)",
+           (long long)largest_stripe(&p), (unsigned long long)l.fp8_slot_elems, r.nranks,
+           (unsigned long long)l.capacity, (long long)r.rows);
   }
 }
 
@@ -503,6 +595,7 @@ static void test_epilogue_model(test_rng_t *rng) {
 int main(void) {
   test_rng_t rng = {test_seed("test_custom_ar_plan")};
   test_layout();
+  test_fp8_slots(&rng);
   test_choose();
   test_split(&rng);
   test_partition(&rng);

@@ -3,8 +3,9 @@
  * out (timeout_s = 2), records which wait it was and traps; rank 0's synchronization then
  * fails within seconds and its next ina_custom_ar_run returns INA_ERR_CUDA naming the
  * wait. Rank 0's CUDA context is lost afterwards, so this runs in its own program, on an
- * MPI communicator (no NCCL state in the lost context). Two ranks with a GPU each; skipped
- * (77) otherwise. */
+ * MPI communicator (no NCCL state in the lost context). `--algo ll` waits in an LL line
+ * instead of a barrier (default: one-shot). Two ranks with a GPU each; skipped (77)
+ * otherwise. */
 #include <string.h>
 
 #include "comm/bootstrap.h"
@@ -16,7 +17,7 @@
 #ifdef INA_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-static int run(ina_bootstrap_t *boot) {
+static int run(ina_bootstrap_t *boot, ina_custom_ar_algo_t algo) {
   ina_comm_t *comm = NULL;
   ina_custom_ar_t *ar = NULL;
   CHECK_OK(ina_bootstrap_node_comm(boot, INA_COMM_BACKEND_MPI, &comm));
@@ -42,7 +43,7 @@ static int run(ina_bootstrap_t *boot) {
     CHECK(cudaMemset(d, 0, 4096) == cudaSuccess);
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
     ina_custom_ar_args_t a = INA_CUSTOM_AR_ARGS_INIT;
-    a.algo = INA_CUSTOM_AR_ONE_SHOT;
+    a.algo = algo;
     a.count = 1000;
     a.in = d;
     a.out = (uint8_t *)d + 2048;
@@ -59,7 +60,8 @@ static int run(ina_bootstrap_t *boot) {
     const ina_status_t st = ina_custom_ar_run(ar, &a);
     ina_log_set_quiet_errors(0);
     CHECKF(st == INA_ERR_CUDA && strstr(ina_last_error(), "timed out") != NULL &&
-               strstr(ina_last_error(), "for rank 1") != NULL,
+               strstr(ina_last_error(), "for rank 1") != NULL &&
+               strstr(ina_last_error(), algo == INA_CUSTOM_AR_LL ? "LL data" : "barrier") != NULL,
            "the next run returned %d: %s", (int)st, ina_last_error());
   }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -87,7 +89,8 @@ int main(int argc, char **argv) {
   }
   int rc = 1;
 #ifdef INA_HAVE_CUDA
-  rc = run(boot);
+  const int ll = argc > 2 && strcmp(argv[1], "--algo") == 0 && strcmp(argv[2], "ll") == 0;
+  rc = run(boot, ll ? INA_CUSTOM_AR_LL : INA_CUSTOM_AR_ONE_SHOT);
 #endif
   ina_bootstrap_finalize(boot);
   return rc;
