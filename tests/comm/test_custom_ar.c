@@ -44,6 +44,10 @@ typedef struct {
   cudaStream_t stream;
   uint8_t *input_buf;
   size_t input_bytes;
+  /* FP8 error over every IPC-path FP8 result checked: worst |err| / the derived bound,
+   * worst |err| / (sum of the ranks' block amax), and the L2 error relative to the sum. */
+  double fp8_worst_vs_bound, fp8_worst_vs_amax, fp8_err2, fp8_sum2;
+  size_t fp8_elements;
 } ctx_t;
 
 static ctx_t g;
@@ -141,10 +145,12 @@ static void check_sum(const case_t *c, ina_custom_ar_algo_t taken, const void *o
     CHECKF(diff == 0, "%s: %zu of %zu elements differ from the model (first %zu: %g vs %g)",
            what, diff, n, first, first < n ? out_value(c->mode, out, first) : 0.0,
            first < n ? out_value(c->mode, c->want, first) : 0.0);
-    double *bound = NULL;
+    double *bound = NULL, *amax = NULL;
     if (c->mode == INA_CAR_MODE_FP8) {
       bound = malloc(n * sizeof(double) + 1);
+      amax = malloc(n * sizeof(double) + 1);
       car_model_fp8_bound(g.nranks, (const float *const *)c->xs, n, bound);
+      car_model_block_amax_sum(g.nranks, (const float *const *)c->xs, n, amax);
     }
     size_t over = 0;
     for (size_t i = 0; i < n; i++) {
@@ -154,9 +160,17 @@ static void check_sum(const case_t *c, ina_custom_ar_algo_t taken, const void *o
                                                             g.nranks * 0x1p-24 * c->abs_sum[i]
                                                       : bound[i];
       over += !(err <= b);
+      if (c->mode == INA_CAR_MODE_FP8) {
+        if (b > 0) g.fp8_worst_vs_bound = fmax(g.fp8_worst_vs_bound, err / b);
+        if (amax[i] > 0) g.fp8_worst_vs_amax = fmax(g.fp8_worst_vs_amax, err / amax[i]);
+        g.fp8_err2 += err * err;
+        g.fp8_sum2 += c->sum[i] * c->sum[i];
+        g.fp8_elements++;
+      }
     }
     CHECKF(over == 0, "%s: %zu elements outside the error bound of the exact sum", what, over);
     free(bound);
+    free(amax);
     check_identical(out, n * eb, what);
   } else {
     double num = 0, den = 0;
@@ -859,6 +873,11 @@ static int run_gpu_tests(ina_bootstrap_t *boot) {
     test_modes();
     test_epilogue();
     test_graph();
+    if (g.rank == 0 && g.fp8_elements > 0)
+      printf("test_custom_ar: fp8 error over %zu elements: worst |err| / bound %.3f, worst "
+             "|err| / (sum of block amax) 2^%.2f, relative L2 vs the fp64 sum %.3g\n",
+             g.fp8_elements, g.fp8_worst_vs_bound, log2(g.fp8_worst_vs_amax),
+             sqrt(g.fp8_err2 / (g.fp8_sum2 > 0 ? g.fp8_sum2 : 1)));
     test_stress();
     test_checked_mode();
     test_argument_errors();
