@@ -104,33 +104,23 @@ static ina_status_t unfused_op(void *ctx, void *stream) {
 }
 
 typedef struct {
-  cudaGraphExec_t exec;
-} graph_t;
-
-static ina_status_t launch_graph(void *ctx, int64_t iteration, void *stream) {
-  (void)iteration;
-  graph_t *g = ctx;
-  return cudaGraphLaunch(g->exec, (cudaStream_t)stream) == cudaSuccess ? INA_OK : INA_ERR_CUDA;
-}
-
-typedef struct {
   op_fn op;
   void *ctx;
-} eager_t;
+} op_call_t;
 
-static ina_status_t launch_eager(void *ctx, int64_t iteration, void *stream) {
+static ina_status_t enqueue_op(void *ctx, int64_t iteration, void *stream) {
   (void)iteration;
-  eager_t *e = ctx;
+  op_call_t *e = ctx;
   return e->op(e->ctx, stream);
 }
 
 /* As time_op, without a graph: `reps` eager launches per timed batch. Collective. */
 static double time_op_eager(op_fn op, void *ctx, int reps) {
-  eager_t e = {op, ctx};
+  op_call_t e = {op, ctx};
   ina_bench_timing_t timing = {3, 15, reps};
   double ms = 0, slowest = 0;
   MPI_Barrier(MPI_COMM_WORLD);
-  if (ina_bench_time_ms(launch_eager, &e, &timing, &ms) != INA_OK) die("timing (eager)");
+  if (ina_bench_time_ms(enqueue_op, &e, &timing, &ms) != INA_OK) die("timing (eager)");
   MPI_Allreduce(&ms, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return slowest;
 }
@@ -139,24 +129,16 @@ static double time_op_eager(op_fn op, void *ctx, int reps) {
  * median. Collective. */
 static double time_op(op_fn op, void *ctx, int reps) {
   cudaStream_t cap = NULL;
-  cudaGraph_t graph = NULL;
-  graph_t g = {NULL};
+  op_call_t step = {op, ctx};
   ina_bench_timing_t timing = {3, 15, 1};
   double ms = 0, slowest = 0;
   cuda_or_die(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking), "stream");
   if (op(ctx, cap) != INA_OK) die("warm-up run"); /* first use outside the graph */
   cuda_or_die(cudaStreamSynchronize(cap), "warm-up sync");
-  cuda_or_die(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal), "begin capture");
-  for (int i = 0; i < reps; i++)
-    if (op(ctx, cap) != INA_OK) die("captured run");
-  cuda_or_die(cudaStreamEndCapture(cap, &graph), "end capture");
-  cuda_or_die(cudaGraphInstantiate(&g.exec, graph, 0), "instantiate");
   MPI_Barrier(MPI_COMM_WORLD);
-  if (ina_bench_time_ms(launch_graph, &g, &timing, &ms) != INA_OK) die("timing");
-  ms /= reps;
+  if (ina_bench_time_graph_ms(enqueue_op, &step, reps, &timing, cap, &ms) != INA_OK)
+    die("timing");
   MPI_Allreduce(&ms, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  cudaGraphExecDestroy(g.exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(cap);
   return slowest;
 }

@@ -57,8 +57,50 @@ fail:
 }
 
 namespace {
+
 __global__ void empty_kernel() {}
+
+ina_status_t launch_graph(void *exec, int64_t iteration, void *stream) {
+  (void)iteration;
+  ina_status_t st = INA_OK;
+  INA_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec),
+                                 static_cast<cudaStream_t>(stream)));
+fail:
+  return st;
+}
+
 }  // namespace
+
+extern "C" ina_status_t ina_bench_time_graph_ms(ina_bench_enqueue_fn enqueue, void *ctx,
+                                                int calls, const ina_bench_timing_t *timing,
+                                                void *stream, double *median_ms) {
+  ina_status_t st = INA_OK;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  bool capturing = false;
+  INA_REQUIRE(enqueue && timing && median_ms && calls > 0 && timing->launches_per_batch == 1,
+              INA_ERR_INVALID_ARGUMENT, "ina_bench_time_graph_ms: bad arguments (%d calls)",
+              calls);
+  *median_ms = 0.0;
+  INA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  capturing = true;
+  for (int i = 0; i < calls; i++) INA_CHECK(enqueue(ctx, i, stream));
+  capturing = false;
+  INA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  INA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  INA_CHECK(ina_bench_time_ms(launch_graph, exec, timing, median_ms));
+  *median_ms /= calls;
+fail:
+  if (capturing) {
+    cudaGraph_t broken = NULL;
+    if (cudaStreamEndCapture(s, &broken) == cudaSuccess && broken) cudaGraphDestroy(broken);
+    (void)cudaGetLastError();
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  return st;
+}
 
 extern "C" ina_status_t ina_bench_launch_empty(int blocks, int threads, void *stream) {
   ina_status_t st = INA_OK;

@@ -46,6 +46,14 @@ typedef struct ina_bench_timing {
 ina_status_t ina_bench_time_ms(ina_bench_enqueue_fn enqueue, void *ctx,
                                const ina_bench_timing_t *timing, double *median_ms);
 
+/* Captures `calls` back-to-back runs of `enqueue` (iterations 0 .. calls - 1) on `stream`
+ * (a cudaStream_t that is not the legacy default stream) into one CUDA graph, then times
+ * replays of it with ina_bench_time_ms (`timing`'s warm-up and timed batches, one replay
+ * per batch) and stores the median replay time / calls in *median_ms. */
+ina_status_t ina_bench_time_graph_ms(ina_bench_enqueue_fn enqueue, void *ctx, int calls,
+                                     const ina_bench_timing_t *timing, void *stream,
+                                     double *median_ms);
+
 /* Enqueues one kernel of `blocks` x `threads` that does nothing: captured back to back in
  * a graph, the floor under any one-kernel operation's latency. */
 ina_status_t ina_bench_launch_empty(int blocks, int threads, void *stream);

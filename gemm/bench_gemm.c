@@ -179,11 +179,6 @@ static ina_gemm_args_t args_for(const operands_t *o, const how_t *how, int64_t m
   return a;
 }
 
-static int compare_doubles(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static void run_how(const ina_gemm_t *h, const operands_t *o, const how_t *how, int64_t m,
                     int set, cudaStream_t stream) {
   const ina_gemm_args_t a = args_for(o, how, m, set, stream);
@@ -193,46 +188,44 @@ static void run_how(const ina_gemm_t *h, const operands_t *o, const how_t *how, 
     INA_OK(ina_gemm_run(h, &a));
 }
 
+typedef struct gemm_run {
+  const ina_gemm_t *h;
+  const operands_t *o;
+  const how_t *how;
+  int64_t m;
+} gemm_run_t;
+
+/* Run i of a graph: rotate over the operand sets. */
+static ina_status_t enqueue_gemm(void *ctx, int64_t i, void *stream) {
+  const gemm_run_t *r = ctx;
+  run_how(r->h, r->o, r->how, r->m, (int)(i % r->o->sets), (cudaStream_t)stream);
+  return INA_OK;
+}
+
 /* Median milliseconds per GEMM run as `how` says at M rows, from graph replays. */
 static double time_gemm(const ina_gemm_t *h, const operands_t *o, const how_t *how, int64_t m,
                         cudaStream_t stream) {
   cudaEvent_t e0, e1;
-  cudaGraph_t graph = NULL;
-  cudaGraphExec_t exec = NULL;
-  double samples[TIMED_REPLAYS];
   float ms = 0.0f;
+  double per_run = 0.0;
   CUDA_OK(cudaEventCreate(&e0));
   CUDA_OK(cudaEventCreate(&e1));
-  /* Warm-up and a first estimate from one eager call. */
+  /* Warm-up and a first estimate from one eager call, to size the graph. */
   run_how(h, o, how, m, 0, stream);
   CUDA_OK(cudaEventRecord(e0, stream));
   run_how(h, o, how, m, 0, stream);
   CUDA_OK(cudaEventRecord(e1, stream));
   CUDA_OK(cudaEventSynchronize(e1));
   CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+  CUDA_OK(cudaEventDestroy(e0));
+  CUDA_OK(cudaEventDestroy(e1));
   int calls = ms > 0.0f ? (int)(TARGET_GRAPH_MS / ms) : o->max_calls;
   if (calls < 1) calls = 1;
   if (calls > o->max_calls) calls = o->max_calls;
-
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; i++) run_how(h, o, how, m, i % o->sets, stream);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int r = 0; r < WARMUP_REPLAYS; r++) CUDA_OK(cudaGraphLaunch(exec, stream));
-  for (int r = 0; r < TIMED_REPLAYS; r++) {
-    CUDA_OK(cudaEventRecord(e0, stream));
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaEventRecord(e1, stream));
-    CUDA_OK(cudaEventSynchronize(e1));
-    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-    samples[r] = (double)ms / calls;
-  }
-  qsort(samples, TIMED_REPLAYS, sizeof samples[0], compare_doubles);
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaEventDestroy(e0));
-  CUDA_OK(cudaEventDestroy(e1));
-  return samples[TIMED_REPLAYS / 2];
+  const gemm_run_t run = {h, o, how, m};
+  const ina_bench_timing_t timing = {WARMUP_REPLAYS, TIMED_REPLAYS, 1};
+  INA_OK(ina_bench_time_graph_ms(enqueue_gemm, (void *)&run, calls, &timing, stream, &per_run));
+  return per_run;
 }
 
 /* Reports the figures of one timing; returns the TB/s. */

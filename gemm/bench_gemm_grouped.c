@@ -186,46 +186,31 @@ static void experts_free(experts_t *e) {
   for (int r = 0; r < ROUTINGS; r++) CUDA_OK(cudaFree(e->d_offsets[r]));
 }
 
-static int compare_doubles(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
+typedef struct grouped_run {
+  const experts_t *e;
+  const ina_gemm_grouped_args_t *a;
+  const ina_gemm_grouped_tiles_t *tiles;
+} grouped_run_t;
+
+/* Run i of a graph: rotate over the routings. */
+static ina_status_t enqueue_grouped(void *ctx, int64_t i, void *stream) {
+  const grouped_run_t *r = ctx;
+  ina_gemm_grouped_args_t run = *r->a;
+  run.offsets = r->e->d_offsets[i % ROUTINGS];
+  run.stream = stream;
+  return r->tiles ? ina_gemm_grouped_run_tiles(&run, r->tiles) : ina_gemm_grouped_run(&run);
 }
 
 /* Median milliseconds per run of `a` with `tiles` (NULL: ina_gemm_grouped_run's own), the
  * runs rotating over the routings, from graph replays. */
 static double time_runs(const experts_t *e, const ina_gemm_grouped_args_t *a,
                         const ina_gemm_grouped_tiles_t *tiles, cudaStream_t stream) {
-  cudaEvent_t e0, e1;
-  cudaGraph_t graph = NULL;
-  cudaGraphExec_t exec = NULL;
-  double samples[TIMED_REPLAYS];
-  float ms = 0.0f;
-  CUDA_OK(cudaEventCreate(&e0));
-  CUDA_OK(cudaEventCreate(&e1));
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < RUNS_PER_GRAPH; i++) {
-    ina_gemm_grouped_args_t run = *a;
-    run.offsets = e->d_offsets[i % ROUTINGS];
-    run.stream = stream;
-    INA_OK(tiles ? ina_gemm_grouped_run_tiles(&run, tiles) : ina_gemm_grouped_run(&run));
-  }
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int r = 0; r < WARMUP_REPLAYS; r++) CUDA_OK(cudaGraphLaunch(exec, stream));
-  for (int r = 0; r < TIMED_REPLAYS; r++) {
-    CUDA_OK(cudaEventRecord(e0, stream));
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaEventRecord(e1, stream));
-    CUDA_OK(cudaEventSynchronize(e1));
-    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-    samples[r] = (double)ms / RUNS_PER_GRAPH;
-  }
-  qsort(samples, TIMED_REPLAYS, sizeof samples[0], compare_doubles);
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaEventDestroy(e0));
-  CUDA_OK(cudaEventDestroy(e1));
-  return samples[TIMED_REPLAYS / 2];
+  const grouped_run_t run = {e, a, tiles};
+  const ina_bench_timing_t timing = {WARMUP_REPLAYS, TIMED_REPLAYS, 1};
+  double per_run = 0.0;
+  INA_OK(ina_bench_time_graph_ms(enqueue_grouped, (void *)&run, RUNS_PER_GRAPH, &timing, stream,
+                                 &per_run));
+  return per_run;
 }
 
 static char g_table[256][160];
