@@ -8,7 +8,9 @@
  *
  * Counts are in elements of `dtype`. Reductions are sums over f32 or bf16; the MPI
  * backend reduces bf16 by converting to f32, reducing in f32 and rounding once, so the
- * result does not depend on the reduction order beyond f32 rounding. Data movement
+ * result does not depend on the reduction order beyond f32 rounding. NCCL rounds bf16
+ * after each addition, so with more than two ranks its bf16 sums depend on NCCL's
+ * order (within a few bf16 ulps of the sum of magnitudes). Data movement
  * (all-gather, all-to-all, send/recv) accepts every dtype.
  *
  * Failure behaviour. Every operation returns an ina_status_t; messages name the
@@ -20,12 +22,14 @@
  * (ina_bootstrap_abort) is the caller's choice; ina_comm_destroy waits one more timeout
  * for the stalled operation and leaks its MPI resources if it never completes.
  *
- * Checked mode (INA_COMM_CHECK=1, read at creation): before each collective the ranks
- * exchange a small header (operation, dtype, count; for all-to-all the per-peer counts)
- * and fail with INA_ERR_INVALID_ARGUMENT, naming the disagreeing rank, instead of
- * corrupting memory or hanging. Cost: one extra latency-bound all-gather of 32 bytes per
- * rank (all-to-all: one all-to-all of 8 bytes per peer) per operation — for debugging,
- * not production.
+ * Checked mode (INA_COMM_CHECK=1, read at creation): before each all-reduce, all-gather,
+ * reduce-scatter and all-to-all the ranks exchange a small header (operation, dtype,
+ * count; for all-to-all also the per-peer counts) and fail with INA_ERR_INVALID_ARGUMENT,
+ * naming the disagreeing rank, instead of corrupting memory or hanging; the communicator
+ * stays usable. Barrier and send/recv are not checked (they time out instead). Cost: one
+ * extra latency-bound all-gather of a 24-byte header per operation (all-to-all: that, an
+ * all-to-all of 8 bytes per peer and a 1-element all-reduce) — for debugging, not
+ * production.
  *
  * Ownership: the caller destroys each communicator before finalizing the bootstrap.
  * Thread safety: one thread at a time per communicator; distinct communicators may be
@@ -80,6 +84,9 @@ ina_status_t ina_comm_all_to_all_v(ina_comm_t *comm, const void *send, const siz
                                    const size_t *send_displs, void *recv,
                                    const size_t *recv_counts, const size_t *recv_displs,
                                    ina_dtype_t dtype, void *stream);
+/* A send may not complete (NCCL: the stream does not move on) until the peer posts the
+ * matching receive: two ranks that both send first deadlock until the timeout. Order
+ * them, or use ina_comm_send_recv. */
 ina_status_t ina_comm_send(ina_comm_t *comm, const void *buf, size_t count, ina_dtype_t dtype,
                            int peer, void *stream);
 ina_status_t ina_comm_recv(ina_comm_t *comm, void *buf, size_t count, ina_dtype_t dtype,
