@@ -19,6 +19,13 @@ static inline int ina_engine_options_cuda_graphs(const ina_engine_options_t *o) 
   return o->struct_size >= offsetof(ina_engine_options_t, cuda_graphs) + sizeof(int32_t) ? o->cuda_graphs != 0 : 1;
 }
 
+/* options->ep_comm when the caller's struct has it (version 4), else NULL. */
+static inline ina_comm_t *ina_engine_options_ep_comm(const ina_engine_options_t *o) {
+  return o->struct_size >= offsetof(ina_engine_options_t, ep_comm) + sizeof(ina_comm_t *)
+             ? o->ep_comm
+             : NULL;
+}
+
 typedef struct ina_engine_cpu ina_engine_cpu_t;
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,

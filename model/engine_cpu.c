@@ -14,6 +14,7 @@
 #include "mla/mla_ref.h"
 #include "model/cpu_ops.h"
 #include "model/engine_backend.h"
+#include "model/expert_parallel.h"
 #include "model/model.h"
 #include "moe_ep/router.h"
 
@@ -31,6 +32,7 @@ struct ina_engine_cpu {
   float attention_factor;
   float softmax_scale;
   int expanded_decode;
+  ina_ep_group_t ep; /* who holds which routed experts */
 };
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
@@ -54,10 +56,17 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   e->cfg = ina_model_config(model);
   e->w = ina_model_weights(model);
   e->expanded_decode = options->expanded_decode;
-  INA_REQUIRE(e->w->expert_begin == 0 && e->w->expert_end == e->cfg->n_routed_experts,
-              INA_ERR_UNSUPPORTED,
-              "engine: this model holds experts [%d, %d) of %d; a single-rank engine needs all",
-              e->w->expert_begin, e->w->expert_end, e->cfg->n_routed_experts);
+  {
+    ina_comm_t *ep_comm = ina_engine_options_ep_comm(options);
+    INA_REQUIRE(ep_comm || (e->w->expert_begin == 0 &&
+                            e->w->expert_end == e->cfg->n_routed_experts),
+                INA_ERR_UNSUPPORTED,
+                "engine: this model holds experts [%d, %d) of %d; without an expert-parallel "
+                "communicator (ep_comm) the engine needs all of them",
+                e->w->expert_begin, e->w->expert_end, e->cfg->n_routed_experts);
+    INA_CHECK(ina_ep_group_init(ep_comm, e->w->expert_begin, e->w->expert_end,
+                                e->cfg->n_routed_experts, &e->ep));
+  }
   INA_CHECK(ina_threadpool_create(options->num_threads, &e->pool));
   {
     ina_page_pool_config_t pc = INA_PAGE_POOL_CONFIG_INIT;
@@ -85,6 +94,7 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   if (!e) return;
   ina_page_pool_destroy(e->kv);
   ina_threadpool_destroy(e->pool);
+  ina_ep_group_free(&e->ep);
   free(e->inv_freq);
   free(e);
 }
@@ -394,6 +404,48 @@ fail:
   return st;
 }
 
+/* The routed (token, slot) pairs of a layer in expert order, then token, then slot: HF's
+ * loop order, which the combine keeps. */
+typedef struct routed_pairs {
+  int64_t *first;  /* [E + 1]: pairs of expert x are [first[x], first[x + 1]) */
+  int32_t *token;  /* [T * K] */
+  float *weight;   /* [T * K] */
+} routed_pairs_t;
+
+static void routed_pairs_free(routed_pairs_t *p) {
+  free(p->first);
+  free(p->token);
+  free(p->weight);
+}
+
+static ina_status_t routed_pairs_build(const int32_t *ids, const float *weights, int64_t T,
+                                       int32_t K, int32_t E, routed_pairs_t *p) {
+  ina_status_t st = INA_OK;
+  int64_t *fill = NULL;
+  memset(p, 0, sizeof *p);
+  p->first = calloc((size_t)E + 1, sizeof *p->first);
+  p->token = malloc(((size_t)(T * K) + 1) * sizeof *p->token);
+  p->weight = malloc(((size_t)(T * K) + 1) * sizeof *p->weight);
+  fill = malloc(((size_t)E + 1) * sizeof *fill);
+  INA_CHECK_ALLOC(p->first);
+  INA_CHECK_ALLOC(p->token);
+  INA_CHECK_ALLOC(p->weight);
+  INA_CHECK_ALLOC(fill);
+  for (int64_t i = 0; i < T * K; i++) p->first[ids[i] + 1]++;
+  for (int32_t x = 0; x < E; x++) p->first[x + 1] += p->first[x];
+  memcpy(fill, p->first, ((size_t)E + 1) * sizeof *fill);
+  for (int64_t t = 0; t < T; t++)
+    for (int32_t k = 0; k < K; k++) {
+      const int64_t at = fill[ids[t * K + k]]++;
+      p->token[at] = (int32_t)t;
+      p->weight[at] = weights[t * K + k];
+    }
+fail:
+  free(fill);
+  if (st != INA_OK) routed_pairs_free(p);
+  return st;
+}
+
 static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
@@ -401,23 +453,19 @@ static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
   const ina_layer_weights_t *L = &e->w->layers[layer];
   const int64_t T = s->T, Hd = c->hidden_size;
   const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok;
-  float *logits = NULL, *weights = NULL, *bias = NULL, *xe = NULL, *ye = NULL;
-  int32_t *ids = NULL, *rows = NULL;
-  float *rw = NULL;
+  float *logits = NULL, *weights = NULL, *bias = NULL, *xe = NULL, *y = NULL;
+  int32_t *ids = NULL;
+  routed_pairs_t pairs = {NULL, NULL, NULL};
   logits = malloc((size_t)T * E * sizeof(float));
   weights = malloc((size_t)T * K * sizeof(float));
   ids = malloc((size_t)T * K * sizeof(int32_t));
-  rows = malloc((size_t)T * sizeof(int32_t));
-  rw = malloc((size_t)T * sizeof(float));
   xe = malloc((size_t)T * Hd * sizeof(float));
-  ye = malloc((size_t)T * Hd * sizeof(float));
+  y = malloc(((size_t)T * K * Hd + 1) * sizeof(float));
   INA_CHECK_ALLOC(logits);
   INA_CHECK_ALLOC(weights);
   INA_CHECK_ALLOC(ids);
-  INA_CHECK_ALLOC(rows);
-  INA_CHECK_ALLOC(rw);
   INA_CHECK_ALLOC(xe);
-  INA_CHECK_ALLOC(ye);
+  INA_CHECK_ALLOC(y);
   {
     /* The router runs in fp32, as HF's F.linear on float32 weights. */
     ina_linear_t router = {L->router, {0}, {0}, 0, 0};
@@ -441,39 +489,36 @@ static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
     rc.routed_scaling_factor = (float)c->routed_scaling_factor;
     INA_CHECK(ina_router_ref(&rc, logits, bias, T, ids, weights));
   }
-  memset(out, 0, (size_t)T * Hd * sizeof(float));
-  /* Experts in index order, each over the tokens routed to it (HF's loop order). */
-  for (int32_t x = 0; x < E; x++) {
-    int64_t n = 0;
-    for (int64_t t = 0; t < T; t++)
-      for (int32_t k = 0; k < K; k++)
-        if (ids[t * K + k] == x) {
-          rows[n] = (int32_t)t;
-          rw[n] = weights[t * K + k];
-          memcpy(xe + n * Hd, s->h + t * Hd, (size_t)Hd * sizeof(float));
-          n++;
-        }
+  INA_CHECK(routed_pairs_build(ids, weights, T, K, E, &pairs));
+  /* Our experts, each over the tokens routed to it; then every rank's rows everywhere. */
+  for (int32_t x = e->ep.first_expert[e->ep.rank]; x < e->ep.first_expert[e->ep.rank + 1]; x++) {
+    const int64_t first = pairs.first[x], n = pairs.first[x + 1] - first;
     if (n == 0) continue;
-    INA_CHECK(mlp(s, &L->experts[x - e->w->expert_begin], xe, n, ye));
-    for (int64_t r = 0; r < n; r++) {
-      float *dst = out + (int64_t)rows[r] * Hd;
-      const float *src = ye + r * Hd;
-      for (int64_t d = 0; d < Hd; d++) dst[d] += src[d] * rw[r];
-    }
+    for (int64_t r = 0; r < n; r++)
+      memcpy(xe + r * Hd, s->h + (int64_t)pairs.token[first + r] * Hd, (size_t)Hd * sizeof(float));
+    INA_CHECK(mlp(s, &L->experts[x - e->w->expert_begin], xe, n, y + first * Hd));
+  }
+  INA_CHECK(ina_ep_share_outputs(&e->ep, pairs.first, Hd, y));
+  /* Combine in expert order, each token's rows in turn (HF's loop order). */
+  memset(out, 0, (size_t)T * Hd * sizeof(float));
+  for (int64_t i = 0; i < pairs.first[E]; i++) {
+    float *dst = out + (int64_t)pairs.token[i] * Hd;
+    const float *src = y + i * Hd;
+    const float w = pairs.weight[i];
+    for (int64_t d = 0; d < Hd; d++) dst[d] += src[d] * w;
   }
   if (L->has_shared) {
-    INA_CHECK(mlp(s, &L->mlp, s->h, T, ye));
-    for (int64_t i = 0; i < T * Hd; i++) out[i] += ye[i];
+    INA_CHECK(mlp(s, &L->mlp, s->h, T, xe));
+    for (int64_t i = 0; i < T * Hd; i++) out[i] += xe[i];
   }
 fail:
   free(logits);
   free(weights);
   free(bias);
   free(ids);
-  free(rows);
-  free(rw);
   free(xe);
-  free(ye);
+  free(y);
+  routed_pairs_free(&pairs);
   return st;
 }
 

@@ -37,6 +37,24 @@ static int is_builtin(const char *name) {
   return 0;
 }
 
+ina_status_t ina_model_spec_config(const char *spec, ina_model_config_t *out) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(out != NULL && spec != NULL, INA_ERR_INVALID_ARGUMENT, "model: NULL argument");
+  if (is_directory(spec)) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", spec);
+    INA_CHECK(ina_model_config_load(path, out));
+  } else {
+    const char *name = strncmp(spec, "random:", 7) == 0 ? spec + 7 : spec;
+    INA_REQUIRE(is_builtin(name), INA_ERR_NOT_FOUND,
+                "model '%s' is neither a checkpoint directory nor a built-in model (tiny, "
+                "random:tiny, random:v2-lite, random:v3-layers)", spec);
+    INA_CHECK(ina_model_config_builtin(name, out));
+  }
+fail:
+  return st;
+}
+
 ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options, ina_model_t **out) {
   ina_status_t st = INA_OK;
   ina_model_t *m = NULL;

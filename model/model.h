@@ -21,6 +21,7 @@
 
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "core/status.h"
 #include "kvcache/kv_seq.h"
 #include "kvcache/page_pool.h"
@@ -52,6 +53,8 @@ typedef struct ina_model_options {
 
 /* `spec` is a checkpoint directory, a built-in name ("tiny"), or "random:NAME". */
 ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options, ina_model_t **out);
+/* The configuration `spec` names, without loading weights (to size a shard first). */
+ina_status_t ina_model_spec_config(const char *spec, ina_model_config_t *out);
 void ina_model_destroy(ina_model_t *model);
 const ina_model_config_t *ina_model_config(const ina_model_t *model);
 const ina_weights_t *ina_model_weights(const ina_model_t *model);
@@ -78,9 +81,18 @@ typedef struct ina_engine_options {
   /* Version 3. CUDA backend: 1 (default) runs decode steps (one new token per sequence)
    * as replays of CUDA graphs captured per batch bucket; 0 runs every step eagerly. */
   int32_t cuda_graphs;
+  /* Version 4. Expert parallelism (CPU backend): the communicator of the ranks that share
+   * the routed experts, or NULL for one rank holding them all. Each rank's model holds one
+   * contiguous expert range (ina_shard_t); the ranges, in rank order, must tile all
+   * experts (checked at create, collectively). Every rank runs the same batches: tokens
+   * are replicated, each rank runs its own experts, and the expert outputs travel to
+   * every rank by one all-to-all per MoE layer, where they are combined in the
+   * single-rank order, so logits are bit-identical to one rank's. Borrowed: the
+   * communicator must outlive the engine. */
+  ina_comm_t *ep_comm;
 } ina_engine_options_t;
 
-#define INA_ENGINE_OPTIONS_INIT {sizeof(ina_engine_options_t), 3, 16, 65536, 0, 0, -1, 1}
+#define INA_ENGINE_OPTIONS_INIT {sizeof(ina_engine_options_t), 4, 16, 65536, 0, 0, -1, 1, NULL}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);

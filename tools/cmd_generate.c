@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
 #include "core/cuda.h"
 #include "core/log.h"
 #include "core/npy.h"
@@ -40,6 +42,9 @@ static void usage(FILE *f) {
           "  --no-cuda-graphs     run every GPU step eagerly (default: decode steps replay CUDA\n"
           "                       graphs captured per batch bucket)\n"
           "  --threads N          CPU threads (default: INA_NUM_THREADS or all CPUs)\n"
+          "  --ep                 expert parallelism over every rank of an mpirun job (CPU):\n"
+          "                       each rank holds 1/N of the routed experts, all ranks run the\n"
+          "                       same batch, rank 0 prints; e.g. mpirun -np 2 ina generate --ep\n"
           "  -h, --help           this help\n"
           "\n"
           "With --server HOST:PORT the prompts run on a running ina-agent instead (see\n"
@@ -106,10 +111,52 @@ static int wants_server(int argc, char **argv) {
   return 0;
 }
 
+static int has_flag(int argc, char **argv, const char *flag) {
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], flag) == 0) return 1;
+  return 0;
+}
+
+/* With --ep: the MPI job, the world communicator and this rank's share of the routed
+ * experts (near-equal contiguous ranges in rank order). */
+typedef struct ep_job {
+  ina_bootstrap_t *boot;
+  ina_comm_t *comm;
+  int rank, size;
+} ep_job_t;
+
+static int ep_job_start(int *argc, char ***argv, ep_job_t *job) {
+  if (ina_bootstrap_init(argc, argv, &job->boot) != INA_OK ||
+      ina_bootstrap_world_comm(job->boot, INA_COMM_BACKEND_MPI, &job->comm) != INA_OK) {
+    fprintf(stderr, "ina generate --ep: cannot start the MPI job: %s\n", ina_last_error());
+    return 1;
+  }
+  job->rank = ina_bootstrap_world_rank(job->boot);
+  job->size = ina_bootstrap_world_size(job->boot);
+  return 0;
+}
+
+static void ep_job_end(ep_job_t *job) {
+  ina_comm_destroy(job->comm);
+  if (job->boot) ina_bootstrap_finalize(job->boot);
+}
+
+static int ep_shard(const ep_job_t *job, const char *spec, ina_shard_t *shard) {
+  ina_model_config_t cfg;
+  if (ina_model_spec_config(spec, &cfg) != INA_OK) {
+    fprintf(stderr, "ina generate: cannot open model: %s\n", ina_last_error());
+    return 1;
+  }
+  const int64_t experts = cfg.n_routed_experts;
+  shard->expert_begin = (int32_t)(experts * job->rank / job->size);
+  shard->expert_end = (int32_t)(experts * (job->rank + 1) / job->size);
+  return 0;
+}
+
 int cmd_generate(int argc, char **argv) {
   if (wants_server(argc, argv)) return cmd_generate_remote(argc, argv);
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
-         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS };
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -118,15 +165,22 @@ int cmd_generate(int argc, char **argv) {
       {"dump-logits", required_argument, 0, O_DUMP},  {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"page-size", required_argument, 0, O_PAGE},
       {"threads", required_argument, 0, O_THREADS},   {"device", required_argument, 0, O_DEVICE},
-      {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS},
+      {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS}, {"ep", no_argument, 0, O_EP},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
   prompts_t prompts = {NULL, NULL, 0};
   int64_t max_new = 16, top_k = 0, seed = 0, page_size = 16, threads = 0;
   double temperature = 0, top_p = 1;
-  int ignore_eos = 0, rc = 1;
+  int ignore_eos = 0, rc = 1, device_given = 0;
   int32_t device = ina_cuda_device_count() > 0 ? 0 : -1;
+  ep_job_t ep = {NULL, NULL, 0, 1};
+  const int use_ep = has_flag(argc, argv, "--ep") && !has_flag(argc, argv, "--help") &&
+                     !has_flag(argc, argv, "-h");
+  if (use_ep && ep_job_start(&argc, &argv, &ep)) {
+    ep_job_end(&ep);
+    return 1;
+  }
   ina_model_options_t mopts = INA_MODEL_OPTIONS_INIT;
   ina_engine_options_t eopts = INA_ENGINE_OPTIONS_INIT;
   ina_model_t *model = NULL;
@@ -153,8 +207,12 @@ int cmd_generate(int argc, char **argv) {
     case O_DTYPE: if (cli_parse_weight_dtype("--dtype", optarg, &mopts.dtype)) goto done; break;
     case O_PAGE: if (cli_parse_int("--page-size", optarg, 1, 1 << 20, &page_size)) goto done; break;
     case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 4096, &threads)) goto done; break;
-    case O_DEVICE: if (parse_device(optarg, &device)) goto done; break;
+    case O_DEVICE:
+      if (parse_device(optarg, &device)) goto done;
+      device_given = 1;
+      break;
     case O_NOGRAPHS: eopts.cuda_graphs = 0; break;
+    case O_EP: break; /* seen before parsing */
     case 'h': usage(stdout); rc = 0; goto done;
     default: usage(stderr); rc = 2; goto done;
     }
@@ -169,6 +227,16 @@ int cmd_generate(int argc, char **argv) {
     usage(stderr);
     rc = 2;
     goto done;
+  }
+  if (use_ep) {
+    if (device_given && device >= 0) {
+      fprintf(stderr, "ina generate: --ep runs on the CPU so far (--device cpu)\n");
+      rc = 2;
+      goto done;
+    }
+    device = -1;
+    if (ep_shard(&ep, model_spec, &mopts.shard)) goto done;
+    eopts.ep_comm = ep.comm;
   }
   mopts.random_on_device = device >= 0; /* random weights are generated on the GPU */
   if (ina_model_open(model_spec, &mopts, &model) != INA_OK) {
@@ -186,7 +254,9 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "ina generate: %s\n", ina_last_error());
     goto done;
   }
-  if (device < 0) {
+  if (use_ep) {
+    if (ep.rank == 0) printf("device: cpu, experts split over %d ranks\n", ep.size);
+  } else if (device < 0) {
     printf("device: cpu\n");
   } else {
     char name[128];
@@ -217,7 +287,7 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "ina generate: %s\n", ina_last_error());
     goto done;
   }
-  for (int32_t i = 0; i < prompts.count; i++) {
+  for (int32_t i = 0; i < prompts.count && ep.rank == 0; i++) {
     printf("prompt %d:", i);
     for (int32_t k = 0; k < reqs[i].num_generated; k++) printf("%s%d", k ? "," : " ", reqs[i].output[k]);
     printf("\n");
@@ -232,6 +302,10 @@ int cmd_generate(int argc, char **argv) {
       }
       fprintf(stderr, "logits [%lld, %lld] written to %s\n", (long long)shape[0], (long long)shape[1], path);
     }
+  }
+  if (ep.rank != 0) {
+    rc = 0;
+    goto done;
   }
   printf("prefill: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)stats.prefill_tokens,
          stats.prefill_seconds, stats.prefill_seconds > 0 ? stats.prefill_tokens / stats.prefill_seconds : 0);
@@ -251,5 +325,6 @@ done:
   free(prompts.lens);
   ina_engine_destroy(engine);
   ina_model_destroy(model);
+  ep_job_end(&ep);
   return rc;
 }
