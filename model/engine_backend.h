@@ -26,6 +26,13 @@ static inline ina_comm_t *ina_engine_options_ep_comm(const ina_engine_options_t 
              : NULL;
 }
 
+/* options->tp_comm when the caller's struct has it (version 4), else NULL. */
+static inline ina_comm_t *ina_engine_options_tp_comm(const ina_engine_options_t *o) {
+  return o->struct_size >= offsetof(ina_engine_options_t, tp_comm) + sizeof(ina_comm_t *)
+             ? o->tp_comm
+             : NULL;
+}
+
 typedef struct ina_engine_cpu ina_engine_cpu_t;
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,

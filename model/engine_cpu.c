@@ -32,7 +32,9 @@ struct ina_engine_cpu {
   float attention_factor;
   float softmax_scale;
   int expanded_decode;
-  ina_ep_group_t ep; /* who holds which routed experts */
+  ina_ep_group_t ep;    /* who holds which routed experts */
+  ina_comm_t *tp_comm;  /* tensor parallelism: sums the partial outputs; NULL: one rank */
+  int32_t heads;        /* attention heads of this rank (all of them without TP) */
 };
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
@@ -66,6 +68,17 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
                 e->w->expert_begin, e->w->expert_end, e->cfg->n_routed_experts);
     INA_CHECK(ina_ep_group_init(ep_comm, e->w->expert_begin, e->w->expert_end,
                                 e->cfg->n_routed_experts, &e->ep));
+  }
+  e->tp_comm = ina_engine_options_tp_comm(options);
+  {
+    const int32_t tp_size = e->tp_comm ? ina_comm_size(e->tp_comm) : 1;
+    const int32_t tp_rank = e->tp_comm ? ina_comm_rank(e->tp_comm) : 0;
+    INA_REQUIRE(e->w->tp_size == tp_size && e->w->tp_rank == tp_rank, INA_ERR_INVALID_ARGUMENT,
+                "engine: the model holds tensor-parallel slice %d of %d, but this rank is %d of "
+                "%d in tp_comm%s",
+                e->w->tp_rank, e->w->tp_size, tp_rank, tp_size,
+                e->tp_comm ? "" : " (none given: one rank)");
+    e->heads = e->cfg->num_heads / tp_size;
   }
   INA_CHECK(ina_threadpool_create(options->num_threads, &e->pool));
   {
@@ -148,9 +161,9 @@ static ina_status_t step_alloc(step_t *s) {
   ALLOC(h, c->hidden_size);
   ALLOC(tmp, c->hidden_size);
   ALLOC(qa, c->q_lora_rank > 0 ? c->q_lora_rank : 1);
-  ALLOC(q, (int64_t)c->num_heads * ina_cfg_qk_head_dim(c));
+  ALLOC(q, (int64_t)s->e->heads * ina_cfg_qk_head_dim(c));
   ALLOC(kv, c->kv_lora_rank + c->qk_rope_head_dim);
-  ALLOC(attn, (int64_t)c->num_heads * c->v_head_dim);
+  ALLOC(attn, (int64_t)s->e->heads * c->v_head_dim);
   ALLOC(g, inter);
   ALLOC(u, inter);
 #undef ALLOC
@@ -182,7 +195,7 @@ static ina_status_t attend_expanded(step_t *s, int32_t layer, int32_t i) {
   const ina_kv_seq_t *seq = s->b->seqs[i];
   const int64_t kv_len = seq->num_tokens;
   const int32_t q0 = s->b->qo_indptr[i], n = s->b->qo_indptr[i + 1] - q0;
-  const int32_t H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
+  const int32_t H = e->heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
   const int32_t nope = c->qk_nope_head_dim, V = c->v_head_dim, QK = nope + R;
   float *entries = NULL, *latent = NULL, *kvb = NULL, *k = NULL, *v = NULL;
   entries = malloc((size_t)kv_len * (size_t)(C + R) * sizeof(float));
@@ -226,6 +239,7 @@ fail:
 typedef struct absorb_job {
   const ina_linear_t *kv_b;
   const ina_model_config_t *c;
+  int32_t heads; /* this rank's */
   const int32_t *tokens; /* rows of the step that take part */
   int32_t count;
   const float *q;   /* step q [T, H, QK] */
@@ -238,7 +252,7 @@ typedef struct absorb_job {
 static void absorb_q_heads(void *ctx, int64_t begin, int64_t end, int worker) {
   const absorb_job_t *j = ctx;
   const int32_t C = j->c->kv_lora_rank, nope = j->c->qk_nope_head_dim, V = j->c->v_head_dim;
-  const int32_t H = j->c->num_heads, QK = nope + j->c->qk_rope_head_dim;
+  const int32_t H = j->heads, QK = nope + j->c->qk_rope_head_dim;
   float *row = j->scratch + (size_t)worker * (size_t)C;
   for (int64_t h = begin; h < end; h++) {
     for (int32_t i = 0; i < j->count; i++) memset(j->q_abs + ((int64_t)i * H + h) * C, 0, (size_t)C * sizeof(float));
@@ -255,7 +269,7 @@ static void absorb_q_heads(void *ctx, int64_t begin, int64_t end, int worker) {
 static void absorb_v_heads(void *ctx, int64_t begin, int64_t end, int worker) {
   const absorb_job_t *j = ctx;
   const int32_t C = j->c->kv_lora_rank, nope = j->c->qk_nope_head_dim, V = j->c->v_head_dim;
-  const int32_t H = j->c->num_heads;
+  const int32_t H = j->heads;
   float *row = j->scratch + (size_t)worker * (size_t)C;
   for (int64_t h = begin; h < end; h++) {
     for (int32_t d = 0; d < V; d++) {
@@ -272,7 +286,7 @@ static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
-  const int32_t H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
+  const int32_t H = e->heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
   const int32_t QK = c->qk_nope_head_dim + R;
   const int32_t workers = ina_threadpool_size(e->pool);
   ina_page_table_t table = INA_PAGE_TABLE_INIT;
@@ -313,7 +327,8 @@ static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq
   }
   INA_CHECK(ina_page_table_build(&table, seqs, nseq, ina_page_pool_page_size(e->kv)));
   {
-    absorb_job_t job = {&e->w->layers[layer].kv_b_proj, c, tokens, count, s->q, q_abs, o_latent, s->attn, scratch};
+    absorb_job_t job = {&e->w->layers[layer].kv_b_proj, c, H, tokens, count, s->q, q_abs, o_latent,
+                        s->attn, scratch};
     ina_parallel_for(e->pool, H, 1, absorb_q_heads, &job);
     ina_tensor_t cache = ina_page_pool_layer(e->kv, layer);
     ina_mla_ref_params_t p = {nseq, H, C, R, e->softmax_scale, qo, kv_len, table.indptr, table.indices,
@@ -339,13 +354,20 @@ fail:
 
 /* ---- one layer -------------------------------------------------------------------- */
 
+/* Tensor parallelism: each rank's o_proj and down projections see only its heads or its
+ * slice of the intermediate, so their outputs are partial sums over the ranks. */
+static ina_status_t tp_sum(ina_engine_cpu_t *e, float *x, int64_t n) {
+  if (!e->tp_comm || ina_comm_size(e->tp_comm) == 1) return INA_OK;
+  return ina_comm_all_reduce(e->tp_comm, x, x, (size_t)n, INA_DTYPE_F32, NULL);
+}
+
 static ina_status_t attention_block(step_t *s, int32_t layer) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
   const ina_layer_weights_t *L = &e->w->layers[layer];
   const int64_t T = s->T, Hd = c->hidden_size;
-  const int32_t H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
+  const int32_t H = e->heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
   const int32_t QK = c->qk_nope_head_dim + R;
   const int pairs = c->rope_layout == INA_ROPE_PAIRS;
   int32_t *absorbed = NULL;
@@ -386,6 +408,7 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
   }
   if (nabsorbed > 0) INA_CHECK(attend_absorbed(s, layer, absorbed, nabsorbed));
   INA_CHECK(ina_cpu_linear(e->pool, &L->o_proj, s->attn, T, s->tmp));
+  INA_CHECK(tp_sum(e, s->tmp, T * Hd));
   for (int64_t i = 0; i < T * Hd; i++) s->x[i] += s->tmp[i];
 fail:
   free(absorbed);
@@ -532,6 +555,7 @@ static ina_status_t mlp_block(step_t *s, int32_t layer) {
     INA_CHECK(moe_block(s, layer, s->tmp));
   else
     INA_CHECK(mlp(s, &L->mlp, s->h, T, s->tmp));
+  INA_CHECK(tp_sum(s->e, s->tmp, T * Hd));
   for (int64_t i = 0; i < T * Hd; i++) s->x[i] += s->tmp[i];
 fail:
   return st;

@@ -90,9 +90,16 @@ typedef struct ina_engine_options {
    * single-rank order, so logits are bit-identical to one rank's. Borrowed: the
    * communicator must outlive the engine. */
   ina_comm_t *ep_comm;
+  /* Tensor parallelism (CPU backend): the communicator of the ranks that split attention
+   * heads and MLP intermediates (ina_shard_t tp_rank / tp_size must be this rank's place
+   * in it), or NULL for one rank. The partial outputs of o_proj and of each MLP / MoE
+   * block are summed by one all-reduce each; every rank runs the same batches. With both,
+   * ep_comm joins the ranks of one tensor-parallel slice. Borrowed, as ep_comm. */
+  ina_comm_t *tp_comm;
 } ina_engine_options_t;
 
-#define INA_ENGINE_OPTIONS_INIT {sizeof(ina_engine_options_t), 4, 16, 65536, 0, 0, -1, 1, NULL}
+#define INA_ENGINE_OPTIONS_INIT \
+  {sizeof(ina_engine_options_t), 4, 16, 65536, 0, 0, -1, 1, NULL, NULL}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);

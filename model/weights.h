@@ -7,8 +7,23 @@
  * initialization and `ina model init` all walk that list, so they cannot disagree.
  *
  * Sharding: ina_shard_t selects the routed experts a rank holds (expert parallelism):
- * only their tensors are mapped or generated. Tensor parallel slicing is declared here
- * for later versions and must be tp_size = 1 now.
+ * only their tensors are mapped or generated. It also selects a tensor-parallel slice:
+ * with T = tp_size, r = tp_rank, H = num_attention_heads (H % T == 0), rank r holds the
+ * heads [h0, h0 + Hl), Hl = H / T, h0 = r * Hl, and 1/T of every MLP's intermediate
+ * channels [i0, i0 + Il), Il = I / T, i0 = r * Il (I % T == 0; I is intermediate_size for
+ * dense MLPs, moe_intermediate_size x n_shared_experts for shared experts,
+ * moe_intermediate_size for each held routed expert):
+ *   q_proj, q_b_proj  rows [h0 * qk, (h0 + Hl) * qk)   qk = qk_nope + qk_rope head dims
+ *   kv_b_proj         rows [h0 * nv, (h0 + Hl) * nv)   nv = qk_nope + v head dims
+ *   o_proj            columns [h0 * v, (h0 + Hl) * v)  v = v_head_dim
+ *   gate, up          rows [i0, i0 + Il)
+ *   down              columns [i0, i0 + Il)
+ * Biases follow their weight's rows; the biases of o_proj and down (whose outputs are
+ * partial sums the engine adds up over the ranks) are held whole by rank 0 and empty on
+ * the others. Everything else (embeddings, norms, q_a_proj, kv_a_proj_with_mqa, router,
+ * lm_head) is replicated whole. FP8 slices must start and end on block boundaries (or
+ * at the tensor's end); their scale_inv is sliced with them. Row slices of a loaded
+ * checkpoint are views into its mapping; column slices are owned copies.
  *
  * Ownership: ina_weights_release frees owned tensors and closes the checkpoint.
  * Thread safety: read-only after loading. */
@@ -58,7 +73,7 @@ typedef struct ina_layer_weights {
 typedef struct ina_shard {
   size_t struct_size;
   uint32_t version;
-  int32_t tp_rank, tp_size;         /* tensor parallel slice (tp_size 1 in this version) */
+  int32_t tp_rank, tp_size;         /* tensor-parallel slice r of T (0 <= r < T) */
   int32_t expert_begin, expert_end; /* routed experts held; expert_end < 0: all */
 } ina_shard_t;
 
@@ -67,6 +82,7 @@ typedef struct ina_shard {
 typedef struct ina_weights {
   ina_model_config_t config;
   int32_t expert_begin, expert_end;
+  int32_t tp_rank, tp_size; /* tensor-parallel slice held (0 of 1: whole) */
   ina_tensor_t embed;      /* [vocab, hidden] */
   ina_tensor_t final_norm; /* [hidden] */
   ina_linear_t lm_head;    /* [vocab, hidden]; shares embed's data when tied */
@@ -89,18 +105,27 @@ typedef enum ina_weight_role {
 typedef struct ina_weight_spec {
   char name[128];
   int ndim;
-  int64_t shape[2];
+  int64_t shape[2]; /* of the tensor in w: the tensor-parallel slice */
   ina_weight_role_t role;
   ina_tensor_t *tensor; /* destination (for linears: &linear->weight) */
   ina_linear_t *linear; /* non-NULL for linear weights (scale_inv goes there) */
   int32_t layer;        /* -1 for embeddings, final norm and head */
   int32_t expert;       /* routed expert index, or -1 */
   int32_t expert_proj;  /* 0 gate, 1 up, 2 down for routed experts */
+  /* Tensor parallelism: the whole tensor (as the checkpoint stores it and random values
+   * are drawn for) has full_shape. slice_dim -1: w holds it whole (shape == full_shape);
+   * 0: rows [slice_begin, slice_begin + shape[0]); 1: columns [slice_begin, slice_begin
+   * + shape[1]). A rank that holds a tensor empty (a row-parallel bias off rank 0) does
+   * not list it. */
+  int64_t full_shape[2];
+  int32_t slice_dim;
+  int64_t slice_begin;
 } ina_weight_spec_t;
 
 /* Allocate the layer arrays of w for cfg and shard, and list every tensor it needs into
  * a malloc'ed array (*specs, *count; the caller frees it). Tied embeddings list no
- * lm_head. */
+ * lm_head. A tp_rank outside [0, tp_size), or heads or an intermediate size that
+ * tp_size does not divide, give INA_ERR_INVALID_ARGUMENT naming the tensor and sizes. */
 ina_status_t ina_weights_prepare(ina_weights_t *w, const ina_model_config_t *cfg,
                                  const ina_shard_t *shard, ina_weight_spec_t **specs,
                                  int32_t *count);
@@ -109,22 +134,29 @@ ina_status_t ina_weights_prepare(ina_weights_t *w, const ina_model_config_t *cfg
  * Only takes addresses: w is not modified. */
 ina_status_t ina_weight_specs(ina_weights_t *w, ina_weight_spec_t **specs, int32_t *count);
 
-/* Load from a checkpoint directory (config.json + safetensors). shard may be NULL (all). */
+/* Load from a checkpoint directory (config.json + safetensors). shard may be NULL (all
+ * experts, whole tensors). An fp8 slice boundary inside a block gives
+ * INA_ERR_UNSUPPORTED naming the tensor, dimension, boundary and block size. */
 ina_status_t ina_weights_load(const char *dir, const ina_shard_t *shard, ina_weights_t *w);
 
 /* Seeded random weights for cfg stored as `dtype` (f32, bf16, or fp8_e4m3 for the
  * LINEAR role with 128x128 block scales; other roles then bf16). The values depend only
- * on (seed, tensor name, element index), not on the shard or thread count. */
+ * on (seed, tensor name, element index in the whole tensor), not on the shard or thread
+ * count: a slice holds exactly the whole tensor's values (and fp8 scales) at its
+ * positions. Shard errors as ina_weights_prepare and ina_weights_load. */
 ina_status_t ina_weights_random(const ina_model_config_t *cfg, uint64_t seed, ina_dtype_t dtype,
                                 const ina_shard_t *shard, ina_weights_t *w);
 
 /* What ina_weights_random(cfg, seed, dtype, shard, w) makes, without the data: w's
- * config (with the FP8 block scaling of dtype), expert range and layer arrays, every
- * tensor empty. For an engine that generates the same weights in its own memory. */
+ * config (with the FP8 block scaling of dtype), expert range, tensor-parallel slice and
+ * layer arrays, every tensor empty; it fails where ina_weights_random would on the
+ * shard. For an engine that generates the same weights in its own memory (the spec
+ * list of w then gives each tensor's slice of the whole). */
 ina_status_t ina_weights_random_shell(const ina_model_config_t *cfg, ina_dtype_t dtype, const ina_shard_t *shard,
                                       ina_weights_t *w);
 
-/* Write w (all experts) as a Hugging Face checkpoint: config.json + model.safetensors. */
+/* Write w (all experts, whole tensors: tp_size 1, else INA_ERR_INVALID_ARGUMENT) as a
+ * Hugging Face checkpoint: config.json + model.safetensors. */
 ina_status_t ina_weights_save(const ina_weights_t *w, const char *dir);
 
 /* Free owned tensors and close the checkpoint; w becomes empty. NULL is a no-op. */

@@ -42,9 +42,12 @@ static void usage(FILE *f) {
           "  --no-cuda-graphs     run every GPU step eagerly (default: decode steps replay CUDA\n"
           "                       graphs captured per batch bucket)\n"
           "  --threads N          CPU threads (default: INA_NUM_THREADS or all CPUs)\n"
-          "  --ep                 expert parallelism over every rank of an mpirun job (CPU):\n"
-          "                       each rank holds 1/N of the routed experts, all ranks run the\n"
-          "                       same batch, rank 0 prints; e.g. mpirun -np 2 ina generate --ep\n"
+          "  --tp T               tensor parallelism over T ranks of an mpirun job (CPU): each\n"
+          "                       rank holds 1/T of the attention heads and MLP intermediates\n"
+          "  --ep                 expert parallelism (CPU): the ranks (or, with --tp, the groups\n"
+          "                       of T ranks) split the routed experts. All ranks run the same\n"
+          "                       batch and rank 0 prints; e.g. mpirun -np 4 ina generate --tp 2\n"
+          "                       --ep ...\n"
           "  -h, --help           this help\n"
           "\n"
           "With --server HOST:PORT the prompts run on a running ina-agent instead (see\n"
@@ -111,52 +114,68 @@ static int wants_server(int argc, char **argv) {
   return 0;
 }
 
-static int has_flag(int argc, char **argv, const char *flag) {
-  for (int i = 1; i < argc; i++)
-    if (strcmp(argv[i], flag) == 0) return 1;
-  return 0;
-}
-
-/* With --ep: the MPI job, the world communicator and this rank's share of the routed
- * experts (near-equal contiguous ranges in rank order). */
-typedef struct ep_job {
+/* With --tp or --ep: the MPI job and this rank's place in it. Consecutive ranks form a
+ * tensor-parallel group of tp_size; with --ep the groups split the routed experts, and the
+ * ranks holding the same slice form an expert-parallel group. */
+typedef struct rank_job {
   ina_bootstrap_t *boot;
-  ina_comm_t *comm;
-  int rank, size;
-} ep_job_t;
+  ina_comm_t *tp, *ep; /* NULL when not used */
+  int rank, size, tp_size;
+} rank_job_t;
 
-static int ep_job_start(int *argc, char ***argv, ep_job_t *job) {
-  if (ina_bootstrap_init(argc, argv, &job->boot) != INA_OK ||
-      ina_bootstrap_world_comm(job->boot, INA_COMM_BACKEND_MPI, &job->comm) != INA_OK) {
-    fprintf(stderr, "ina generate --ep: cannot start the MPI job: %s\n", ina_last_error());
+static int rank_job_start(int tp_size, int ep, rank_job_t *job) {
+  int argc = 0;
+  char **argv = NULL;
+  if (ina_bootstrap_init(&argc, &argv, &job->boot) != INA_OK) {
+    fprintf(stderr, "ina generate: cannot start the MPI job: %s\n", ina_last_error());
     return 1;
   }
   job->rank = ina_bootstrap_world_rank(job->boot);
   job->size = ina_bootstrap_world_size(job->boot);
+  job->tp_size = tp_size;
+  if (job->size % tp_size != 0 || (!ep && job->size != tp_size)) {
+    if (job->rank == 0)
+      fprintf(stderr,
+              "ina generate: --tp %d on %d ranks: the ranks must be %s\n", tp_size, job->size,
+              ep ? "a multiple of --tp (tensor-parallel groups that split the experts)"
+                 : "exactly --tp (add --ep to split experts over several groups)");
+    return 2;
+  }
+  if (ina_bootstrap_split_tp_dp(job->boot, tp_size, INA_COMM_BACKEND_MPI,
+                                tp_size > 1 ? &job->tp : NULL, ep ? &job->ep : NULL) != INA_OK) {
+    fprintf(stderr, "ina generate: cannot form the rank groups: %s\n", ina_last_error());
+    return 1;
+  }
   return 0;
 }
 
-static void ep_job_end(ep_job_t *job) {
-  ina_comm_destroy(job->comm);
+static void rank_job_end(rank_job_t *job) {
+  ina_comm_destroy(job->ep);
+  ina_comm_destroy(job->tp);
   if (job->boot) ina_bootstrap_finalize(job->boot);
 }
 
-static int ep_shard(const ep_job_t *job, const char *spec, ina_shard_t *shard) {
+/* This rank's tensor-parallel slice and share of the routed experts (near-equal
+ * contiguous ranges in group order). */
+static int rank_job_shard(const rank_job_t *job, const char *spec, ina_shard_t *shard) {
   ina_model_config_t cfg;
   if (ina_model_spec_config(spec, &cfg) != INA_OK) {
     fprintf(stderr, "ina generate: cannot open model: %s\n", ina_last_error());
     return 1;
   }
-  const int64_t experts = cfg.n_routed_experts;
-  shard->expert_begin = (int32_t)(experts * job->rank / job->size);
-  shard->expert_end = (int32_t)(experts * (job->rank + 1) / job->size);
+  const int64_t experts = cfg.n_routed_experts, groups = job->ep ? job->size / job->tp_size : 1;
+  const int64_t group = job->ep ? job->rank / job->tp_size : 0;
+  shard->tp_rank = job->rank % job->tp_size;
+  shard->tp_size = job->tp_size;
+  shard->expert_begin = (int32_t)(experts * group / groups);
+  shard->expert_end = (int32_t)(experts * (group + 1) / groups);
   return 0;
 }
 
 int cmd_generate(int argc, char **argv) {
   if (wants_server(argc, argv)) return cmd_generate_remote(argc, argv);
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
-         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP };
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -166,21 +185,17 @@ int cmd_generate(int argc, char **argv) {
       {"dtype", required_argument, 0, O_DTYPE},       {"page-size", required_argument, 0, O_PAGE},
       {"threads", required_argument, 0, O_THREADS},   {"device", required_argument, 0, O_DEVICE},
       {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS}, {"ep", no_argument, 0, O_EP},
+      {"tp", required_argument, 0, O_TP},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
   prompts_t prompts = {NULL, NULL, 0};
   int64_t max_new = 16, top_k = 0, seed = 0, page_size = 16, threads = 0;
   double temperature = 0, top_p = 1;
-  int ignore_eos = 0, rc = 1, device_given = 0;
+  int ignore_eos = 0, rc = 1, device_given = 0, use_ep = 0;
+  int64_t tp_size = 1;
   int32_t device = ina_cuda_device_count() > 0 ? 0 : -1;
-  ep_job_t ep = {NULL, NULL, 0, 1};
-  const int use_ep = has_flag(argc, argv, "--ep") && !has_flag(argc, argv, "--help") &&
-                     !has_flag(argc, argv, "-h");
-  if (use_ep && ep_job_start(&argc, &argv, &ep)) {
-    ep_job_end(&ep);
-    return 1;
-  }
+  rank_job_t job = {NULL, NULL, NULL, 0, 1, 1};
   ina_model_options_t mopts = INA_MODEL_OPTIONS_INIT;
   ina_engine_options_t eopts = INA_ENGINE_OPTIONS_INIT;
   ina_model_t *model = NULL;
@@ -212,7 +227,8 @@ int cmd_generate(int argc, char **argv) {
       device_given = 1;
       break;
     case O_NOGRAPHS: eopts.cuda_graphs = 0; break;
-    case O_EP: break; /* seen before parsing */
+    case O_EP: use_ep = 1; break;
+    case O_TP: if (cli_parse_int("--tp", optarg, 1, 1024, &tp_size)) goto done; break;
     case 'h': usage(stdout); rc = 0; goto done;
     default: usage(stderr); rc = 2; goto done;
     }
@@ -228,15 +244,20 @@ int cmd_generate(int argc, char **argv) {
     rc = 2;
     goto done;
   }
-  if (use_ep) {
+  const int multi_rank = use_ep || tp_size > 1;
+  if (multi_rank) {
     if (device_given && device >= 0) {
-      fprintf(stderr, "ina generate: --ep runs on the CPU so far (--device cpu)\n");
+      fprintf(stderr, "ina generate: --tp and --ep run on the CPU so far (--device cpu)\n");
       rc = 2;
       goto done;
     }
     device = -1;
-    if (ep_shard(&ep, model_spec, &mopts.shard)) goto done;
-    eopts.ep_comm = ep.comm;
+    rc = rank_job_start((int)tp_size, use_ep, &job);
+    if (rc) goto done;
+    rc = 1;
+    if (rank_job_shard(&job, model_spec, &mopts.shard)) goto done;
+    eopts.tp_comm = job.tp;
+    eopts.ep_comm = job.ep;
   }
   mopts.random_on_device = device >= 0; /* random weights are generated on the GPU */
   if (ina_model_open(model_spec, &mopts, &model) != INA_OK) {
@@ -254,8 +275,10 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "ina generate: %s\n", ina_last_error());
     goto done;
   }
-  if (use_ep) {
-    if (ep.rank == 0) printf("device: cpu, experts split over %d ranks\n", ep.size);
+  if (multi_rank) {
+    if (job.rank == 0)
+      printf("device: cpu, %d ranks: tensor parallel %d, expert parallel %d\n", job.size,
+             job.tp_size, use_ep ? job.size / job.tp_size : 1);
   } else if (device < 0) {
     printf("device: cpu\n");
   } else {
@@ -287,7 +310,7 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "ina generate: %s\n", ina_last_error());
     goto done;
   }
-  for (int32_t i = 0; i < prompts.count && ep.rank == 0; i++) {
+  for (int32_t i = 0; i < prompts.count && job.rank == 0; i++) {
     printf("prompt %d:", i);
     for (int32_t k = 0; k < reqs[i].num_generated; k++) printf("%s%d", k ? "," : " ", reqs[i].output[k]);
     printf("\n");
@@ -303,7 +326,7 @@ int cmd_generate(int argc, char **argv) {
       fprintf(stderr, "logits [%lld, %lld] written to %s\n", (long long)shape[0], (long long)shape[1], path);
     }
   }
-  if (ep.rank != 0) {
+  if (job.rank != 0) {
     rc = 0;
     goto done;
   }
@@ -325,6 +348,6 @@ done:
   free(prompts.lens);
   ina_engine_destroy(engine);
   ina_model_destroy(model);
-  ep_job_end(&ep);
+  rank_job_end(&job);
   return rc;
 }

@@ -1,0 +1,180 @@
+/* Tensor parallelism of the CPU engine, alone and with expert parallelism, under mpirun:
+ * `test_engine_tp FIXTURES --tp T` on N ranks runs T-way tensor parallelism (consecutive
+ * ranks form a TP group) and N / T-way expert parallelism (the ranks holding the same
+ * slice form an EP group). Every rank opens each golden fixture whole and as its shard
+ * (heads and intermediates sliced, experts split), and runs the fixture's prompts as one
+ * batch of greedy generation on both. The sharded run must give Hugging Face's tokens,
+ * logits within LOGITS_BOUND (relative L2) of one rank's (partial sums change the fp32
+ * summation order), and bit-identical logits on every rank. Fixtures whose head or
+ * intermediate counts do not divide by T are skipped, with the reason printed. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
+#include "core/log.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "tests/test_util.h"
+#include "tests/golden/golden_fixture.h"
+
+#define LOGITS_BOUND 1e-5
+
+static int g_rank, g_size, g_tp, g_ep;
+
+typedef struct run {
+  ina_generate_request_t r[GOLDEN_MAX_PROMPTS];
+} run_t;
+
+static void generate_all(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp_comm,
+                         ina_comm_t *ep_comm, run_t *out) {
+  const int32_t vocab = ina_model_config(m)->vocab_size;
+  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+  eo.page_size = 4;
+  eo.max_tokens = 4096;
+  eo.num_threads = 1;
+  eo.tp_comm = tp_comm;
+  eo.ep_comm = ep_comm;
+  ina_engine_t *e = NULL;
+  memset(out, 0, sizeof *out);
+  CHECK_OK(ina_engine_create(m, &eo, &e));
+  if (!e) return;
+  for (int32_t p = 0; p < f->count; p++) {
+    const ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
+    ina_generate_request_t *r = &out->r[p];
+    r->prompt = f->prompts[p];
+    r->prompt_len = f->lens[p];
+    r->max_new_tokens = f->max_new;
+    r->sampling = sp;
+    r->ignore_eos = 1;
+    r->output = malloc((size_t)f->max_new * sizeof(int32_t));
+    r->logits = malloc((size_t)(f->lens[p] + f->max_new) * vocab * sizeof(float));
+    test_poison_f32(r->logits, (size_t)(f->lens[p] + f->max_new) * vocab);
+  }
+  CHECK_OK(ina_generate(e, out->r, f->count, NULL));
+  ina_engine_destroy(e);
+}
+
+static void free_run(run_t *r) {
+  for (int32_t p = 0; p < GOLDEN_MAX_PROMPTS; p++) {
+    free(r->r[p].output);
+    free(r->r[p].logits);
+  }
+}
+
+static uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
+  const uint8_t *p = data;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001B3ull;
+  return h;
+}
+
+/* 1 when every rank of comm holds the same value. */
+static int same_everywhere(ina_comm_t *comm, uint64_t value) {
+  uint64_t *all = calloc((size_t)g_size, sizeof *all);
+  int same = all != NULL;
+  if (all && ina_comm_all_gather(comm, &value, all, 1, INA_DTYPE_I64, NULL) == INA_OK)
+    for (int r = 0; r < g_size; r++) same &= all[r] == value;
+  else
+    same = 0;
+  free(all);
+  return same;
+}
+
+/* Why the fixture cannot be split T ways, or NULL. */
+static const char *indivisible(const ina_model_config_t *c, int t) {
+  if (c->num_heads % t) return "attention heads";
+  if (c->intermediate_size % t) return "dense intermediate";
+  if (c->moe_intermediate_size % t) return "expert intermediate";
+  return NULL;
+}
+
+static void check_fixture(const char *dir, const char *name, ina_comm_t *world, ina_comm_t *tp,
+                          ina_comm_t *ep) {
+  fixture_t f;
+  CHECKF(load_fixture(dir, &f) == 0, "%s: cannot read the fixture", dir);
+  ina_model_t *whole = NULL, *part = NULL;
+  CHECK_OK(ina_model_open(dir, NULL, &whole));
+  if (!whole || f.count == 0) goto done;
+  const ina_model_config_t *c = ina_model_config(whole);
+  const char *why = indivisible(c, g_tp);
+  if (why) {
+    if (g_rank == 0) printf("  %s: skipped (%s %% %d != 0)\n", name, why, g_tp);
+    goto done;
+  }
+  ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+  const int ep_rank = g_rank / g_tp;
+  mo.shard.tp_rank = g_rank % g_tp;
+  mo.shard.tp_size = g_tp;
+  mo.shard.expert_begin = (int32_t)((int64_t)c->n_routed_experts * ep_rank / g_ep);
+  mo.shard.expert_end = (int32_t)((int64_t)c->n_routed_experts * (ep_rank + 1) / g_ep);
+  ina_status_t opened = ina_model_open(dir, &mo, &part);
+  if (opened == INA_ERR_UNSUPPORTED) { /* e.g. an FP8 slice boundary inside a scale block */
+    if (g_rank == 0) printf("  %s: skipped (%s)\n", name, ina_last_error());
+    goto done;
+  }
+  CHECK_OK(opened);
+  if (!part) goto done;
+  run_t ref, got;
+  generate_all(&f, whole, NULL, NULL, &ref);
+  generate_all(&f, part, tp, ep, &got);
+  uint64_t hash = 0xCBF29CE484222325ull;
+  double worst = 0;
+  for (int32_t p = 0; p < f.count; p++) {
+    const size_t n = (size_t)(f.lens[p] + f.max_new - 1) * c->vocab_size;
+    if (!ref.r[p].logits || !got.r[p].logits) continue;
+    const double err = test_rel_l2(got.r[p].logits, ref.r[p].logits, n);
+    if (err > worst) worst = err;
+    CHECKF(err <= LOGITS_BOUND, "%s prompt %d (rank %d: tp %d of %d, experts [%d, %d)): logits "
+           "rel l2 %.3g from one rank's > %g",
+           dir, p, g_rank, mo.shard.tp_rank, g_tp, mo.shard.expert_begin, mo.shard.expert_end,
+           err, LOGITS_BOUND);
+    CHECKF(memcmp(got.r[p].output, f.generated[p], (size_t)f.max_new * sizeof(int32_t)) == 0,
+           "%s prompt %d (rank %d): greedy tokens differ from HF", dir, p, g_rank);
+    hash = fnv1a(got.r[p].logits, n * sizeof(float), hash);
+  }
+  CHECKF(same_everywhere(world, hash), "%s: the ranks' logits are not bit-identical", dir);
+  if (g_rank == 0) printf("  %s: worst logits rel l2 %.2e on rank 0\n", name, worst);
+  free_run(&ref);
+  free_run(&got);
+done:
+  ina_model_destroy(part);
+  ina_model_destroy(whole);
+  free_fixture(&f);
+}
+
+int main(int argc, char **argv) {
+  ina_bootstrap_t *boot = NULL;
+  if (ina_bootstrap_init(&argc, &argv, &boot) != INA_OK) return 1;
+  g_rank = ina_bootstrap_world_rank(boot);
+  g_size = ina_bootstrap_world_size(boot);
+  const char *root = "tests/golden/fixtures";
+  g_tp = g_size;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--tp") == 0 && i + 1 < argc) g_tp = atoi(argv[++i]);
+    else root = argv[i];
+  }
+  CHECKF(g_tp >= 1 && g_size % g_tp == 0, "--tp %d must divide the %d ranks", g_tp, g_size);
+  if (g_tp < 1 || g_size % g_tp) g_tp = g_size;
+  g_ep = g_size / g_tp;
+  ina_comm_t *world = NULL, *tp = NULL, *ep = NULL;
+  CHECK_OK(ina_bootstrap_world_comm(boot, INA_COMM_BACKEND_MPI, &world));
+  CHECK_OK(ina_bootstrap_split_tp_dp(boot, g_tp, INA_COMM_BACKEND_MPI, &tp, &ep));
+  if (g_rank == 0) printf("test_engine_tp: %d ranks, tp %d x ep %d\n", g_size, g_tp, g_ep);
+  char *names[GOLDEN_MAX_FIXTURES];
+  const int count = world && tp && ep ? golden_fixture_names(root, names) : 0;
+  CHECKF(count >= 6, "only %d fixtures in %s", count, root);
+  for (int i = 0; i < count; i++) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
+    check_fixture(dir, names[i], world, tp, g_ep > 1 ? ep : NULL);
+    free(names[i]);
+  }
+  ina_comm_destroy(ep);
+  ina_comm_destroy(tp);
+  ina_comm_destroy(world);
+  char name[64];
+  snprintf(name, sizeof name, "test_engine_tp rank %d", g_rank);
+  const int rc = test_finish(name);
+  ina_bootstrap_finalize(boot);
+  return rc;
+}
