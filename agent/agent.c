@@ -164,6 +164,9 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   mo.seed = options->model_seed;
   mo.dtype = options->model_dtype;
   mo.random_on_device = agent->device >= 0; /* random weights are generated on the GPU */
+  const int multi_rank =
+      options->struct_size >= offsetof(ina_agent_options_t, ep_comm) + sizeof(ina_comm_t *);
+  if (multi_rank) mo.shard = options->shard;
   INA_CHECK(ina_model_open(options->model, &mo, &agent->model));
   const ina_model_config_t *cfg = ina_model_config(agent->model);
   int checkpoint = strcmp(options->model, "tiny") != 0 && strncmp(options->model, "random:", 7) != 0;
@@ -174,9 +177,19 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   eo.max_tokens = options->max_tokens > 0 ? options->max_tokens : 65536;
   eo.num_threads = options->num_threads;
   eo.device = agent->device;
+  if (multi_rank) {
+    eo.tp_comm = options->tp_comm;
+    eo.ep_comm = options->ep_comm;
+  }
   INA_CHECK(ina_engine_create(agent->model, &eo, &agent->engine));
   ina_page_pool_t *pool = ina_engine_page_pool(agent->engine);
   agent->page_size = ina_page_pool_page_size(pool);
+  INA_REQUIRE(options->scheduler.replica_comm == NULL ||
+                  ina_comm_rank(options->scheduler.replica_comm) == 0,
+              INA_ERR_INVALID_ARGUMENT,
+              "ina_agent_create: the serving agent leads the replicas (rank 0 of replica_comm), "
+              "this is rank %d; the other ranks run ina_scheduler_follow",
+              ina_comm_rank(options->scheduler.replica_comm));
   INA_CHECK(ina_scheduler_create(agent->engine, &options->scheduler, &agent->scheduler));
   /* The scheduler's own rule for max_context 0: the model's positions, capped by the pool. */
   int64_t pool_tokens = (int64_t)ina_page_pool_num_pages(pool) * agent->page_size;

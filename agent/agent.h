@@ -79,11 +79,19 @@ typedef struct ina_agent_options {
    * NULL or "": no metrics. Appended after version 1's fields: read only when
    * struct_size covers it. */
   const char *metrics_listen;
+  /* Version 2: one rank of several (CPU engine; the others run ina_scheduler_follow over
+   * their own shard). This rank's slice of the model and the communicators of its engine
+   * (ina_engine_options_t tp_comm, ep_comm); scheduler.replica_comm joins every rank,
+   * with this agent as rank 0. INA_SHARD_INIT and NULL communicators: one rank.
+   * Borrowed. */
+  ina_shard_t shard;
+  ina_comm_t *tp_comm, *ep_comm;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 1, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
-   0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL}
+  {sizeof(ina_agent_options_t), 2, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+   0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,      \
+   NULL, NULL}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 

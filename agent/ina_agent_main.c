@@ -6,6 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
 #include "core/log.h"
 #include "agent/agent.h"
 
@@ -36,6 +42,14 @@ static void usage(FILE *f) {
           "                       does not show in the process list\n"
           "  --drain-grace-ms N   how long running generations may finish at shutdown\n"
           "                       (default 30000)\n"
+          "  --tp T               under mpirun (CPU engine): tensor parallelism over T ranks\n"
+          "  --ep                 under mpirun (CPU engine): the ranks, or with --tp the groups\n"
+          "                       of T ranks, split the routed experts. Rank 0 serves; the\n"
+          "                       others follow its steps and exit when it stops: signal rank 0\n"
+          "                       (its pid is printed) to drain; mpirun's own SIGTERM kills the\n"
+          "                       ranks after a few seconds. A rank that stops answering fails\n"
+          "                       the others within INA_COMM_TIMEOUT_S (default here 20 s):\n"
+          "                       they exit non-zero\n"
           "  -h, --help           this help\n"
           "Logging: INA_LOG=info (or warn, debug; per part: INA_LOG=warn,agent=info).\n");
 }
@@ -124,9 +138,137 @@ static void print_address(const char *what, const char *listen, int port) {
   fflush(stdout);
 }
 
+/* ---- several ranks ---------------------------------------------------------------- */
+
+/* The MPI job behind --tp / --ep: consecutive ranks form a tensor-parallel group; with
+ * --ep the groups split the routed experts; every rank replicates rank 0's scheduler. */
+typedef struct job {
+  ina_bootstrap_t *boot;
+  ina_comm_t *tp, *ep, *replicas;
+  int rank, size, tp_size;
+} job_t;
+
+#define AGENT_COMM_TIMEOUT_S 20.0
+
+static int job_start(int tp_size, int ep, job_t *job) {
+  int argc = 0;
+  char **argv = NULL;
+  if (ina_bootstrap_init(&argc, &argv, &job->boot) != INA_OK) {
+    fprintf(stderr, "ina-agent: cannot start the MPI job: %s\n", ina_last_error());
+    return 1;
+  }
+  job->rank = ina_bootstrap_world_rank(job->boot);
+  job->size = ina_bootstrap_world_size(job->boot);
+  job->tp_size = tp_size;
+  if (job->size % tp_size != 0 || (!ep && job->size != tp_size)) {
+    if (job->rank == 0)
+      fprintf(stderr, "ina-agent: --tp %d on %d ranks: the ranks must be %s\n", tp_size,
+              job->size,
+              ep ? "a multiple of --tp" : "exactly --tp (add --ep to split experts over groups)");
+    return 2;
+  }
+  if (ina_bootstrap_split_tp_dp(job->boot, tp_size, INA_COMM_BACKEND_MPI,
+                                tp_size > 1 ? &job->tp : NULL, ep ? &job->ep : NULL) != INA_OK ||
+      ina_bootstrap_world_comm(job->boot, INA_COMM_BACKEND_MPI, &job->replicas) != INA_OK) {
+    fprintf(stderr, "ina-agent: cannot form the rank groups: %s\n", ina_last_error());
+    return 1;
+  }
+  if (!getenv("INA_COMM_TIMEOUT_S")) {
+    ina_comm_t *comms[3] = {job->tp, job->ep, job->replicas};
+    for (int i = 0; i < 3; i++)
+      if (comms[i]) ina_comm_set_timeout(comms[i], AGENT_COMM_TIMEOUT_S);
+  }
+  return 0;
+}
+
+static void job_end(job_t *job) {
+  ina_comm_destroy(job->replicas);
+  ina_comm_destroy(job->ep);
+  ina_comm_destroy(job->tp);
+  if (job->boot) ina_bootstrap_finalize(job->boot);
+}
+
+static int job_broken(const job_t *job) {
+  return (job->tp && ina_comm_is_broken(job->tp)) || (job->ep && ina_comm_is_broken(job->ep)) ||
+         (job->replicas && ina_comm_is_broken(job->replicas));
+}
+
+/* This rank's slice of the model. */
+static int job_shard(const job_t *job, const char *spec, ina_shard_t *shard) {
+  ina_model_config_t cfg;
+  if (ina_model_spec_config(spec, &cfg) != INA_OK) {
+    fprintf(stderr, "ina-agent: cannot open model: %s\n", ina_last_error());
+    return 1;
+  }
+  const int64_t experts = cfg.n_routed_experts, groups = job->ep ? job->size / job->tp_size : 1;
+  const int64_t group = job->ep ? job->rank / job->tp_size : 0;
+  shard->tp_rank = job->rank % job->tp_size;
+  shard->tp_size = job->tp_size;
+  shard->expert_begin = (int32_t)(experts * group / groups);
+  shard->expert_end = (int32_t)(experts * (group + 1) / groups);
+  return 0;
+}
+
+/* Ranks > 0: the same model slice, engine and scheduler as rank 0's, following its steps
+ * until it stops (exit 0) or goes silent (exit 1). Signals are left to rank 0, whose
+ * stop reaches this rank as the end of the replication. */
+static int follow(const ina_agent_options_t *o, const job_t *job) {
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGINT, SIG_IGN);
+  ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+  mo.seed = o->model_seed;
+  mo.dtype = o->model_dtype;
+  mo.shard = o->shard;
+  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+  eo.page_size = o->page_size > 0 ? o->page_size : 16;
+  eo.max_tokens = o->max_tokens > 0 ? o->max_tokens : 65536;
+  eo.num_threads = o->num_threads;
+  eo.device = -1;
+  eo.tp_comm = o->tp_comm;
+  eo.ep_comm = o->ep_comm;
+  ina_model_t *model = NULL;
+  ina_engine_t *engine = NULL;
+  ina_scheduler_t *scheduler = NULL;
+  ina_status_t st = ina_model_open(o->model, &mo, &model);
+  if (st == INA_OK) st = ina_engine_create(model, &eo, &engine);
+  if (st == INA_OK) st = ina_scheduler_create(engine, &o->scheduler, &scheduler);
+  if (st == INA_OK) {
+    printf("ina-agent: rank %d of %d following rank 0 (pid %d)\n", job->rank, job->size,
+           (int)getpid());
+    fflush(stdout);
+    st = ina_scheduler_follow(scheduler);
+  }
+  if (st != INA_OK) fprintf(stderr, "ina-agent: rank %d: %s\n", job->rank, ina_last_error());
+  ina_scheduler_destroy(scheduler);
+  ina_engine_destroy(engine);
+  ina_model_destroy(model);
+  return st == INA_OK ? 0 : 1;
+}
+
+/* Rank 0: a rank that stops answering breaks a communicator; the agent then stops and
+ * the process exits non-zero. */
+typedef struct watch {
+  const job_t *job;
+  atomic_int done, lost;
+} watch_t;
+
+static void *watch_ranks(void *arg) {
+  watch_t *w = arg;
+  while (!w->done) {
+    if (job_broken(w->job)) {
+      w->lost = 1;
+      fprintf(stderr, "ina-agent: another rank stopped answering; stopping\n");
+      ina_agent_request_stop(g_agent);
+      break;
+    }
+    usleep(100000);
+  }
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
-         O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_GRACE, O_METRICS };
+         O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_GRACE, O_METRICS, O_TP, O_EP };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -135,11 +277,12 @@ int main(int argc, char **argv) {
       {"tls-cert", required_argument, 0, O_CERT},     {"tls-key", required_argument, 0, O_KEY},
       {"admin-token", required_argument, 0, O_TOKEN}, {"drain-grace-ms", required_argument, 0, O_GRACE},
       {"metrics-listen", required_argument, 0, O_METRICS}, {"admin-token-file", required_argument, 0, O_TOKEN_FILE},
+      {"tp", required_argument, 0, O_TP},             {"ep", no_argument, 0, O_EP},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512];
-  long long v = 0;
-  int c;
+  long long v = 0, tp_size = 1;
+  int c, ep = 0, device_given = 0;
   ina_log_set_quiet_errors(1); /* the last error is printed once, below, with context */
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
@@ -148,7 +291,9 @@ int main(int argc, char **argv) {
     case O_DTYPE: if (parse_dtype(optarg, &o.model_dtype)) return 2; break;
     case O_LISTEN: o.listen_address = optarg; break;
     case O_METRICS: o.metrics_listen = optarg; break;
-    case O_DEVICE: if (parse_device(optarg, &o.device)) return 2; break;
+    case O_DEVICE: if (parse_device(optarg, &o.device)) return 2; device_given = 1; break;
+    case O_TP: if (parse_int("--tp", optarg, 1, 1024, &tp_size)) return 2; break;
+    case O_EP: ep = 1; break;
     case O_PAGE: if (parse_int("--page-size", optarg, 1, 1 << 20, &v)) return 2; o.page_size = (int32_t)v; break;
     case O_MAXTOK: if (parse_int("--max-tokens", optarg, 1, INT64_MAX, &v)) return 2; o.max_tokens = v; break;
     case O_THREADS: if (parse_int("--threads", optarg, 0, 4096, &v)) return 2; o.num_threads = (int32_t)v; break;
@@ -174,9 +319,35 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  job_t job = {NULL, NULL, NULL, NULL, 0, 1, 1};
+  if (ep || tp_size > 1) {
+    if (device_given && o.device >= 0) {
+      fprintf(stderr, "ina-agent: --tp and --ep run on the CPU engine so far (--device cpu)\n");
+      return 2;
+    }
+    o.device = -1;
+    int rc = job_start((int)tp_size, ep, &job);
+    if (rc == 0) rc = job_shard(&job, o.model, &o.shard);
+    if (rc) {
+      job_end(&job);
+      return rc;
+    }
+    o.tp_comm = job.tp;
+    o.ep_comm = job.ep;
+    o.scheduler.replica_comm = job.replicas;
+    if (job.rank > 0) {
+      rc = follow(&o, &job);
+      /* A lost leader would keep MPI_Finalize waiting: end the whole job instead. */
+      if (rc != 0) ina_bootstrap_abort(job.boot, rc);
+      job_end(&job);
+      return rc;
+    }
+  }
+
   ina_agent_t *agent = NULL;
   if (ina_agent_create(&o, &agent) != INA_OK) {
     fprintf(stderr, "ina-agent: %s\n", ina_last_error());
+    job_end(&job);
     return 1;
   }
   g_agent = agent;
@@ -184,6 +355,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ina-agent: cannot install signal handlers\n");
     ina_agent_destroy(agent);
     return 1;
+  }
+  watch_t watch = {&job, 0, 0};
+  pthread_t watcher;
+  const int watching = job.replicas && pthread_create(&watcher, NULL, watch_ranks, &watch) == 0;
+  if (job.replicas) {
+    printf("ina-agent: rank 0 of %d serving, tensor parallel %d, expert parallel %d (pid %d)\n",
+           job.size, job.tp_size, job.ep ? job.size / job.tp_size : 1, (int)getpid());
+    fflush(stdout);
   }
   print_address("listening on", o.listen_address, ina_agent_port(agent));
   if (o.metrics_listen && o.metrics_listen[0])
@@ -199,7 +378,15 @@ int main(int argc, char **argv) {
     ina_agent_request_stop(agent);
   }
   ina_agent_wait(agent);
+  if (watching) {
+    watch.done = 1;
+    pthread_join(watcher, NULL);
+  }
+  if (watch.lost) st = INA_ERR_MPI;
   ina_agent_destroy(agent);
+  /* A rank that stopped answering would keep MPI_Finalize waiting: end the whole job. */
+  if (watch.lost) ina_bootstrap_abort(job.boot, 1);
+  job_end(&job);
   if (st == INA_OK) {
     printf("ina-agent: stopped\n");
     fflush(stdout);

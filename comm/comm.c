@@ -236,6 +236,19 @@ fail:
   return st;
 }
 
+ina_status_t ina_comm_broadcast(ina_comm_t *c, void *buf, size_t count, ina_dtype_t dtype,
+                                int root, void *stream) {
+  ina_status_t st = INA_OK;
+  const char *op = "broadcast";
+  INA_CHECK(validate(c, op, dtype, count, buf, buf));
+  INA_CHECK(validate_peer(c, op, root, 0));
+  if (count == 0) return INA_OK;
+  INA_CHECK(DISPATCH(c, ina_comm_mpi_broadcast(c, buf, count, dtype, root),
+                     ina_comm_nccl_broadcast(c, buf, count, dtype, root, stream)));
+fail:
+  return st;
+}
+
 ina_status_t ina_comm_barrier(ina_comm_t *c, void *stream) {
   ina_status_t st = INA_OK;
   INA_CHECK(validate(c, "barrier", INA_DTYPE_F32, 0, NULL, NULL));

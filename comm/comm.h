@@ -96,6 +96,9 @@ ina_status_t ina_comm_recv(ina_comm_t *comm, void *buf, size_t count, ina_dtype_
 ina_status_t ina_comm_send_recv(ina_comm_t *comm, const void *send, size_t send_count,
                                 int send_peer, void *recv, size_t recv_count, int recv_peer,
                                 ina_dtype_t dtype, void *stream);
+/* buf (count elements) of rank `root` to every rank's buf. Not checked in checked mode. */
+ina_status_t ina_comm_broadcast(ina_comm_t *comm, void *buf, size_t count, ina_dtype_t dtype,
+                                int root, void *stream);
 ina_status_t ina_comm_barrier(ina_comm_t *comm, void *stream);
 /* NCCL: waits for `stream` while polling for asynchronous NCCL errors; aborts the NCCL
  * communicator on timeout. MPI: no-op (its operations complete before returning). */

@@ -53,6 +53,8 @@ ina_status_t ina_comm_mpi_all_to_all_v(ina_comm_t *c, const void *send, const si
 ina_status_t ina_comm_mpi_send_recv(ina_comm_t *c, const void *send, size_t send_count,
                                     int send_peer, void *recv, size_t recv_count, int recv_peer,
                                     ina_dtype_t dtype);
+ina_status_t ina_comm_mpi_broadcast(ina_comm_t *c, void *buf, size_t count, ina_dtype_t dtype,
+                                    int root);
 ina_status_t ina_comm_mpi_barrier(ina_comm_t *c);
 
 /* NCCL backend (comm_nccl.c, builds with NCCL only): device buffers on `stream`. */
@@ -72,6 +74,8 @@ ina_status_t ina_comm_nccl_all_to_all_v(ina_comm_t *c, const void *send,
 ina_status_t ina_comm_nccl_send_recv(ina_comm_t *c, const void *send, size_t send_count,
                                      int send_peer, void *recv, size_t recv_count, int recv_peer,
                                      ina_dtype_t dtype, void *stream);
+ina_status_t ina_comm_nccl_broadcast(ina_comm_t *c, void *buf, size_t count, ina_dtype_t dtype,
+                                     int root, void *stream);
 ina_status_t ina_comm_nccl_barrier(ina_comm_t *c, void *stream);
 ina_status_t ina_comm_nccl_sync(ina_comm_t *c, void *stream);
 

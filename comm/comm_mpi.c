@@ -209,6 +209,18 @@ fail:
   return st;
 }
 
+ina_status_t ina_comm_mpi_broadcast(ina_comm_t *c, void *buf, size_t count, ina_dtype_t dtype,
+                                    int root) {
+  ina_status_t st = INA_OK;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int eb = 0;
+  const MPI_Datatype t = byte_type(dtype, &eb);
+  MPI_START(MPI_Ibcast(buf, (int)(count * (size_t)eb), t, root, c->mpi, &req), "broadcast");
+  INA_CHECK(ina_comm_mpi_wait(c, &req, "broadcast"));
+fail:
+  return st;
+}
+
 ina_status_t ina_comm_mpi_barrier(ina_comm_t *c) {
   ina_status_t st = INA_OK;
   MPI_Request req = MPI_REQUEST_NULL;

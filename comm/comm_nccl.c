@@ -155,6 +155,17 @@ fail:
   return st;
 }
 
+ina_status_t ina_comm_nccl_broadcast(ina_comm_t *c, void *buf, size_t count, ina_dtype_t dtype,
+                                     int root, void *stream) {
+  ina_status_t st = INA_OK;
+  size_t scale;
+  ncclDataType_t t = nccl_type(dtype, &scale);
+  NCCL_OR_FAIL(c, ncclBroadcast(buf, buf, count * scale, t, root, c->nccl->comm,
+                                (cudaStream_t)stream), "broadcast");
+fail:
+  return st;
+}
+
 ina_status_t ina_comm_nccl_barrier(ina_comm_t *c, void *stream) {
   ina_status_t st = INA_OK;
   /* A one-element all-reduce orders the stream after every rank's earlier work. */

@@ -67,6 +67,8 @@ ina_status_t sched_request_create(const ina_scheduler_t *s, const ina_request_t 
   r->prompt_len = r->num_tokens = r->prefill_len = q->prompt_len;
   r->max_new_tokens = q->max_new_tokens;
   r->eos = q->ignore_eos ? -1 : s->eos;
+  r->sampling = q->sampling;
+  r->ignore_eos = q->ignore_eos != 0;
   r->seq = (ina_kv_seq_t)INA_KV_SEQ_INIT;
   r->callback = q->callback;
   r->user_data = q->user_data;

@@ -27,13 +27,27 @@ static void wait_a_little_locked(ina_scheduler_t *s) {
   (void)pthread_cond_timedwait(&s->wake, &s->mu, &until);
 }
 
+/* A replica leader's idle wait: at most heartbeat_seconds; 1 when it timed out. */
+static int heartbeat_wait_locked(ina_scheduler_t *s) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  const double t = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + s->heartbeat_seconds;
+  until.tv_sec = (time_t)t;
+  until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+  return pthread_cond_timedwait(&s->wake, &s->mu, &until) == ETIMEDOUT;
+}
+
 static void *run_loop(void *arg) {
   ina_scheduler_t *s = arg;
   pthread_mutex_lock(&s->mu);
   while (!s->run_stop) {
     if (s->num_live == 0) {
-      pthread_cond_wait(&s->wake, &s->mu);
-      continue;
+      if (s->replica_role != SCHED_REPLICA_LEADER) {
+        pthread_cond_wait(&s->wake, &s->mu);
+        continue;
+      }
+      /* Idle leader: an empty step now and then keeps the followers in touch. */
+      if (!heartbeat_wait_locked(s) || s->run_stop || s->num_live > 0) continue;
     }
     pthread_mutex_unlock(&s->mu);
     int32_t scheduled = 0;
@@ -51,6 +65,8 @@ static void *run_loop(void *arg) {
 ina_status_t ina_scheduler_run_start(ina_scheduler_t *s) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(s != NULL, INA_ERR_INVALID_ARGUMENT, "run start: scheduler is NULL");
+  INA_REQUIRE(s->replica_role != SCHED_REPLICA_FOLLOWER, INA_ERR_INVALID_ARGUMENT,
+              "run start: this scheduler follows rank 0 (ina_scheduler_follow drives it)");
   pthread_mutex_lock(&s->mu);
   const int busy = s->run_started || s->stepping || s->closing;
   if (!busy) {

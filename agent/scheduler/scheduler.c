@@ -10,6 +10,7 @@
 
 /* Bytes of the version-1 config: everything up to and including prefix_cache_pages. */
 #define CONFIG_V1_SIZE (offsetof(ina_scheduler_config_t, prefix_cache_pages) + sizeof(int32_t))
+#define CONFIG_V2_SIZE (offsetof(ina_scheduler_config_t, heartbeat_seconds) + sizeof(double))
 
 double sched_now(void) {
   struct timespec ts;
@@ -79,6 +80,13 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   s->max_batch_tokens = config->max_batch_tokens;
   s->max_running = config->max_running;
   s->max_context = max_context;
+  if (config->struct_size >= CONFIG_V2_SIZE && config->replica_comm &&
+      ina_comm_size(config->replica_comm) > 1) {
+    s->replica_comm = config->replica_comm;
+    s->replica_role =
+        ina_comm_rank(config->replica_comm) == 0 ? SCHED_REPLICA_LEADER : SCHED_REPLICA_FOLLOWER;
+    s->heartbeat_seconds = config->heartbeat_seconds > 0 ? config->heartbeat_seconds : 1.0;
+  }
   if (cache_pages > 0) INA_CHECK(ina_prefix_cache_create(pool, cache_pages, &s->cache));
   const size_t R = (size_t)s->max_running;
   s->running = malloc(R * sizeof *s->running);
@@ -132,6 +140,7 @@ static void cancel_at_destroy(ina_scheduler_t *s, sched_request_t *r) {
 void ina_scheduler_destroy(ina_scheduler_t *s) {
   if (!s) return;
   ina_scheduler_run_stop(s);
+  sched_replica_send_stop(s); /* followers cancel their copies the same way */
   /* From here submit is refused and cancel finds nothing, also from the callbacks run
    * below: the lists are emptied under mu before any callback runs. */
   pthread_mutex_lock(&s->mu);
@@ -161,6 +170,8 @@ void ina_scheduler_destroy(ina_scheduler_t *s) {
   free(s->match_pages);
   free(s->events);
   free(s->finished);
+  free(s->step_new);
+  free(s->step_cancelled);
   free(s);
 }
 
@@ -172,9 +183,18 @@ static sched_request_t *find_live_locked(const ina_scheduler_t *s, const char *i
 
 ina_status_t ina_scheduler_submit(ina_scheduler_t *s, const ina_request_t *request) {
   ina_status_t st = INA_OK;
+  INA_REQUIRE(s != NULL, INA_ERR_INVALID_ARGUMENT, "submit: scheduler is NULL");
+  INA_REQUIRE(s->replica_role != SCHED_REPLICA_FOLLOWER, INA_ERR_INVALID_ARGUMENT,
+              "submit: this scheduler follows rank 0; submit there");
+  INA_CHECK(sched_enqueue(s, request));
+fail:
+  return st;
+}
+
+ina_status_t sched_enqueue(ina_scheduler_t *s, const ina_request_t *request) {
+  ina_status_t st = INA_OK;
   sched_request_t *r = NULL;
   int locked = 0;
-  INA_REQUIRE(s != NULL, INA_ERR_INVALID_ARGUMENT, "submit: scheduler is NULL");
   INA_CHECK(sched_request_create(s, request, sched_now(), &r));
   pthread_mutex_lock(&s->mu);
   locked = 1;
@@ -203,6 +223,14 @@ fail:
 ina_status_t ina_scheduler_cancel(ina_scheduler_t *s, const char *request_id) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(s != NULL && request_id != NULL, INA_ERR_INVALID_ARGUMENT, "cancel: scheduler or request id is NULL");
+  INA_REQUIRE(s->replica_role != SCHED_REPLICA_FOLLOWER, INA_ERR_INVALID_ARGUMENT,
+              "cancel: this scheduler follows rank 0; cancel there");
+  return sched_cancel(s, request_id);
+fail:
+  return st;
+}
+
+ina_status_t sched_cancel(ina_scheduler_t *s, const char *request_id) {
   pthread_mutex_lock(&s->mu);
   sched_request_t *r = find_live_locked(s, request_id);
   if (r && !r->cancel_requested) {
@@ -216,8 +244,7 @@ ina_status_t ina_scheduler_cancel(ina_scheduler_t *s, const char *request_id) {
     INA_LOG_D(INA_LOG_SUBSYS, "cancel: no unfinished request '%s'", request_id);
     return INA_ERR_NOT_FOUND;
   }
-fail:
-  return st;
+  return INA_OK;
 }
 
 void ina_scheduler_stats(ina_scheduler_t *s, ina_scheduler_stats_t *out) {
@@ -266,6 +293,8 @@ fail:
 ina_status_t ina_scheduler_flush_prefix_cache(ina_scheduler_t *s) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(s != NULL, INA_ERR_INVALID_ARGUMENT, "flush prefix cache: scheduler is NULL");
+  INA_REQUIRE(s->replica_role == SCHED_REPLICA_NONE, INA_ERR_UNSUPPORTED,
+              "flush prefix cache: not on a replicated scheduler (the replicas would diverge)");
   INA_CHECK(claim_driver(s, "flush prefix cache"));
   if (s->cache) ina_prefix_cache_clear(s->cache);
   pthread_mutex_lock(&s->mu);

@@ -50,6 +50,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "core/status.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -74,9 +75,21 @@ typedef struct ina_scheduler_config {
   int64_t max_context;
   /* Pages the prefix cache may hold: < 0 half the pool, 0 no prefix cache. */
   int32_t prefix_cache_pages;
+  /* Version 2. Lockstep replicas for multi-rank engines (tensor / expert parallel: every
+   * rank runs the same batches): the communicator of the ranks, or NULL for one rank.
+   * Rank 0 leads: clients submit and cancel there, and at the start of each step it sends
+   * what the step takes in to the other ranks, whose schedulers (created with the same
+   * config over their own engines) run in ina_scheduler_follow and so plan the same
+   * batches. Followers deliver no events. Borrowed: must outlive the scheduler. */
+  ina_comm_t *replica_comm;
+  /* Leader: while idle, an empty step at least this often (seconds; <= 0: 1), so that
+   * followers waiting longer than their communicator's timeout know the leader is gone
+   * and the leader notices a follower that is. */
+  double heartbeat_seconds;
 } ina_scheduler_config_t;
 
-#define INA_SCHEDULER_CONFIG_INIT {sizeof(ina_scheduler_config_t), 1, 512, 64, 0, -1}
+#define INA_SCHEDULER_CONFIG_INIT \
+  {sizeof(ina_scheduler_config_t), 2, 512, 64, 0, -1, NULL, 1.0}
 
 typedef enum ina_finish_reason {
   INA_FINISH_NONE = 0,  /* not finished: a token event */
@@ -195,6 +208,13 @@ void ina_scheduler_stats(ina_scheduler_t *scheduler, ina_scheduler_stats_t *out)
 /* Drop every prefix cache entry (their unused pages return to the pool). Driver thread
  * only: not while the run loop runs (INA_ERR_INVALID_ARGUMENT). */
 ina_status_t ina_scheduler_flush_prefix_cache(ina_scheduler_t *scheduler);
+
+/* Follower of a replicated scheduler (config.replica_comm, rank > 0): runs the leader's
+ * steps until the leader is destroyed (INA_OK) or a step or the communicator fails (its
+ * error, e.g. INA_ERR_MPI when the leader went silent longer than the communicator's
+ * timeout). INA_ERR_INVALID_ARGUMENT on the leader or without replication. Submit,
+ * cancel and run_start are refused on followers: this call is their driver. */
+ina_status_t ina_scheduler_follow(ina_scheduler_t *scheduler);
 
 #ifdef __cplusplus
 }

@@ -36,6 +36,8 @@ typedef struct sched_request {
   int32_t *stop_ids;
   int32_t num_stop_ids;
   int32_t eos;            /* -1 when ignored */
+  ina_sampling_params_t sampling; /* as submitted (replicas rebuild the request from it) */
+  int ignore_eos;
   ina_sampler_t *sampler; /* keeps its draw counter across preemptions */
   ina_kv_seq_t seq;
   ina_request_callback_t callback;
@@ -101,6 +103,14 @@ struct ina_scheduler {
   int32_t *match_pages;          /* [pool pages]: prefix cache lookups */
   /* counters, copied into the snapshot at the end of each step */
   ina_scheduler_stats_t counters;
+  /* Replication (replica.c): the leader records what each step took in, in order. */
+  int replica_role;               /* SCHED_REPLICA_NONE, _LEADER or _FOLLOWER */
+  ina_comm_t *replica_comm;
+  double heartbeat_seconds;
+  sched_request_t **step_new;     /* requests moved from incoming this step */
+  int32_t num_step_new, step_new_capacity;
+  sched_request_t **step_cancelled; /* requests finished by a cancel this step */
+  int32_t num_step_cancelled, step_cancelled_capacity;
 
   /* Shared, under mu. */
   pthread_mutex_t mu;
@@ -116,6 +126,24 @@ struct ina_scheduler {
   pthread_t run_thread;
   int run_started, run_stop;
 };
+
+/* ---- replica.c ---------------------------------------------------------------------- */
+
+enum { SCHED_REPLICA_NONE = 0, SCHED_REPLICA_LEADER, SCHED_REPLICA_FOLLOWER };
+
+/* Leader: the step's intake (step_new, step_cancelled) to every follower; an empty intake
+ * is a heartbeat, followed by a barrier so that a dead follower is noticed. */
+ina_status_t sched_replica_send_step(ina_scheduler_t *s);
+/* Leader: tells the followers to stop following (at destroy). */
+void sched_replica_send_stop(ina_scheduler_t *s);
+/* Room for a step's records (driver, before take-in). */
+ina_status_t sched_replica_reserve(ina_scheduler_t *s, int32_t requests);
+
+/* ---- scheduler.c -------------------------------------------------------------------- */
+
+/* Submit and cancel without the follower check (replica.c applies the leader's). */
+ina_status_t sched_enqueue(ina_scheduler_t *s, const ina_request_t *request);
+ina_status_t sched_cancel(ina_scheduler_t *s, const char *request_id);
 
 /* ---- request.c ---------------------------------------------------------------------- */
 

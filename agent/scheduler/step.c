@@ -162,15 +162,18 @@ static void apply_cancellations_locked(ina_scheduler_t *s) {
       continue;
     }
     sched_queue_remove_at(&s->waiting, i);
+    if (s->replica_role == SCHED_REPLICA_LEADER) s->step_cancelled[s->num_step_cancelled++] = r;
     sched_finish(s, r, INA_FINISH_CANCELLED, INA_OK, NULL);
   }
   int32_t kept = 0;
   for (int32_t i = 0; i < s->num_running; i++) {
     sched_request_t *r = s->running[i];
-    if (r->cancel_requested)
+    if (r->cancel_requested) {
+      if (s->replica_role == SCHED_REPLICA_LEADER) s->step_cancelled[s->num_step_cancelled++] = r;
       sched_finish(s, r, INA_FINISH_CANCELLED, INA_OK, NULL);
-    else
+    } else {
       s->running[kept++] = r;
+    }
   }
   s->num_running = kept;
 }
@@ -181,10 +184,12 @@ static ina_status_t take_in_locked(ina_scheduler_t *s) {
   const int32_t total = s->waiting.count + s->num_running + s->num_incoming;
   INA_CHECK(sched_queue_reserve(&s->waiting, total));
   INA_CHECK(sched_events_reserve(s, total));
+  INA_CHECK(sched_replica_reserve(s, total));
   for (sched_request_t *r = s->incoming_head, *next; r; r = next) {
     next = r->incoming_next;
     r->incoming_next = NULL;
     sched_queue_push_back(&s->waiting, r);
+    if (s->replica_role == SCHED_REPLICA_LEADER) s->step_new[s->num_step_new++] = r;
   }
   s->incoming_head = s->incoming_tail = NULL;
   s->num_incoming = 0;
@@ -250,6 +255,9 @@ ina_status_t sched_step(ina_scheduler_t *s, int32_t *num_scheduled) {
   pthread_mutex_lock(&s->mu);
   ina_status_t st = take_in_locked(s);
   pthread_mutex_unlock(&s->mu);
+  /* Replicas take in the same before planning (replica.c); if they cannot be told, the
+   * step runs nothing: its engines would wait for them in vain. */
+  if (st == INA_OK) st = sched_replica_send_step(s);
 
   const double t0 = sched_now();
   s->batch_size = 0;

@@ -172,6 +172,30 @@ static void test_point_to_point(ina_comm_t *c, uint64_t seed) {
   CHECK_OK(ina_comm_barrier(c, NULL));
 }
 
+/* Every rank as root in turn, several sizes and dtypes; the data is the root's. */
+static void test_broadcast(ina_comm_t *c, uint64_t seed) {
+  const size_t sizes[] = {1, 33, 70001};
+  for (int root = 0; root < g_size; root++)
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+      const size_t n = sizes[k];
+      float *buf = malloc(n * sizeof *buf), *want = malloc(n * sizeof *want);
+      comm_test_fill(want, n, seed, root, 500 + k, 0);
+      if (g_rank == root) memcpy(buf, want, n * sizeof *buf);
+      else test_poison_f32(buf, n);
+      CHECK_OK(ina_comm_broadcast(c, buf, n, INA_DTYPE_F32, root, NULL));
+      CHECKF(memcmp(buf, want, n * sizeof *buf) == 0, "broadcast of %zu f32 from rank %d", n,
+             root);
+      /* Bytes of another width: the same buffer as i32, half of it as i64. */
+      CHECK_OK(ina_comm_broadcast(c, buf, n / 2, INA_DTYPE_I64, root, NULL));
+      CHECK(memcmp(buf, want, n * sizeof *buf) == 0);
+      free(buf);
+      free(want);
+    }
+  CHECK_OK(ina_comm_broadcast(c, NULL, 0, INA_DTYPE_F32, 0, NULL)); /* nothing to move */
+  float x = 0;
+  CHECK(ina_comm_broadcast(c, &x, 1, INA_DTYPE_F32, g_size, NULL) == INA_ERR_INVALID_ARGUMENT);
+}
+
 static int32_t sum_over(ina_comm_t *c, int32_t v) {
   float f = (float)v, s = -1;
   CHECK_OK(ina_comm_all_reduce(c, &f, &s, 1, INA_DTYPE_F32, NULL));
@@ -336,6 +360,9 @@ int main(int argc, char **argv) {
   }
   for (uint64_t s = 0; s < 6; s++) test_all_to_all_v(c, seed, 400 + s, s < 3 ? 5 : 3000, (int)(s & 1));
   test_point_to_point(c, seed);
+  ina_log_set_quiet_errors(1);
+  test_broadcast(c, seed);
+  ina_log_set_quiet_errors(0);
   test_layout(boot);
 
   ina_log_set_quiet_errors(1);

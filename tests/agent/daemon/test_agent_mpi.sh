@@ -1,0 +1,75 @@
+#!/bin/bash
+# ina-agent over several ranks of an mpirun job (CPU): rank 0 serves, the others follow.
+#   1. --ep on 2 ranks (tiny model) and --tp 2 --ep on 4 ranks (a 4-head fixture): the
+#      streams of `ina generate --server` equal `ina generate` on one rank; health is
+#      SERVING; SIGTERM to rank 0 drains, every rank exits and mpirun returns 0.
+#   2. A rank that stops answering (SIGSTOP), follower or leader: the job ends non-zero
+#      within INA_COMM_TIMEOUT_S (3 s here) plus a few seconds, not hanging.
+# usage: test_agent_mpi.sh MPIEXEC INA_AGENT INA FIXTURE_DIR
+set -u
+mpiexec=$1 agent=$2 ina=$3 fixture=$4
+tmp=$(mktemp -d)
+trap 'pkill -KILL -f "$agent --" 2>/dev/null; rm -rf "$tmp"' EXIT
+failed=0
+fail() { echo "FAIL: $*"; [ -f "$tmp/log" ] && grep -v -i -e pmix -e Perhaps "$tmp/log" | tail -20; failed=1; }
+
+# start NP ARGS...: mpirun in the background; waits for "serving"; sets port, pid0, pid1
+start() {
+  local np=$1; shift
+  rm -f "$tmp/log"
+  ("$mpiexec" --oversubscribe -np "$np" "$agent" "$@" >"$tmp/log" 2>&1; echo "mpirun rc=$?" >>"$tmp/log") &
+  for _ in $(seq 300); do grep -q -e "serving$" -e "mpirun rc" "$tmp/log" 2>/dev/null && break; sleep 0.1; done
+  port=$(grep -o "listening on 127.0.0.1:[0-9]*" "$tmp/log" | grep -o "[0-9]*$")
+  pid0=$(grep -o "rank 0 of .*(pid [0-9]*)" "$tmp/log" | grep -o "[0-9]*)" | tr -d ')')
+  pid1=$(grep -o "rank 1 of .*(pid [0-9]*)" "$tmp/log" | grep -o "[0-9]*)" | tr -d ')')
+  [ -n "$port" ] && [ -n "$pid0" ] && [ -n "$pid1" ] && grep -q "serving$" "$tmp/log"
+}
+
+# ended SECONDS: waits up to SECONDS for mpirun to return; prints its status
+ended() {
+  for _ in $(seq $(($1 * 10))); do grep -q "mpirun rc" "$tmp/log" && break; sleep 0.1; done
+  grep -o "mpirun rc=[0-9]*" "$tmp/log" | grep -o "[0-9]*$"
+}
+
+serve_and_stop() { # MODEL NP FLAGS...
+  local model=$1 np=$2; shift 2
+  if ! start "$np" --model "$model" "$@"; then fail "$np ranks $* did not start serving"; return; fi
+  local args=(--prompt-ids 1,2,3,4,5 --prompt-ids 7 --prompt-ids 9,8 --max-new-tokens 10 --ignore-eos)
+  local want got
+  want=$("$ina" generate --model "$model" --device cpu "${args[@]}" | grep '^prompt ')
+  got=$("$ina" generate --server "127.0.0.1:$port" "${args[@]}" | grep '^prompt ')
+  if [ -z "$want" ] || [ "$got" != "$want" ]; then
+    fail "$np ranks $*: streams differ from one rank"; echo "$got"; echo "want:"; echo "$want"
+  else
+    echo "ok: $np ranks $* $(basename "$model"): streams equal one rank's"
+  fi
+  "$ina" health --server "127.0.0.1:$port" | grep -q SERVING || fail "health is not SERVING"
+  kill -TERM "$pid0"
+  local rc; rc=$(ended 30)
+  if [ "$rc" != "0" ] || ! grep -q "ina-agent: stopped" "$tmp/log"; then
+    fail "$np ranks $*: SIGTERM to rank 0 ended with '${rc:-no exit}'"
+  else
+    echo "ok: $np ranks: drained and stopped"
+  fi
+}
+
+serve_and_stop tiny 2 --ep
+serve_and_stop "$fixture" 4 --tp 2 --ep
+
+for who in 1 0; do
+  export INA_COMM_TIMEOUT_S=3
+  if ! start 2 --model tiny --ep; then fail "did not start serving"; continue; fi
+  unset INA_COMM_TIMEOUT_S
+  victim=$pid1; [ "$who" = 0 ] && victim=$pid0
+  t0=$(date +%s)
+  kill -STOP "$victim"
+  rc=$(ended 25)
+  elapsed=$(($(date +%s) - t0))
+  kill -KILL "$victim" 2>/dev/null
+  if [ -z "$rc" ] || [ "$rc" = "0" ]; then
+    fail "rank $who stopped: the job ended with '${rc:-no exit after 25 s}'"
+  else
+    echo "ok: rank $who stopped: the job ended with status $rc after ${elapsed} s"
+  fi
+done
+exit $failed
