@@ -150,7 +150,8 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   pthread_mutex_init(&agent->lock, NULL);
   pthread_cond_init(&agent->changed, NULL); /* CLOCK_REALTIME, as deadline_after_ms */
   agent->state = AGENT_STARTING;
-  agent->start_seconds = agent->load_window_start = agent_now_seconds();
+  agent->start_seconds = agent->load_window_start = agent->expert_load_since =
+      agent_now_seconds();
   agent->drain_grace_ms = options->drain_grace_ms >= 0 ? options->drain_grace_ms : 30000;
   agent->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   INA_REQUIRE(agent->stop_fd >= 0, INA_ERR_IO, "ina_agent_create: eventfd: %s", strerror(errno));
@@ -199,6 +200,14 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   INA_REQUIRE(agent->max_context >= 3, INA_ERR_INVALID_ARGUMENT,
               "ina_agent_create: KV capacity of %lld tokens is too small to serve anything",
               (long long)agent->max_context);
+  {
+    int32_t moe_layers = 0;
+    if (ina_engine_expert_load(agent->engine, 0, NULL, 0, &moe_layers) == INA_OK) {
+      agent->expert_counters = (size_t)moe_layers * (size_t)cfg->n_routed_experts;
+      agent->expert_base = calloc(agent->expert_counters + 1, sizeof *agent->expert_base);
+      INA_CHECK_ALLOC(agent->expert_base);
+    }
+  }
   INA_CHECK(ina_scheduler_run_start(agent->scheduler));
   /* Before the server starts, so that every Generate handler sees agent->metrics. */
   const char *metrics_listen =
@@ -206,7 +215,7 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
           ? options->metrics_listen
           : NULL;
   if (metrics_listen && metrics_listen[0])
-    INA_CHECK(agent_metrics_start(agent->scheduler, metrics_listen, &agent->metrics));
+    INA_CHECK(agent_metrics_start(agent->scheduler, agent->engine, metrics_listen, &agent->metrics));
 
   INA_CHECK(start_server(agent, options));
   INA_CHECK(submit_warmup(agent, options->warmup_tokens > 0 ? options->warmup_tokens : 4));
@@ -366,5 +375,6 @@ void ina_agent_destroy(ina_agent_t *agent) {
   pthread_cond_destroy(&agent->changed);
   pthread_mutex_destroy(&agent->lock);
   free(agent->model_name);
+  free(agent->expert_base);
   free(agent);
 }

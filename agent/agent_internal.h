@@ -81,6 +81,11 @@ struct ina_agent {
   /* GetLoad's throughput window: counters at the previous call. */
   double load_window_start;
   int64_t load_prefill_tokens, load_generated_tokens;
+  double expert_load_since; /* start-up, or the last GetLoad that reset the counters */
+  /* The engine's expert counters as of that reset (GetLoad reports the difference; the
+   * engine's own stay monotonic for /metrics). NULL when the engine has none. */
+  uint64_t *expert_base;
+  size_t expert_counters;
 };
 
 /* Monotonic clock in seconds. */
@@ -94,11 +99,11 @@ ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *ad
 /* Lock held: the generation with this request id, or NULL. */
 agent_generation_t *agent_find_generation_locked(ina_agent_t *agent, const char *request_id);
 
-/* Registers the metrics, starts sampling `scheduler` (which must outlive the metrics)
- * and serves /metrics on `listen` ("HOST:PORT", port 0: the kernel's choice). A failure
- * sets *out = NULL. */
-ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, const char *listen,
-                                 agent_metrics_t **out);
+/* Registers the metrics, starts sampling `scheduler` and `engine`'s expert counters
+ * (both must outlive the sampling) and serves /metrics on `listen` ("HOST:PORT", port 0:
+ * the kernel's choice). A failure sets *out = NULL. */
+ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, ina_engine_t *engine,
+                                 const char *listen, agent_metrics_t **out);
 /* Stops the endpoint and the sampler (after which the scheduler may go); the update
  * functions keep working. Repeatable; NULL is a no-op. */
 void agent_metrics_stop_sampling(agent_metrics_t *m);

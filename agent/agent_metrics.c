@@ -8,7 +8,9 @@
  *     measured on the driver thread (agent_metrics_token_gap);
  *   - refused Generate calls: the service's refusal path (agent_metrics_refused);
  *   - queue length, running requests, KV pages and steps: ina_scheduler_stats, sampled
- *     every SAMPLE_MS by a thread of this file.
+ *     every SAMPLE_MS by a thread of this file;
+ *   - tokens routed per expert: the engine's counters (ina_engine_expert_load), sampled
+ *     likewise (engines without counters have no such series).
  * Why a sampler rather than a refresh at scrape time or on each step: the metrics
  * endpoint renders the registry with no hook to run first, and the scheduler has no
  * per-step hook; calling ina_scheduler_stats from token events would add the
@@ -38,7 +40,8 @@ static const ina_finish_reason_t FINISHES[] = {INA_FINISH_LENGTH, INA_FINISH_STO
 #define NUM_RPC_CODES 17 /* OK .. UNAUTHENTICATED; OK is never a refusal */
 
 struct agent_metrics {
-  ina_scheduler_t *scheduler; /* borrowed, outlives this */
+  ina_scheduler_t *scheduler; /* borrowed, outlives the sampling */
+  ina_engine_t *engine;       /* likewise */
   ina_metrics_t *reg;
   ina_metrics_http_t *http;
 
@@ -54,6 +57,9 @@ struct agent_metrics {
   ina_gauge_t *kv_pages_used;
   ina_gauge_t *kv_pages_free;
   ina_counter_t *steps;
+  ina_counter_t **expert_tokens; /* [moe layers x experts] */
+  uint64_t *expert_sample;       /* the engine's counters, read each sample */
+  size_t num_expert_series;
 
   pthread_t sampler;
   int sampler_started;
@@ -91,6 +97,32 @@ fail:
 }
 
 /* ---- registration ------------------------------------------------------------------- */
+
+/* One counter per (MoE layer, expert) when the engine counts them. */
+static ina_status_t register_expert_tokens(agent_metrics_t *m) {
+  ina_status_t st = INA_OK;
+  int32_t layers = 0;
+  if (ina_engine_expert_load(m->engine, 0, NULL, 0, &layers) != INA_OK) return INA_OK;
+  const int32_t experts = ina_engine_config(m->engine)->n_routed_experts;
+  m->num_expert_series = (size_t)layers * (size_t)experts;
+  m->expert_tokens = calloc(m->num_expert_series + 1, sizeof *m->expert_tokens);
+  m->expert_sample = calloc(m->num_expert_series + 1, sizeof *m->expert_sample);
+  INA_CHECK_ALLOC(m->expert_tokens);
+  INA_CHECK_ALLOC(m->expert_sample);
+  for (int32_t l = 0; l < layers; l++)
+    for (int32_t x = 0; x < experts; x++) {
+      char layer[16], expert[16];
+      snprintf(layer, sizeof layer, "%d", l);
+      snprintf(expert, sizeof expert, "%d", x);
+      const ina_metric_label_t labels[2] = {{"moe_layer", layer}, {"expert", expert}};
+      INA_CHECK(ina_metrics_register_counter(
+          m->reg, "ina_expert_routed_tokens_total",
+          "Tokens the router sent to each routed expert, per MoE layer.", labels, 2,
+          &m->expert_tokens[(size_t)l * (size_t)experts + (size_t)x]));
+    }
+fail:
+  return st;
+}
 
 static ina_status_t register_all(agent_metrics_t *m) {
   ina_status_t st = INA_OK;
@@ -142,6 +174,7 @@ static ina_status_t register_all(agent_metrics_t *m) {
                                        &m->kv_pages_free));
   INA_CHECK(ina_metrics_register_counter(r, "ina_scheduler_steps_total",
                                          "Forward steps the scheduler ran.", NULL, 0, &m->steps));
+  INA_CHECK(register_expert_tokens(m));
 fail:
   return st;
 }
@@ -158,6 +191,14 @@ static void sample(agent_metrics_t *m) {
   /* The sampler is the counter's only writer, so the difference never races. */
   int64_t delta = s.steps - ina_counter_value(m->steps);
   if (delta > 0) ina_counter_add(m->steps, delta);
+  int32_t layers = 0;
+  if (m->num_expert_series &&
+      ina_engine_expert_load(m->engine, 0, m->expert_sample, (int64_t)m->num_expert_series,
+                             &layers) == INA_OK)
+    for (size_t i = 0; i < m->num_expert_series; i++) {
+      const int64_t d = (int64_t)m->expert_sample[i] - ina_counter_value(m->expert_tokens[i]);
+      if (d > 0) ina_counter_add(m->expert_tokens[i], d);
+    }
 }
 
 static void *sampler_main(void *arg) {
@@ -181,8 +222,8 @@ static void *sampler_main(void *arg) {
 
 /* ---- life cycle --------------------------------------------------------------------- */
 
-ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, const char *listen,
-                                 agent_metrics_t **out) {
+ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, ina_engine_t *engine,
+                                 const char *listen, agent_metrics_t **out) {
   ina_status_t st = INA_OK;
   agent_metrics_t *m = NULL;
   char host[256];
@@ -192,6 +233,7 @@ ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, const char *listen,
   m = calloc(1, sizeof *m);
   INA_CHECK_ALLOC(m);
   m->scheduler = scheduler;
+  m->engine = engine;
   pthread_mutex_init(&m->sampler_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -236,6 +278,8 @@ void agent_metrics_stop(agent_metrics_t *m) {
   pthread_cond_destroy(&m->sampler_wake);
   pthread_mutex_destroy(&m->sampler_lock);
   ina_metrics_destroy(m->reg);
+  free(m->expert_tokens);
+  free(m->expert_sample);
   free(m);
 }
 

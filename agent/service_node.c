@@ -139,10 +139,77 @@ static ina_rpc_code_t get_health(void *ctx, const ina_rpc_request_t *request,
   return pack_reply(&health.base, reply);
 }
 
+/* The engine's per-expert counters since the last reset into load->expert_load (one
+ * entry per MoE layer), then the reply. An engine without counters answers
+ * UNIMPLEMENTED, naming why. */
+static ina_rpc_code_t reply_with_expert_load(ina_agent_t *agent, int reset, Ina__V1__NodeLoad *load,
+                                             ina_rpc_reply_t *reply) {
+  const int32_t experts = ina_engine_config(agent->engine)->n_routed_experts;
+  int32_t layers = 0;
+  uint64_t *counts = NULL;
+  Ina__V1__ExpertLoad *entries = NULL, **list = NULL;
+  ina_rpc_code_t code = INA_RPC_OK;
+  if (!agent->expert_base) {
+    ina_engine_expert_load(agent->engine, 0, NULL, 0, &layers); /* for its message */
+    snprintf(reply->message, sizeof reply->message, "include_expert_load: %s", ina_last_error());
+    return INA_RPC_UNIMPLEMENTED;
+  }
+  const size_t n = agent->expert_counters;
+  counts = malloc((n ? n : 1) * sizeof *counts);
+  entries = calloc((size_t)(n / (size_t)experts) + 1, sizeof *entries);
+  list = calloc((size_t)(n / (size_t)experts) + 1, sizeof *list);
+  if (!counts || !entries || !list) {
+    snprintf(reply->message, sizeof reply->message, "GetLoad: out of memory");
+    code = INA_RPC_INTERNAL;
+    goto done;
+  }
+  /* Read and move the baseline under the agent lock, so that resetting calls see
+   * disjoint windows with the matching lengths. */
+  pthread_mutex_lock(&agent->lock);
+  const double now = agent_now_seconds();
+  const ina_status_t st = ina_engine_expert_load(agent->engine, 0, counts, (int64_t)n, &layers);
+  load->expert_load_seconds = now - agent->expert_load_since;
+  if (st == INA_OK) {
+    for (size_t i = 0; i < n; i++) {
+      const uint64_t total = counts[i];
+      counts[i] -= agent->expert_base[i];
+      if (reset) agent->expert_base[i] = total;
+    }
+    if (reset) agent->expert_load_since = now;
+  }
+  pthread_mutex_unlock(&agent->lock);
+  if (st != INA_OK) {
+    snprintf(reply->message, sizeof reply->message, "GetLoad: %s", ina_last_error());
+    code = INA_RPC_INTERNAL;
+    goto done;
+  }
+  for (int32_t m = 0; m < layers; m++) {
+    ina__v1__expert_load__init(&entries[m]);
+    entries[m].moe_layer = (uint32_t)m;
+    entries[m].n_tokens = (size_t)experts;
+    entries[m].tokens = counts + (size_t)m * (size_t)experts;
+    list[m] = &entries[m];
+  }
+  load->n_expert_load = (size_t)layers;
+  load->expert_load = list;
+  code = pack_reply(&load->base, reply);
+done:
+  free(counts);
+  free(entries);
+  free(list);
+  return code;
+}
+
 static ina_rpc_code_t get_load(void *ctx, const ina_rpc_request_t *request,
                                ina_rpc_reply_t *reply) {
   ina_agent_t *agent = ctx;
-  REQUIRE_DECODES(Ina__V1__GetLoadRequest, ina__v1__get_load_request, request, reply);
+  Ina__V1__GetLoadRequest *req =
+      ina__v1__get_load_request__unpack(NULL, request->size, request->bytes);
+  if (!req)
+    return ina_rpc_error(reply->message, INA_RPC_INVALID_ARGUMENT,
+                         "request: %zu bytes are not an Ina__V1__GetLoadRequest", request->size);
+  const int include_expert_load = req->include_expert_load, reset = req->reset_expert_load;
+  ina__v1__get_load_request__free_unpacked(req, NULL);
   ina_scheduler_stats_t s;
   ina_scheduler_stats(agent->scheduler, &s);
 
@@ -166,8 +233,8 @@ static ina_rpc_code_t get_load(void *ctx, const ina_rpc_request_t *request,
   load.window_seconds = window;
   load.prefill_tokens_per_second = window > 0 ? (double)prefill / window : 0;
   load.decode_tokens_per_second = window > 0 ? (double)generated / window : 0;
-  /* Per-expert counters are not collected yet: expert_load stays empty. */
-  return pack_reply(&load.base, reply);
+  if (!include_expert_load) return pack_reply(&load.base, reply);
+  return reply_with_expert_load(agent, reset, &load, reply);
 }
 
 ina_status_t agent_register_node_service(ina_agent_t *agent) {

@@ -64,6 +64,18 @@ const ina_model_config_t *ina_engine_config(const ina_engine_t *e) {
   return e->cpu ? ina_engine_cpu_config(e->cpu) : ina_engine_gpu_config(e->gpu);
 }
 
+ina_status_t ina_engine_expert_load(ina_engine_t *e, int reset, uint64_t *counts,
+                                    int64_t capacity, int32_t *num_moe_layers) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e != NULL && num_moe_layers != NULL, INA_ERR_INVALID_ARGUMENT,
+              "expert load: NULL argument");
+  INA_REQUIRE(e->cpu != NULL, INA_ERR_UNSUPPORTED,
+              "expert load: the CUDA engine does not count tokens per expert yet");
+  return ina_engine_cpu_expert_load(e->cpu, reset, counts, capacity, num_moe_layers);
+fail:
+  return st;
+}
+
 ina_status_t ina_engine_forward(ina_engine_t *e, const ina_batch_t *b, float *logits) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(e != NULL, INA_ERR_INVALID_ARGUMENT, "forward: engine is NULL");

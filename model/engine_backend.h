@@ -41,6 +41,8 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *engine);
 ina_page_pool_t *ina_engine_cpu_page_pool(ina_engine_cpu_t *engine);
 const ina_model_config_t *ina_engine_cpu_config(const ina_engine_cpu_t *engine);
 ina_status_t ina_engine_cpu_forward(ina_engine_cpu_t *engine, const ina_batch_t *batch, float *logits);
+ina_status_t ina_engine_cpu_expert_load(ina_engine_cpu_t *engine, int reset, uint64_t *counts,
+                                        int64_t capacity, int32_t *num_moe_layers);
 
 typedef struct ina_engine_gpu ina_engine_gpu_t;
 

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "attention/prefill_ref.h"
 #include "core/check.h"
 #include "core/threadpool.h"
@@ -35,6 +37,11 @@ struct ina_engine_cpu {
   ina_ep_group_t ep;    /* who holds which routed experts */
   ina_comm_t *tp_comm;  /* tensor parallelism: sums the partial outputs; NULL: one rank */
   int32_t heads;        /* attention heads of this rank (all of them without TP) */
+  /* Tokens routed per (MoE layer, expert); read by other threads under load_mu. */
+  pthread_mutex_t load_mu;
+  uint64_t *expert_load;  /* [n_moe_layers, n_routed_experts] */
+  int32_t *moe_index;     /* [num_layers]: the layer's MoE index, -1 for dense layers */
+  int32_t num_moe_layers;
 };
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
@@ -80,6 +87,14 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
                 e->tp_comm ? "" : " (none given: one rank)");
     e->heads = e->cfg->num_heads / tp_size;
   }
+  pthread_mutex_init(&e->load_mu, NULL);
+  e->moe_index = malloc((size_t)e->cfg->num_layers * sizeof *e->moe_index);
+  INA_CHECK_ALLOC(e->moe_index);
+  for (int32_t l = 0; l < e->cfg->num_layers; l++)
+    e->moe_index[l] = ina_cfg_layer_is_moe(e->cfg, l) ? e->num_moe_layers++ : -1;
+  e->expert_load = calloc((size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts + 1,
+                          sizeof *e->expert_load);
+  INA_CHECK_ALLOC(e->expert_load);
   INA_CHECK(ina_threadpool_create(options->num_threads, &e->pool));
   {
     ina_page_pool_config_t pc = INA_PAGE_POOL_CONFIG_INIT;
@@ -108,6 +123,9 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   ina_page_pool_destroy(e->kv);
   ina_threadpool_destroy(e->pool);
   ina_ep_group_free(&e->ep);
+  if (e->moe_index) pthread_mutex_destroy(&e->load_mu);
+  free(e->moe_index);
+  free(e->expert_load);
   free(e->inv_freq);
   free(e);
 }
@@ -513,6 +531,12 @@ static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
     INA_CHECK(ina_router_ref(&rc, logits, bias, T, ids, weights));
   }
   INA_CHECK(routed_pairs_build(ids, weights, T, K, E, &pairs));
+  {
+    uint64_t *load = e->expert_load + (int64_t)e->moe_index[layer] * E;
+    pthread_mutex_lock(&e->load_mu);
+    for (int32_t x = 0; x < E; x++) load[x] += (uint64_t)(pairs.first[x + 1] - pairs.first[x]);
+    pthread_mutex_unlock(&e->load_mu);
+  }
   /* Our experts, each over the tokens routed to it; then every rank's rows everywhere. */
   for (int32_t x = e->ep.first_expert[e->ep.rank]; x < e->ep.first_expert[e->ep.rank + 1]; x++) {
     const int64_t first = pairs.first[x], n = pairs.first[x + 1] - first;
@@ -605,5 +629,22 @@ fail:
   if (appended) ina_engine_truncate_all(e->kv, b);
   free(final);
   step_free(&s);
+  return st;
+}
+
+ina_status_t ina_engine_cpu_expert_load(ina_engine_cpu_t *e, int reset, uint64_t *counts,
+                                        int64_t capacity, int32_t *num_moe_layers) {
+  ina_status_t st = INA_OK;
+  const int64_t n = (int64_t)e->num_moe_layers * e->cfg->n_routed_experts;
+  *num_moe_layers = e->num_moe_layers;
+  if (capacity == 0 && counts == NULL) return INA_OK;
+  INA_REQUIRE(counts != NULL && capacity >= n, INA_ERR_INVALID_ARGUMENT,
+              "expert load: room for %lld counters, %d MoE layers x %d experts need %lld",
+              (long long)capacity, e->num_moe_layers, e->cfg->n_routed_experts, (long long)n);
+  pthread_mutex_lock(&e->load_mu);
+  memcpy(counts, e->expert_load, (size_t)n * sizeof *counts);
+  if (reset) memset(e->expert_load, 0, (size_t)n * sizeof *counts);
+  pthread_mutex_unlock(&e->load_mu);
+fail:
   return st;
 }

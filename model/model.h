@@ -115,6 +115,16 @@ typedef struct ina_batch {
   int all_logits;             /* 1: logits of every new token; 0: of each sequence's last token */
 } ina_batch_t;
 
+/* Tokens routed to each routed expert since creation or the last reset, per MoE layer:
+ * counts[m * n_routed_experts + x] for the m-th MoE layer (in layer order); *num_moe_layers
+ * receives the number of MoE layers. capacity is the length of counts (too small:
+ * INA_ERR_INVALID_ARGUMENT; counts may be NULL with capacity 0 to ask for the size).
+ * reset != 0 zeroes the counters after reading. Any thread (the counters are locked).
+ * Expert-parallel engines count every token (routing is replicated). CPU backend only so
+ * far: INA_ERR_UNSUPPORTED on the CUDA backend. */
+ina_status_t ina_engine_expert_load(ina_engine_t *engine, int reset, uint64_t *counts,
+                                    int64_t capacity, int32_t *num_moe_layers);
+
 /* Run one step. logits: [qo_indptr[batch], vocab] when all_logits, else [batch, vocab].
  * Token ids outside [0, vocab) give INA_ERR_INVALID_ARGUMENT; INA_ERR_OUT_OF_PAGES leaves
  * every sequence as it was. */

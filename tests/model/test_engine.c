@@ -62,6 +62,46 @@ static void test_page_sizes(ina_model_t *m, test_rng_t *rng) {
   free(ref);
 }
 
+/* The per-expert counters: every forwarded token adds top-k to each MoE layer, spread
+ * over the experts its router picked; reset starts over; too small a buffer is refused. */
+static void test_expert_load(ina_model_t *m, test_rng_t *rng) {
+  const ina_model_config_t *c = ina_model_config(m);
+  const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok;
+  int32_t moe_layers = 0, expected_layers = 0, prompt[11];
+  for (int32_t l = 0; l < c->num_layers; l++) expected_layers += ina_cfg_layer_is_moe(c, l);
+  random_prompt(rng, c->vocab_size, prompt, 11);
+  ina_engine_t *e = make_engine(m, 16, 4096, 0);
+  if (!e) return;
+  CHECK_OK(ina_engine_expert_load(e, 0, NULL, 0, &moe_layers));
+  CHECK(moe_layers == expected_layers && moe_layers > 0);
+  const size_t n = (size_t)moe_layers * (size_t)E;
+  uint64_t *counts = malloc(n * sizeof *counts);
+  CHECK_OK(ina_engine_expert_load(e, 0, counts, (int64_t)n, &moe_layers));
+  for (size_t i = 0; i < n; i++) CHECK(counts[i] == 0);
+  free(run_greedy(e, prompt, 11, 5, NULL)); /* 11 prompt tokens, then 4 decode steps */
+  const uint64_t tokens = 11 + 4;
+  for (int pass = 0; pass < 2; pass++) {
+    CHECK_OK(ina_engine_expert_load(e, pass == 0, counts, (int64_t)n, &moe_layers));
+    for (int32_t layer = 0; layer < moe_layers; layer++) {
+      uint64_t sum = 0, most = 0;
+      for (int32_t x = 0; x < E; x++) {
+        sum += counts[(size_t)layer * E + x];
+        if (counts[(size_t)layer * E + x] > most) most = counts[(size_t)layer * E + x];
+      }
+      const uint64_t want = pass == 0 ? tokens * (uint64_t)K : 0;
+      CHECKF(sum == want, "MoE layer %d: %llu routed tokens counted, want %llu (pass %d)", layer,
+             (unsigned long long)sum, (unsigned long long)want, pass);
+      CHECK(most <= (pass == 0 ? tokens : 0)); /* an expert at most once per token */
+    }
+  }
+  ina_log_set_quiet_errors(1);
+  CHECK(ina_engine_expert_load(e, 0, counts, (int64_t)n - 1, &moe_layers) ==
+        INA_ERR_INVALID_ARGUMENT);
+  ina_log_set_quiet_errors(0);
+  free(counts);
+  ina_engine_destroy(e);
+}
+
 /* A ragged batch (prefill of three prompts at once, then batched decode) gives each
  * sequence the logits it gets alone. */
 static void test_batch_invariance(ina_model_t *m, test_rng_t *rng) {
@@ -239,6 +279,7 @@ int main(void) {
     test_batch_invariance(tiny, &rng);
     test_chunks_and_prefix_sharing(tiny, &rng);
     test_errors_change_nothing(tiny);
+    test_expert_load(tiny, &rng);
   }
   ina_model_destroy(tiny);
   test_random_roundtrip();

@@ -307,6 +307,29 @@ def run_generate(c, client, pb, what, request):
     return ids, responses
 
 
+def check_expert_load(c, client, pb, info):
+    """GetLoad's per-expert counters: reset, then one generation of P prompt tokens and N
+    new ones forwards P + N - 1 tokens, each routed to n_experts_per_token experts in
+    every MoE layer."""
+    node, inf, m = pb["node"], pb["inference"], info.model
+    client.get_load(node.GetLoadRequest(include_expert_load=True, reset_expert_load=True),
+                    timeout=RPC_TIMEOUT_S)
+    prompt, new = [3, 1, 4, 1, 5], 6
+    run_generate(c, client, pb, "Generate for the expert counters",
+                 inf.GenerateRequest(request_id="e2e-experts", prompt_token_ids=prompt,
+                                     max_tokens=new, ignore_eos=True))
+    load = client.get_load(node.GetLoadRequest(include_expert_load=True), timeout=RPC_TIMEOUT_S)
+    c.equal(sorted(e.moe_layer for e in load.expert_load), list(range(m.n_moe_layers)),
+            "NodeLoad.expert_load: one entry per MoE layer")
+    want = (len(prompt) + new - 1) * m.n_experts_per_token
+    for e in load.expert_load:
+        c.equal(len(e.tokens), m.n_routed_experts, f"expert_load[{e.moe_layer}]: one counter per expert")
+        c.equal(sum(e.tokens), want, f"expert_load[{e.moe_layer}]: tokens routed after the reset")
+    c.check(load.expert_load_seconds > 0, f"NodeLoad.expert_load_seconds: {load.expert_load_seconds}")
+    plain = client.get_load(node.GetLoadRequest(), timeout=RPC_TIMEOUT_S)
+    c.equal(len(plain.expert_load), 0, "NodeLoad.expert_load without include_expert_load")
+
+
 def check_stop_ids(c, client, pb, prompt, reference):
     """A stop id taken from the middle of a reference generation ends the same request
     right after its first occurrence, with FINISH_REASON_STOP naming it."""
@@ -513,6 +536,14 @@ def check_metrics(c, metrics_address):
             "the time-to-first-token histogram should have observations")
     c.check(values.get("ina_scheduler_steps_total", 0) >= 1, "ina_scheduler_steps_total should move")
     c.check(values.get("ina_kv_pages_free", 0) > 0, "ina_kv_pages_free should be positive")
+    # Every MoE layer routed the same tokens: the layers' sums agree and are positive.
+    layer_sums = {}
+    for k, v in values.items():
+        m = re.match(r'ina_expert_routed_tokens_total\{moe_layer="(\d+)",expert="\d+"\}$', k)
+        if m:
+            layer_sums[m.group(1)] = layer_sums.get(m.group(1), 0) + v
+    c.check(layer_sums and len(set(layer_sums.values())) == 1 and min(layer_sums.values()) > 0,
+            f"ina_expert_routed_tokens_total per MoE layer: {layer_sums}")
     print(f"metrics scrape: {len(values)} series, {finished:.0f} requests finished", flush=True)
 
 
@@ -577,6 +608,7 @@ def main():
                 check_start_up(c, client, pb)
                 info = check_node(c, client, pb, agent.proc.pid)
                 check_generate(c, client, pb, args.ina, info, rng)
+                check_expert_load(c, client, pb, info)
                 check_placement(c, client, pb, info)
                 check_garbage(c, client, pb)
                 check_metrics(c, metrics_address)
