@@ -207,6 +207,24 @@ static void check_all_gather(ina_comm_t *c, size_t n, ina_dtype_t dtype) {
   free(want);
 }
 
+/* Every rank as root: the root's input lands on every rank, in place. */
+static void check_broadcast(ina_comm_t *c, size_t n, ina_dtype_t dtype) {
+  const size_t bytes = n * ina_dtype_size(dtype);
+  for (int root = 0; root < g_size; root++) {
+    const uint64_t draw = ++g_draw;
+    void *want = rank_input(root, draw, n, dtype);
+    void *d = dev_alloc(bytes);
+    if (g_rank == root) upload(d, want, bytes);
+    else poison(d, bytes);
+    CHECK_OP(ina_comm_broadcast(c, d, n, dtype, root, g_stream), "broadcast", n, dtype);
+    void *got = download(c, d, bytes);
+    expect_bytes("broadcast", n, dtype, got, want, n);
+    ina_cuda_free(d);
+    free(got);
+    free(want);
+  }
+}
+
 /* Element i sent from rank s to rank d in all-to-all number `draw`: random bytes that
  * every rank can regenerate. */
 static void a2a_elem(uint64_t draw, int s, int d, size_t i, void *dst, size_t eb) {
@@ -356,6 +374,8 @@ static void run_suite(ina_comm_t *c) {
     check_ring(c, 1, moved[t]);
     check_ring(c, 777, moved[t]);
     check_ring(c, (size_t)1 << 20, moved[t]);
+    check_broadcast(c, 1, moved[t]);
+    check_broadcast(c, 70001, moved[t]);
   }
   check_zero_counts(c);
   CHECKF(ina_comm_barrier(c, g_stream) == INA_OK, "barrier (%s): %s", g_pass, ina_last_error());
