@@ -20,7 +20,9 @@
  * or hangs makes the others fail within that time instead of hanging. After a timeout
  * the communicator is broken: later operations fail at once. Whether to end the job
  * (ina_bootstrap_abort) is the caller's choice; ina_comm_destroy waits one more timeout
- * for the stalled operation and leaks its MPI resources if it never completes.
+ * for the stalled operation and leaks its MPI resources if it never completes. The
+ * stalled operation may still read or write its buffers if the late peer ever arrives:
+ * a caller that goes on after a timeout must keep them alive (or end the job).
  *
  * Checked mode (INA_COMM_CHECK=1, read at creation): before each all-reduce, all-gather,
  * reduce-scatter and all-to-all the ranks exchange a small header (operation, dtype,

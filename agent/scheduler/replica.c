@@ -113,31 +113,53 @@ fail:
 
 /* ---- transport ----------------------------------------------------------------------- */
 
-static ina_status_t broadcast_message(ina_comm_t *comm, words_t *b) {
+/* Lengths travel in s->rx_len and payloads stay in their buffers until the broadcast
+ * returns; after a timeout (the communicator is broken) those buffers are never freed,
+ * since the stalled operation may still write them (see sched_replica_free). */
+static ina_status_t broadcast_message(ina_scheduler_t *s, words_t *b) {
   ina_status_t st = INA_OK;
-  int64_t n = (int64_t)b->n;
-  INA_CHECK(ina_comm_broadcast(comm, &n, 1, INA_DTYPE_I64, 0, NULL));
-  INA_CHECK(ina_comm_broadcast(comm, b->w, b->n, INA_DTYPE_I64, 0, NULL));
+  *s->rx_len = (int64_t)b->n;
+  INA_CHECK(ina_comm_broadcast(s->replica_comm, s->rx_len, 1, INA_DTYPE_I64, 0, NULL));
+  INA_CHECK(ina_comm_broadcast(s->replica_comm, b->w, b->n, INA_DTYPE_I64, 0, NULL));
 fail:
   return st;
 }
 
-static ina_status_t receive_message(ina_comm_t *comm, words_t *b) {
+/* Into s->rx_words (grown as needed); *out views it. */
+static ina_status_t receive_message(ina_scheduler_t *s, reader_t *out) {
   ina_status_t st = INA_OK;
-  int64_t n = 0;
-  INA_CHECK(ina_comm_broadcast(comm, &n, 1, INA_DTYPE_I64, 0, NULL));
+  INA_CHECK(ina_comm_broadcast(s->replica_comm, s->rx_len, 1, INA_DTYPE_I64, 0, NULL));
+  const int64_t n = *s->rx_len;
   INA_REQUIRE(n >= 4 && n <= ((int64_t)1 << 32), INA_ERR_FORMAT,
               "replica message: length %lld words", (long long)n);
-  if ((size_t)n > b->cap) {
-    int64_t *w = realloc(b->w, (size_t)n * sizeof *w);
+  if ((size_t)n > s->rx_capacity) {
+    int64_t *w = realloc(s->rx_words, (size_t)n * sizeof *w);
     INA_CHECK_ALLOC(w);
-    b->w = w;
-    b->cap = (size_t)n;
+    s->rx_words = w;
+    s->rx_capacity = (size_t)n;
   }
-  b->n = (size_t)n;
-  INA_CHECK(ina_comm_broadcast(comm, b->w, b->n, INA_DTYPE_I64, 0, NULL));
+  INA_CHECK(ina_comm_broadcast(s->replica_comm, s->rx_words, (size_t)n, INA_DTYPE_I64, 0, NULL));
+  *out = (reader_t){s->rx_words, (size_t)n, 0};
 fail:
   return st;
+}
+
+ina_status_t sched_replica_init(ina_scheduler_t *s) {
+  ina_status_t st = INA_OK;
+  if (s->replica_role == SCHED_REPLICA_NONE) return INA_OK;
+  s->rx_len = malloc(sizeof *s->rx_len);
+  INA_CHECK_ALLOC(s->rx_len);
+fail:
+  return st;
+}
+
+void sched_replica_free(ina_scheduler_t *s) {
+  free(s->step_new);
+  free(s->step_cancelled);
+  /* A broken communicator may hold a stalled operation on these: leave them be. */
+  if (s->replica_comm && ina_comm_is_broken(s->replica_comm)) return;
+  free(s->rx_len);
+  free(s->rx_words);
 }
 
 /* ---- leader -------------------------------------------------------------------------- */
@@ -188,11 +210,12 @@ ina_status_t sched_replica_send_step(ina_scheduler_t *s) {
   words_t b = {NULL, 0, 0};
   if (s->replica_role != SCHED_REPLICA_LEADER) return INA_OK;
   INA_CHECK(encode_step(s, &b));
-  INA_CHECK(broadcast_message(s->replica_comm, &b));
+  INA_CHECK(broadcast_message(s, &b));
   if (s->num_step_new == 0 && s->num_step_cancelled == 0)
     INA_CHECK(ina_comm_barrier(s->replica_comm, NULL));
 fail:
-  free(b.w);
+  /* A timed-out broadcast may still read the payload: keep it (the job is ending). */
+  if (!ina_comm_is_broken(s->replica_comm)) free(b.w);
   return st;
 }
 
@@ -200,10 +223,10 @@ void sched_replica_send_stop(ina_scheduler_t *s) {
   words_t b = {NULL, 0, 0};
   if (s->replica_role != SCHED_REPLICA_LEADER || ina_comm_is_broken(s->replica_comm)) return;
   if (put(&b, REPLICA_MAGIC) != INA_OK || put(&b, KIND_STOP) != INA_OK || put(&b, 0) != INA_OK ||
-      put(&b, 0) != INA_OK || broadcast_message(s->replica_comm, &b) != INA_OK)
+      put(&b, 0) != INA_OK || broadcast_message(s, &b) != INA_OK)
     INA_LOG_W(INA_LOG_SUBSYS, "replicas: the stop message did not reach every follower (%s)",
               ina_last_error());
-  free(b.w);
+  if (!ina_comm_is_broken(s->replica_comm)) free(b.w);
 }
 
 /* ---- follower ------------------------------------------------------------------------ */
@@ -261,13 +284,12 @@ fail:
 
 ina_status_t ina_scheduler_follow(ina_scheduler_t *s) {
   ina_status_t st = INA_OK;
-  words_t b = {NULL, 0, 0};
   INA_REQUIRE(s != NULL && s->replica_role == SCHED_REPLICA_FOLLOWER, INA_ERR_INVALID_ARGUMENT,
               "follow: the scheduler is not a follower (replica_comm with a rank > 0)");
   for (;;) {
     int64_t magic = 0, kind = 0, new_count = 0, cancel_count = 0;
-    INA_CHECK(receive_message(s->replica_comm, &b));
-    reader_t rd = {b.w, b.n, 0};
+    reader_t rd;
+    INA_CHECK(receive_message(s, &rd));
     INA_CHECK(get(&rd, REPLICA_MAGIC, REPLICA_MAGIC, &magic));
     INA_CHECK(get(&rd, KIND_STEP, KIND_STOP, &kind));
     INA_CHECK(get(&rd, 0, INT32_MAX, &new_count));
@@ -278,6 +300,5 @@ ina_status_t ina_scheduler_follow(ina_scheduler_t *s) {
     INA_CHECK(ina_scheduler_step(s, NULL));
   }
 fail:
-  free(b.w);
   return st;
 }

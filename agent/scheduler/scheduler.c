@@ -87,6 +87,7 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
         ina_comm_rank(config->replica_comm) == 0 ? SCHED_REPLICA_LEADER : SCHED_REPLICA_FOLLOWER;
     s->heartbeat_seconds = config->heartbeat_seconds > 0 ? config->heartbeat_seconds : 1.0;
   }
+  INA_CHECK(sched_replica_init(s));
   if (cache_pages > 0) INA_CHECK(ina_prefix_cache_create(pool, cache_pages, &s->cache));
   const size_t R = (size_t)s->max_running;
   s->running = malloc(R * sizeof *s->running);
@@ -122,6 +123,7 @@ fail:
     free(s->batch_tokens);
     free(s->logits);
     free(s->match_pages);
+    sched_replica_free(s);
     free(s);
   }
   return st;
@@ -170,8 +172,7 @@ void ina_scheduler_destroy(ina_scheduler_t *s) {
   free(s->match_pages);
   free(s->events);
   free(s->finished);
-  free(s->step_new);
-  free(s->step_cancelled);
+  sched_replica_free(s);
   free(s);
 }
 

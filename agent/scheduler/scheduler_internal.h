@@ -111,6 +111,11 @@ struct ina_scheduler {
   int32_t num_step_new, step_new_capacity;
   sched_request_t **step_cancelled; /* requests finished by a cancel this step */
   int32_t num_step_cancelled, step_cancelled_capacity;
+  /* Where messages are received and sent (replica.c): on the heap, not the stack, because
+   * an operation that timed out may still complete into them when a late peer arrives. */
+  int64_t *rx_len;
+  int64_t *rx_words;
+  size_t rx_capacity;
 
   /* Shared, under mu. */
   pthread_mutex_t mu;
@@ -138,6 +143,10 @@ ina_status_t sched_replica_send_step(ina_scheduler_t *s);
 void sched_replica_send_stop(ina_scheduler_t *s);
 /* Room for a step's records (driver, before take-in). */
 ina_status_t sched_replica_reserve(ina_scheduler_t *s, int32_t requests);
+/* The replication buffers: made at create, freed at destroy (kept when the communicator
+ * broke, see replica.c). */
+ina_status_t sched_replica_init(ina_scheduler_t *s);
+void sched_replica_free(ina_scheduler_t *s);
 
 /* ---- scheduler.c -------------------------------------------------------------------- */
 

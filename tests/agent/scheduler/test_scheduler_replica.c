@@ -6,7 +6,7 @@
  *     from its own callback mid-stream) produce the tokens each produces alone through
  *     ina_generate on one rank holding every expert;
  *   - an idle leader's heartbeats keep followers whose communicator times out after
- *     1.5 s waiting through 3 s of idleness;
+ *     3 s waiting through 6 s of idleness;
  *   - at the end every replica counted the same steps, tokens, preemptions and finished
  *     requests, and returned every page;
  *   - followers refuse submit, cancel and run_start; followers return INA_OK when the
@@ -108,7 +108,8 @@ static void wait_finished(req_case_t *cases, int n) {
   CHECKF(finished(cases, n) == n, "only %d of %d requests finished", finished(cases, n), n);
 }
 
-static void lead(const ina_model_t *whole, req_case_t *cases, int32_t vocab) {
+/* Each case alone on one rank holding every expert (before anyone starts following). */
+static void compute_references(const ina_model_t *whole, req_case_t *cases, int32_t vocab) {
   ina_engine_t *ref = sched_test_engine(whole, PAGE_SIZE, 1024);
   for (int i = 0; i < NCASES; i++) {
     req_case_t *c = &cases[i];
@@ -117,6 +118,9 @@ static void lead(const ina_model_t *whole, req_case_t *cases, int32_t vocab) {
                                       c->ref, c->ref_logits);
   }
   ina_engine_destroy(ref);
+}
+
+static void lead(req_case_t *cases, int32_t vocab) {
   CHECK_OK(ina_scheduler_run_start(g_sched));
   /* First half, then idleness well past the followers' timeout, then the rest. */
   for (int i = 0; i < NCASES / 2; i++) {
@@ -124,7 +128,7 @@ static void lead(const ina_model_t *whole, req_case_t *cases, int32_t vocab) {
     CHECK_OK(submit_case(&cases[i]));
   }
   wait_finished(cases, NCASES / 2);
-  usleep(3000000);
+  usleep(6000000);
   ina_scheduler_run_stop(g_sched); /* submissions queue while stopped... */
   for (int i = NCASES / 2; i < NCASES; i++) {
     CHECK_OK(submit_case(&cases[i]));
@@ -190,8 +194,8 @@ int main(int argc, char **argv) {
   uint64_t seed = 0;
   if (g_rank == 0) seed = test_seed("test_scheduler_replica");
   if (world) CHECK_OK(ina_comm_broadcast(world, &seed, 1, INA_DTYPE_I64, 0, NULL));
-  /* Followers give up on a silent leader after 1.5 s; heartbeats every 0.2 s. */
-  if (replicas) ina_comm_set_timeout(replicas, 1.5);
+  /* Followers give up on a silent leader after 3 s; heartbeats every 0.2 s. */
+  if (replicas) ina_comm_set_timeout(replicas, 3.0);
 
   ina_model_t *whole = sched_test_model(7);
   const ina_model_config_t *cfg = ina_model_config(whole);
@@ -220,9 +224,11 @@ int main(int argc, char **argv) {
 
   static req_case_t cases[NCASES];
   make_cases(cases, vocab, seed);
+  if (g_rank == 0) compute_references(whole, cases, vocab);
+  if (world) CHECK_OK(ina_comm_barrier(world, NULL));
   if (g_sched) {
     if (g_rank == 0)
-      lead(whole, cases, vocab);
+      lead(cases, vocab);
     else
       follow();
   }
