@@ -109,6 +109,35 @@ static const char *weight_dtype_name(const ina_model_config_t *cfg, const ina_ag
   }
 }
 
+/* The job's ranks and layout from the options (NULL or none given: this process alone). */
+static ina_status_t copy_layout(ina_agent_t *agent, const ina_agent_options_t *o) {
+  ina_status_t st = INA_OK;
+  const int given = o && o->ranks && o->num_ranks > 0;
+  agent->num_ranks = given ? o->num_ranks : 1;
+  agent->tp = given ? o->tp : 1;
+  agent->dp = given ? o->dp : 1;
+  agent->ep = given ? o->ep : 1;
+  INA_REQUIRE(agent->tp >= 1 && agent->dp >= 1 && agent->ep >= 1 &&
+                  agent->tp * agent->dp == agent->num_ranks &&
+                  (agent->ep == 1 || agent->ep == agent->dp),
+              INA_ERR_INVALID_ARGUMENT,
+              "ina_agent_create: layout tp %d x dp %d (ep %d) does not fit %d ranks", agent->tp,
+              agent->dp, agent->ep, agent->num_ranks);
+  agent->ranks = calloc((size_t)agent->num_ranks, sizeof *agent->ranks);
+  INA_CHECK_ALLOC(agent->ranks);
+  if (given) {
+    memcpy(agent->ranks, o->ranks, (size_t)agent->num_ranks * sizeof *agent->ranks);
+  } else {
+    ina_agent_rank_t *r = &agent->ranks[0];
+    r->gpu_index = agent->device;
+    r->pid = (int32_t)getpid();
+    r->expert_begin = 0;
+    r->expert_end = ina_model_config(agent->model)->n_routed_experts;
+  }
+fail:
+  return st;
+}
+
 static ina_status_t start_server(ina_agent_t *agent, const ina_agent_options_t *o) {
   ina_status_t st = INA_OK;
   ina_rpc_server_options_t so = INA_RPC_SERVER_OPTIONS_INIT;
@@ -166,9 +195,10 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   mo.dtype = options->model_dtype;
   mo.random_on_device = agent->device >= 0; /* random weights are generated on the GPU */
   const int multi_rank =
-      options->struct_size >= offsetof(ina_agent_options_t, ep_comm) + sizeof(ina_comm_t *);
+      options->struct_size >= offsetof(ina_agent_options_t, ep) + sizeof(int32_t);
   if (multi_rank) mo.shard = options->shard;
   INA_CHECK(ina_model_open(options->model, &mo, &agent->model));
+  INA_CHECK(copy_layout(agent, multi_rank ? options : NULL));
   const ina_model_config_t *cfg = ina_model_config(agent->model);
   int checkpoint = strcmp(options->model, "tiny") != 0 && strncmp(options->model, "random:", 7) != 0;
   agent->weight_dtype = weight_dtype_name(cfg, options, checkpoint);
@@ -375,6 +405,7 @@ void ina_agent_destroy(ina_agent_t *agent) {
   pthread_cond_destroy(&agent->changed);
   pthread_mutex_destroy(&agent->lock);
   free(agent->model_name);
+  free(agent->ranks);
   free(agent->expert_base);
   free(agent);
 }

@@ -40,6 +40,15 @@ extern "C" {
 
 typedef struct ina_agent ina_agent_t;
 
+/* One rank of a multi-rank agent job, as GetNodeInfo and GetPlacement describe it. */
+typedef struct ina_agent_rank {
+  int32_t global_rank, local_rank;
+  int32_t gpu_index; /* -1: the CPU */
+  int32_t pid;
+  int32_t tp_rank, dp_rank, ep_rank;
+  int32_t expert_begin, expert_end; /* routed experts held (each tp rank a slice of them) */
+} ina_agent_rank_t;
+
 /* ina_agent_options_t.device: CUDA device 0 when one is present, else the CPU. */
 #define INA_AGENT_DEVICE_AUTO (-2)
 
@@ -86,12 +95,18 @@ typedef struct ina_agent_options {
    * Borrowed. */
   ina_shard_t shard;
   ina_comm_t *tp_comm, *ep_comm;
+  /* The job's ranks in global rank order (copied) and its layout: tp x dp = num_ranks;
+   * the dp groups of tp ranks all run the same batches in this version, and with ep > 1
+   * they split the routed experts evenly (ep = dp). NULL / 0: one rank. */
+  const ina_agent_rank_t *ranks;
+  int32_t num_ranks;
+  int32_t tp, dp, ep;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
   {sizeof(ina_agent_options_t), 2, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
    0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,      \
-   NULL, NULL}
+   NULL, NULL, NULL, 0, 1, 1, 1}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 

@@ -86,6 +86,9 @@ struct ina_agent {
    * engine's own stay monotonic for /metrics). NULL when the engine has none. */
   uint64_t *expert_base;
   size_t expert_counters;
+  /* The job's ranks and layout (one rank: this process, 1 x 1 x 1). */
+  ina_agent_rank_t *ranks;
+  int32_t num_ranks, tp, dp, ep;
 };
 
 /* Monotonic clock in seconds. */

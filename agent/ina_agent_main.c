@@ -181,6 +181,25 @@ static int job_start(int tp_size, int ep, job_t *job) {
   return 0;
 }
 
+/* Every rank's place in the job, gathered on every rank (collective). */
+static int job_describe(const job_t *job, const ina_shard_t *shard, ina_agent_rank_t *all) {
+  const ina_agent_rank_t mine = {job->rank,
+                                 ina_bootstrap_local_rank(job->boot),
+                                 -1,
+                                 (int32_t)getpid(),
+                                 shard->tp_rank,
+                                 job->rank / job->tp_size,
+                                 job->ep ? job->rank / job->tp_size : 0,
+                                 shard->expert_begin,
+                                 shard->expert_end};
+  const size_t words = sizeof mine / sizeof(int32_t);
+  if (ina_comm_all_gather(job->replicas, &mine, all, words, INA_DTYPE_I32, NULL) != INA_OK) {
+    fprintf(stderr, "ina-agent: cannot gather the ranks' places: %s\n", ina_last_error());
+    return 1;
+  }
+  return 0;
+}
+
 static void job_end(job_t *job) {
   ina_comm_destroy(job->replicas);
   ina_comm_destroy(job->ep);
@@ -193,7 +212,8 @@ static int job_broken(const job_t *job) {
          (job->replicas && ina_comm_is_broken(job->replicas));
 }
 
-/* This rank's slice of the model. */
+/* This rank's slice of the model. The groups split the experts evenly, so that the
+ * placement the agent reports has the same number of slots on every rank. */
 static int job_shard(const job_t *job, const char *spec, ina_shard_t *shard) {
   ina_model_config_t cfg;
   if (ina_model_spec_config(spec, &cfg) != INA_OK) {
@@ -201,6 +221,12 @@ static int job_shard(const job_t *job, const char *spec, ina_shard_t *shard) {
     return 1;
   }
   const int64_t experts = cfg.n_routed_experts, groups = job->ep ? job->size / job->tp_size : 1;
+  if (experts % groups != 0) {
+    if (job->rank == 0)
+      fprintf(stderr, "ina-agent: --ep: the %lld routed experts do not divide over %lld groups\n",
+              (long long)experts, (long long)groups);
+    return 2;
+  }
   const int64_t group = job->ep ? job->rank / job->tp_size : 0;
   shard->tp_rank = job->rank % job->tp_size;
   shard->tp_size = job->tp_size;
@@ -328,14 +354,24 @@ int main(int argc, char **argv) {
     o.device = -1;
     int rc = job_start((int)tp_size, ep, &job);
     if (rc == 0) rc = job_shard(&job, o.model, &o.shard);
+    ina_agent_rank_t *ranks = rc == 0 ? calloc((size_t)job.size, sizeof *ranks) : NULL;
+    if (rc == 0) rc = ranks ? job_describe(&job, &o.shard, ranks) : 1;
     if (rc) {
+      free(ranks);
       job_end(&job);
       return rc;
     }
+    o.ranks = ranks;
+    o.num_ranks = job.size;
+    o.tp = job.tp_size;
+    o.dp = job.size / job.tp_size;
+    o.ep = ep ? o.dp : 1;
     o.tp_comm = job.tp;
     o.ep_comm = job.ep;
     o.scheduler.replica_comm = job.replicas;
     if (job.rank > 0) {
+      free(ranks);
+      o.ranks = NULL;
       rc = follow(&o, &job);
       /* A lost leader would keep MPI_Finalize waiting: end the whole job instead. */
       if (rc != 0) ina_bootstrap_abort(job.boot, rc);
@@ -345,7 +381,9 @@ int main(int argc, char **argv) {
   }
 
   ina_agent_t *agent = NULL;
-  if (ina_agent_create(&o, &agent) != INA_OK) {
+  const ina_status_t created = ina_agent_create(&o, &agent);
+  free((void *)o.ranks); /* copied by the agent */
+  if (created != INA_OK) {
     fprintf(stderr, "ina-agent: %s\n", ina_last_error());
     job_end(&job);
     return 1;

@@ -67,9 +67,28 @@ static ina_rpc_code_t get_node_info(void *ctx, const ina_rpc_request_t *request,
     gpu.gpu_index = (uint32_t)agent->device;
     gpu.name = gpu_name;
   }
-  Ina__V1__RankInfo rank = INA__V1__RANK_INFO__INIT, *ranks[1] = {&rank};
-  rank.gpu_index = agent->device >= 0 ? (uint32_t)agent->device : 0;
-  rank.pid = (uint32_t)getpid();
+  /* Every rank of the job runs on this host in this version. */
+  const size_t n_ranks = (size_t)agent->num_ranks;
+  Ina__V1__RankInfo *rank_infos = calloc(n_ranks, sizeof *rank_infos);
+  Ina__V1__RankInfo **ranks = calloc(n_ranks, sizeof *ranks);
+  if (!rank_infos || !ranks) {
+    free(rank_infos);
+    free(ranks);
+    return ina_rpc_error(reply->message, INA_RPC_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  for (size_t i = 0; i < n_ranks; i++) {
+    const ina_agent_rank_t *a = &agent->ranks[i];
+    Ina__V1__RankInfo *r = &rank_infos[i];
+    ina__v1__rank_info__init(r);
+    r->global_rank = (uint32_t)a->global_rank;
+    r->local_rank = (uint32_t)a->local_rank;
+    r->gpu_index = a->gpu_index >= 0 ? (uint32_t)a->gpu_index : 0;
+    r->pid = (uint32_t)a->pid;
+    r->tp_rank = (uint32_t)a->tp_rank;
+    r->dp_rank = (uint32_t)a->dp_rank;
+    r->ep_rank = (uint32_t)a->ep_rank;
+    ranks[i] = r;
+  }
 
   Ina__V1__ModelInfo model = INA__V1__MODEL_INFO__INIT;
   uint32_t n_moe_layers = 0;
@@ -96,13 +115,16 @@ static ina_rpc_code_t get_node_info(void *ctx, const ina_rpc_request_t *request,
   info.hostname = hostname;
   info.n_gpus = agent->device >= 0 ? 1 : 0; /* "cpu": no GPU entry */
   info.gpus = gpus;
-  info.n_ranks = 1;
+  info.n_ranks = n_ranks;
   info.ranks = ranks;
-  info.world_size = 1;
+  info.world_size = (uint32_t)agent->num_ranks;
   info.model = &model;
   info.build = &build;
   info.host_memory_bytes = host_memory_bytes();
-  return pack_reply(&info.base, reply);
+  const ina_rpc_code_t code = pack_reply(&info.base, reply);
+  free(rank_infos);
+  free(ranks);
+  return code;
 }
 
 static Ina__V1__NodeState node_state(agent_state_t s) {
@@ -128,13 +150,22 @@ static ina_rpc_code_t get_health(void *ctx, const ina_rpc_request_t *request,
   else if (agent->state != AGENT_SERVING) snprintf(message, sizeof message, "stopping");
   pthread_mutex_unlock(&agent->lock);
 
-  Ina__V1__RankHealth rank = INA__V1__RANK_HEALTH__INIT, *ranks[1] = {&rank};
-  rank.state = state; /* the rank is this process: its heartbeat age is 0 */
+  /* The other ranks step with this one (a rank that stops answering stops the agent), so
+   * they share its state; heartbeat ages are not tracked per rank. */
+  enum { MAX_LISTED = 64 };
+  Ina__V1__RankHealth rank_health[MAX_LISTED], *ranks[MAX_LISTED];
+  const size_t n = agent->num_ranks < MAX_LISTED ? (size_t)agent->num_ranks : MAX_LISTED;
+  for (size_t i = 0; i < n; i++) {
+    ina__v1__rank_health__init(&rank_health[i]);
+    rank_health[i].global_rank = (uint32_t)agent->ranks[i].global_rank;
+    rank_health[i].state = state;
+    ranks[i] = &rank_health[i];
+  }
   Ina__V1__NodeHealth health = INA__V1__NODE_HEALTH__INIT;
   health.state = state;
   health.message = message;
   health.uptime_seconds = (uint64_t)(agent_now_seconds() - agent->start_seconds);
-  health.n_ranks = 1;
+  health.n_ranks = n;
   health.ranks = ranks;
   return pack_reply(&health.base, reply);
 }

@@ -1,6 +1,7 @@
-/* ina.v1.Placement on a single-rank agent: GetPlacement answers the only layout there
- * is (tp = dp = ep = 1, every expert in its own slot on rank 0, generation 1);
- * ApplyPlacement, an admin call, is refused with FAILED_PRECONDITION. */
+/* ina.v1.Placement: GetPlacement answers the layout the job started with (tp x dp ranks;
+ * with expert parallelism the dp groups split the routed experts evenly, each holding
+ * its experts in order in slots 0 .. E/ep - 1; generation 1); ApplyPlacement, an admin
+ * call, is refused with FAILED_PRECONDITION: placements cannot change yet. */
 #define INA_LOG_SUBSYS "agent"
 
 #include <stdlib.h>
@@ -26,6 +27,8 @@ static ina_rpc_code_t get_placement(void *ctx, const ina_rpc_request_t *request,
   const ina_model_config_t *cfg = ina_model_config(agent->model);
   size_t n_layers = 0, n_experts = (size_t)cfg->n_routed_experts;
   for (int32_t l = 0; l < cfg->num_layers; l++) n_layers += (size_t)ina_cfg_layer_is_moe(cfg, l);
+  /* EP rank g holds experts [g * per_rank, (g + 1) * per_rank) in slots 0 .. per_rank - 1. */
+  const size_t ep = (size_t)agent->ep, per_rank = n_experts / ep;
   /* One allocation each for the layers, the slots and the pointer arrays. */
   Ina__V1__LayerPlacement *layers = calloc(n_layers + 1, sizeof *layers);
   Ina__V1__LayerPlacement **layer_ptrs = calloc(n_layers + 1, sizeof *layer_ptrs);
@@ -36,11 +39,11 @@ static ina_rpc_code_t get_placement(void *ctx, const ina_rpc_request_t *request,
     code = ina_rpc_error(reply->message, INA_RPC_RESOURCE_EXHAUSTED, "out of memory");
     goto done;
   }
-  /* Every layer holds the same identity map, so they share the slot array. */
+  /* Every layer holds the same map, so they share the slot array. */
   for (size_t e = 0; e < n_experts; e++) {
     Ina__V1__ExpertSlot s = INA__V1__EXPERT_SLOT__INIT;
-    s.ep_rank = 0;
-    s.slot = (uint32_t)e;
+    s.ep_rank = (uint32_t)(e / per_rank);
+    s.slot = (uint32_t)(e % per_rank);
     s.logical_expert = (uint32_t)e;
     slots[e] = s;
     slot_ptrs[e] = &slots[e];
@@ -54,10 +57,12 @@ static ina_rpc_code_t get_placement(void *ctx, const ina_rpc_request_t *request,
     layer_ptrs[l] = &layers[l];
   }
   Ina__V1__Layout layout = INA__V1__LAYOUT__INIT;
-  layout.tp = layout.dp = layout.ep = 1;
+  layout.tp = (uint32_t)agent->tp;
+  layout.dp = (uint32_t)agent->dp;
+  layout.ep = (uint32_t)agent->ep;
   Ina__V1__ExpertPlacement placement = INA__V1__EXPERT_PLACEMENT__INIT;
   placement.layout = &layout;
-  placement.slots_per_rank = (uint32_t)n_experts;
+  placement.slots_per_rank = (uint32_t)per_rank;
   placement.n_layers = n_layers;
   placement.layers = layer_ptrs;
   placement.generation = 1; /* the placement loaded at start-up; never changes here */
@@ -82,7 +87,7 @@ static ina_rpc_code_t apply_placement(void *ctx, const ina_rpc_request_t *reques
                          "request: %zu bytes are not an ina.v1.ApplyPlacementRequest", request->size);
   ina__v1__apply_placement_request__free_unpacked(req, NULL);
   return ina_rpc_error(reply->message, INA_RPC_FAILED_PRECONDITION,
-                       "single-rank agent: the placement cannot change");
+                       "the placement cannot change in this version (it stays at generation 1)");
 }
 
 ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *admin_token) {

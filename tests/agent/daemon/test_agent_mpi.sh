@@ -2,7 +2,8 @@
 # ina-agent over several ranks of an mpirun job (CPU): rank 0 serves, the others follow.
 #   1. --ep on 2 ranks (tiny model) and --tp 2 --ep on 4 ranks (a 4-head fixture): the
 #      streams of `ina generate --server` equal `ina generate` on one rank; health is
-#      SERVING; SIGTERM to rank 0 drains, every rank exits and mpirun returns 0.
+#      SERVING; node info lists every rank; SIGTERM to rank 0 drains, every rank exits
+#      and mpirun returns 0.
 #   2. A rank that stops answering (SIGSTOP), follower or leader: the job ends non-zero
 #      within INA_COMM_TIMEOUT_S (3 s here) plus a few seconds, not hanging.
 # usage: test_agent_mpi.sh MPIEXEC INA_AGENT INA FIXTURE_DIR
@@ -44,6 +45,8 @@ serve_and_stop() { # MODEL NP FLAGS...
     echo "ok: $np ranks $* $(basename "$model"): streams equal one rank's"
   fi
   "$ina" health --server "127.0.0.1:$port" | grep -q SERVING || fail "health is not SERVING"
+  local info; info=$("$ina" info --server "127.0.0.1:$port")
+  grep -q "ranks: $np of world size $np" <<<"$info" || fail "ina info does not list $np ranks: $info"
   kill -TERM "$pid0"
   local rc; rc=$(ended 30)
   if [ "$rc" != "0" ] || ! grep -q "ina-agent: stopped" "$tmp/log"; then

@@ -13,7 +13,7 @@ SERVING -> NOT_SERVING on SIGTERM, unknown services), ina.v1.Node GetNodeInfo /
 GetHealth / GetLoad, ina.v1.Inference Generate (greedy, streamed, token for token
 equal to a local `ina generate`; stop ids) and its refusals, Cancel (unknown,
 running and finished ids; a client that goes away),
-ina.v1.Placement GetPlacement and ApplyPlacement (admin token, single-rank refusal),
+ina.v1.Placement GetPlacement and ApplyPlacement (admin token, refusal: placements cannot change yet),
 undecodable request bytes, a scrape of Prometheus /metrics (--metrics-listen) after
 the generations, and a clean exit on SIGTERM.
 
@@ -471,7 +471,7 @@ def check_placement(c, client, pb, info):
     c.rpc_error(lambda: client.apply_placement(request, timeout=RPC_TIMEOUT_S,
                                                metadata=[("authorization", f"Bearer {ADMIN_TOKEN}")]),
                 grpc.StatusCode.FAILED_PRECONDITION, "ApplyPlacement with the admin token",
-                ["single-rank"])
+                ["cannot change"])
     after = client.get_placement(plc.GetPlacementRequest(), timeout=RPC_TIMEOUT_S).placement
     c.equal(after.generation, 1, "GetPlacement generation after the refused ApplyPlacement")
 
