@@ -6,6 +6,7 @@
 #include "tools/cli.h"
 
 /* Client commands (tools/cmd_client.c), talking to a running ina-agent. */
+/* Load and placement commands (tools/cmd_place.c), talking to a running ina-agent. */
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -18,6 +19,10 @@ static void usage(FILE *f) {
           "  model info   print a model's configuration and size\n"
           "  info         describe a running ina-agent (--server HOST:PORT)\n"
           "  health       ask a running ina-agent whether it serves (--server HOST:PORT)\n"
+          "  load         a running ina-agent's queues, KV pages, throughput and per-expert\n"
+          "               token counts (--server HOST:PORT)\n"
+          "  place        show a running ina-agent's expert placement as JSON, or apply one\n"
+          "               from a file (--server HOST:PORT)\n"
           "\n"
           "`ina generate --server HOST:PORT` streams from a running ina-agent instead.\n"
           "\n"
@@ -38,6 +43,8 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "model") == 0) return cmd_model(argc - 1, argv + 1);
   if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 1, argv + 1);
   if (strcmp(argv[1], "health") == 0) return cmd_health(argc - 1, argv + 1);
+  if (strcmp(argv[1], "load") == 0) return cmd_load(argc - 1, argv + 1);
+  if (strcmp(argv[1], "place") == 0) return cmd_place(argc - 1, argv + 1);
   fprintf(stderr, "ina: unknown command '%s'\n\n", argv[1]);
   usage(stderr);
   return 2;

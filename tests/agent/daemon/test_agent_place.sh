@@ -1,0 +1,229 @@
+#!/bin/bash
+# `ina load` and `ina place` against the real ina-agent (tiny model, CPU, an admin token):
+#   1. load: nothing queued or running once serving; the expert counters reset, then one
+#      generation of 5 tokens from a 3-token prompt: every MoE layer's counts sum to
+#      (3 + 5 - 1) x n_experts_per_token (the last token is sampled, never fed back);
+#      --reset, then a second call reads zeros.
+#   2. place --show: JSON that parses (stdout and --out alike) and maps every logical
+#      expert once per MoE layer. Fed back with --file: with the admin token the
+#      single-rank agent refuses (FAILED_PRECONDITION), without it or with a wrong one
+#      UNAUTHENTICATED, both exit 1. Malformed files (wrong type, unknown key, missing key,
+#      not JSON) exit 2 naming the key path, before any call (even with no agent at the
+#      address); the agent still serves afterwards.
+#   3. SIGTERM: the agent drains, exits 0 and leaves no process behind.
+# Prompt, model seed and token are random: TEST_SEED=N replays a run.
+# usage: test_agent_place.sh INA_AGENT INA
+set -u
+agent=$1 ina=$2
+python=$(command -v python3) || { echo "SKIP: python3 (to read JSON) not found"; exit 77; }
+seed=${TEST_SEED:-$(((RANDOM << 15) | RANDOM))}
+echo "test_agent_place: seed $seed (TEST_SEED=$seed replays it)"
+RANDOM=$seed
+
+tmp=$(mktemp -d)
+agent_pid=
+cleanup() {
+  if [ -n "$agent_pid" ] && kill -0 "$agent_pid" 2>/dev/null; then
+    kill -KILL "$agent_pid"
+    wait "$agent_pid" 2>/dev/null
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+
+# check WHAT WANT_RC PATTERN COMMAND...: runs COMMAND (stdout and stderr into $tmp/out);
+# wants exit status WANT_RC and, unless PATTERN is "", the fixed string PATTERN in the output.
+check() {
+  local what=$1 want_rc=$2 pattern=$3 rc
+  shift 3
+  "$@" >"$tmp/out" 2>&1
+  rc=$?
+  if [ "$rc" != "$want_rc" ] || { [ -n "$pattern" ] && ! grep -qF -- "$pattern" "$tmp/out"; }; then
+    fail "$what: exit $rc (want $want_rc)${pattern:+, output should hold '$pattern'}"
+    sed 's/^/  | /' "$tmp/out" | tail -20
+  else
+    echo "ok: $what"
+  fi
+}
+
+# json WHAT SCRIPT ARGS...: runs a Python check over JSON files; its assertions say why.
+json() {
+  local what=$1 script=$2
+  shift 2
+  if "$python" -c "$script" "$@" >"$tmp/py" 2>&1; then
+    echo "ok: $what"
+  else
+    fail "$what"
+    sed 's/^/  | /' "$tmp/py" | tail -8
+  fi
+}
+
+token="admin-$RANDOM$RANDOM"
+echo "$token" >"$tmp/token"
+"$agent" --model tiny --model-seed "$RANDOM" --device cpu --listen 127.0.0.1:0 --threads 2 \
+  --max-tokens 4096 --admin-token-file "$tmp/token" >"$tmp/agent.log" 2>&1 &
+agent_pid=$!
+for _ in $(seq 1200); do
+  grep -q "serving$" "$tmp/agent.log" && break
+  kill -0 "$agent_pid" 2>/dev/null || break
+  sleep 0.1
+done
+port=$(grep -o "listening on 127.0.0.1:[0-9]*" "$tmp/agent.log" | grep -o "[0-9]*$")
+if [ -z "$port" ] || ! grep -q "serving$" "$tmp/agent.log"; then
+  echo "FAIL: ina-agent did not start serving:"
+  cat "$tmp/agent.log"
+  exit 1
+fi
+server=127.0.0.1:$port
+echo "ina-agent at $server (pid $agent_pid)"
+
+# The model's sizes, from the agent itself.
+"$ina" info --server "$server" >"$tmp/info" 2>&1
+model=$(grep "^model: " "$tmp/info")
+vocab=$(sed -n 's/.* vocab \([0-9]*\),.*/\1/p' <<<"$model")
+moe_layers=$(sed -n 's/.* (\([0-9]*\) MoE).*/\1/p' <<<"$model")
+experts=$(sed -n 's/.*, \([0-9]*\) experts (top [0-9]*).*/\1/p' <<<"$model")
+top_k=$(sed -n 's/.* experts (top \([0-9]*\)).*/\1/p' <<<"$model")
+if [ -z "$vocab" ] || [ -z "$moe_layers" ] || [ -z "$experts" ] || [ -z "$top_k" ]; then
+  echo "FAIL: cannot read the model's sizes from ina info:"
+  cat "$tmp/info"
+  exit 1
+fi
+echo "model: vocab $vocab, $moe_layers MoE layers, $experts experts, top $top_k"
+
+# ---- ina load -----------------------------------------------------------------------------
+check "load --help" 0 "usage: ina load" "$ina" load --help
+check "load: nothing queued or running" 0 "requests: 0 queued, 0 running" "$ina" load --server "$server"
+"$ina" load --server "$server" --json >"$tmp/idle.json" 2>&1
+json "load --json: idle, no expert counts unasked" '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["queued_requests"] == 0 and d["running_requests"] == 0, d
+assert d["kv_pages_free"] > 0 and d["kv_page_size"] > 0, d
+assert "expert_load" not in d, d' "$tmp/idle.json"
+# The warm-up generation counted too: start a fresh window.
+check "load --experts --reset (warm-up counts)" 0 "moe layer 0:" "$ina" load --server "$server" --experts --reset
+
+# Prompt ids >= 4 share no prefix with the agent's warm-up prompt (1,2,3).
+prompt="$((4 + RANDOM % (vocab - 4))),$((4 + RANDOM % (vocab - 4))),$((4 + RANDOM % (vocab - 4)))"
+check "generate 5 tokens from prompt $prompt" 0 "finish: length" \
+  "$ina" generate --server "$server" --prompt-ids "$prompt" --max-new-tokens 5 --ignore-eos
+want=$(((3 + 5 - 1) * top_k))
+"$ina" load --server "$server" --experts --json >"$tmp/load.json" 2>&1
+json "load --experts --json: $moe_layers layers of $experts counts, each summing to $want" '
+import json, sys
+d = json.load(open(sys.argv[1]))
+layers, experts, want = map(int, sys.argv[2:5])
+load = d["expert_load"]
+assert [e["moe_layer"] for e in load] == list(range(layers)), load
+for e in load:
+    assert len(e["tokens"]) == experts, e
+    assert sum(e["tokens"]) == want == e["total_tokens"], (e, want)
+    assert abs(e["max_over_mean"] - max(e["tokens"]) * experts / want) < 1e-6, e
+assert d["expert_load_seconds"] > 0, d' "$tmp/load.json" "$moe_layers" "$experts" "$want"
+check "load --experts: a table per layer" 0 "moe layer $((moe_layers - 1)): $want tokens, max" \
+  "$ina" load --server "$server" --experts
+grep -q "max/mean" "$tmp/out" || fail "load --experts: no max/mean imbalance in the table"
+check "load --reset" 0 "moe layer 0: $want tokens" "$ina" load --server "$server" --reset
+"$ina" load --server "$server" --experts --json >"$tmp/zero.json" 2>&1
+json "load after --reset: every count 0" '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert len(d["expert_load"]) == int(sys.argv[2]), d
+for e in d["expert_load"]:
+    assert e["tokens"] == [0] * int(sys.argv[3]) and e["max_over_mean"] is None, e' \
+  "$tmp/zero.json" "$moe_layers" "$experts"
+
+# ---- ina place ----------------------------------------------------------------------------
+check "place --help" 0 "usage: ina place" "$ina" place --help
+check "place without --show or --file" 2 "give one of --show and --file" "$ina" place --server "$server"
+check "place --show --out" 0 "written to $tmp/placement.json" \
+  "$ina" place --server "$server" --show --out "$tmp/placement.json"
+"$ina" place --server "$server" --show >"$tmp/stdout.json" 2>&1
+json "place --show: every expert once per layer, stdout and --out alike" '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d == json.load(open(sys.argv[2])), "stdout and --out differ"
+layers, experts = int(sys.argv[3]), int(sys.argv[4])
+lay = d["layout"]
+assert min(lay["tp"], lay["dp"], lay["ep"]) >= 1 and d["generation"] >= 1, d
+assert [l["moe_layer"] for l in d["layers"]] == list(range(layers)), d["layers"]
+for l in d["layers"]:
+    pairs = sorted((s["ep_rank"], s["slot"]) for s in l["slots"])
+    want = [(r, s) for r in range(lay["ep"]) for s in range(d["slots_per_rank"])]
+    assert pairs == want, ("slots", l)
+    assert sorted(s["logical_expert"] for s in l["slots"]) == list(range(experts)), ("experts", l)' \
+  "$tmp/placement.json" "$tmp/stdout.json" "$moe_layers" "$experts"
+generation=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["generation"])' \
+  "$tmp/placement.json")
+
+check "place --file with the admin token file: refused" 1 "ApplyPlacement: FAILED_PRECONDITION" \
+  "$ina" place --server "$server" --file "$tmp/placement.json" --admin-token-file "$tmp/token"
+check "place --file --admin-token --expected-generation $generation: refused" 1 \
+  "ApplyPlacement: FAILED_PRECONDITION" "$ina" place --server "$server" --file "$tmp/placement.json" \
+  --admin-token "$token" --expected-generation "$generation"
+check "place --file without a token" 1 "ApplyPlacement: UNAUTHENTICATED" \
+  "$ina" place --server "$server" --file "$tmp/placement.json"
+check "place --file with a wrong token" 1 "ApplyPlacement: UNAUTHENTICATED" \
+  "$ina" place --server "$server" --file "$tmp/placement.json" --admin-token "x$token"
+
+# Malformed copies of the placement, each broken at a random layer and slot.
+layer=$((RANDOM % moe_layers)) slot=$((RANDOM % experts))
+"$python" - "$tmp" "$layer" "$slot" <<'EOF'
+import json, sys
+tmp, layer, slot = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def broken(name, edit):
+    d = json.load(open(tmp + "/placement.json"))
+    edit(d)
+    json.dump(d, open(tmp + "/" + name, "w"), indent=1)
+def rename(d):
+    s = d["layers"][layer]["slots"][slot]
+    s["logical_exprt"] = s.pop("logical_expert")
+broken("type.json", lambda d: d["layers"][layer]["slots"][slot].update(logical_expert="x"))
+broken("key.json", rename)
+broken("missing.json", lambda d: d["layers"][layer].pop("moe_layer"))
+broken("negative.json", lambda d: d.update(slots_per_rank=-1))
+text = open(tmp + "/placement.json").read()
+open(tmp + "/notjson.json", "w").write(text[: len(text) // 2])
+EOF
+path="layers[$layer].slots[$slot]"
+for server_at in "$server" 127.0.0.1:1; do # 127.0.0.1:1: no agent there, nothing is called
+  check "malformed: wrong type (server $server_at)" 2 \
+    "$tmp/type.json: $path.logical_expert: expected a non-negative integer, got \"x\"" \
+    "$ina" place --server "$server_at" --file "$tmp/type.json" --admin-token "$token"
+done
+check "malformed: unknown key" 2 "$tmp/key.json: $path.logical_exprt: unknown key" \
+  "$ina" place --server "$server" --file "$tmp/key.json" --admin-token "$token"
+check "malformed: missing key" 2 "$tmp/missing.json: layers[$layer].moe_layer: missing" \
+  "$ina" place --server "$server" --file "$tmp/missing.json" --admin-token "$token"
+check "malformed: negative value" 2 "$tmp/negative.json: slots_per_rank: expected a non-negative integer, got -1" \
+  "$ina" place --server "$server" --file "$tmp/negative.json" --admin-token "$token"
+check "malformed: not JSON" 2 "$tmp/notjson.json:" \
+  "$ina" place --server "$server" --file "$tmp/notjson.json" --admin-token "$token"
+grep -q "invalid JSON" "$tmp/out" || fail "malformed: not JSON: the message does not say invalid JSON"
+check "health after all that" 0 "health: SERVING" "$ina" health --server "$server"
+
+# ---- stop ---------------------------------------------------------------------------------
+kill -TERM "$agent_pid"
+for _ in $(seq 600); do kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$agent_pid" 2>/dev/null; then
+  fail "ina-agent still runs 60 s after SIGTERM"
+else
+  wait "$agent_pid"
+  rc=$?
+  if [ "$rc" != 0 ] || ! grep -q "ina-agent: stopped" "$tmp/agent.log"; then
+    fail "ina-agent exited with status $rc after SIGTERM"
+    tail -20 "$tmp/agent.log"
+  else
+    echo "ok: SIGTERM: ina-agent stopped with status 0"
+  fi
+  agent_pid=
+fi
+if pgrep -f -- "--admin-token-file $tmp/token" >/dev/null; then
+  fail "a process of this test is left: $(pgrep -a -f -- "--admin-token-file $tmp/token")"
+fi
+[ -z "$(jobs -p)" ] || fail "background jobs left: $(jobs -p)"
+[ "$failed" = 0 ] && echo "test_agent_place: all checks passed"
+exit $failed
