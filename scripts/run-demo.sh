@@ -2,7 +2,7 @@
 # Set up and build, then serve the built-in `tiny` DeepSeek-V3-architecture model (seeded
 # random weights) with ina-agent: two ranks that split the routed experts on the CPU (one
 # rank on the GPU when there is one). Shows the node, streams two generations through the
-# gRPC API, and stops the agent cleanly.
+# gRPC API, shows the load they put on each expert, and stops the agent cleanly.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh" "$root/build"
@@ -30,6 +30,7 @@ rank0=${rank0:-$launcher}
 "$bin/tools/ina" info --server "$server"
 "$bin/tools/ina" generate --server "$server" \
   --prompt-ids 1,15,42,7,300 --prompt-ids 9,8,7 --max-new-tokens 24 --ignore-eos
+"$bin/tools/ina" load --server "$server" --experts || true # the GPU engine has no expert counters yet
 
 kill -TERM "$rank0"
 wait "$launcher"

@@ -20,7 +20,7 @@ int cmd_model(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_health(int argc, char **argv);
 int cmd_generate_remote(int argc, char **argv);
-/* Load and placement of a running agent (cmd_place.c): ina load, ina place. */
+/* Load and placement of a running agent (cmd_load.c, cmd_place.c): ina load, ina place. */
 int cmd_load(int argc, char **argv);
 int cmd_place(int argc, char **argv);
 

@@ -2,8 +2,8 @@
  *   ina info --server HOST:PORT              the node's NodeInfo
  *   ina health --server HOST:PORT            grpc.health.v1 Check and ina.v1.Node/GetHealth
  *   ina generate --server HOST:PORT ...      streams generated token ids as they arrive
- * Connection options are shared: --tls, --tls-ca FILE, --tls-name NAME, --token TOKEN,
- * --timeout-ms N. */
+ * Their connection options (--tls, --tls-ca FILE, --tls-name NAME, --token TOKEN,
+ * --timeout-ms N) are those of every client command (client_connection.h). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,75 +17,26 @@
 #include "agent/rpc/rpc_client.h"
 #include "agent/rpc/rpc_pb.h"
 #include "tools/cli.h"
+#include "tools/client_connection.h"
 
-
-#define CONNECTION_HELP                                                                       \
-  "  --server HOST:PORT   the agent's gRPC address (required)\n"                              \
-  "  --tls                use TLS (server certificate checked against --tls-ca or the\n"      \
-  "                       system roots)\n"                                                    \
-  "  --tls-ca FILE        PEM root certificate(s) for --tls\n"                                \
-  "  --tls-name NAME      name the server certificate must carry (default: the host)\n"      \
-  "  --token TOKEN        bearer token sent with every call\n"                                \
-  "  --timeout-ms N       deadline of each call (default 10000 for info and health, none\n"   \
-  "                       for generate)\n"                                                    \
-  "  -h, --help           this help\n"
-
-enum { O_SERVER = 512, O_TLS, O_TLS_CA, O_TLS_NAME, O_TOKEN, O_TIMEOUT };
-
-#define CONNECTION_OPTIONS                                                                    \
-  {"server", required_argument, 0, O_SERVER}, {"tls", no_argument, 0, O_TLS},                \
-      {"tls-ca", required_argument, 0, O_TLS_CA}, {"tls-name", required_argument, 0, O_TLS_NAME}, \
-      {"token", required_argument, 0, O_TOKEN}, {"timeout-ms", required_argument, 0, O_TIMEOUT}
-
-typedef struct connection {
-  ina_rpc_client_options_t options;
-  int64_t timeout_ms; /* -1: the command's default */
-} connection_t;
-
-/* Handles a connection option; returns 1 when `c` was one, -1 on a bad value, 0 else. */
-static int connection_option(connection_t *conn, int c, const char *arg) {
-  switch (c) {
-  case O_SERVER: conn->options.target = arg; return 1;
-  case O_TLS: conn->options.tls = 1; return 1;
-  case O_TLS_CA: conn->options.tls_root_cert_file = arg; return 1;
-  case O_TLS_NAME: conn->options.tls_target_name = arg; return 1;
-  case O_TOKEN: conn->options.bearer_token = arg; return 1;
-  case O_TIMEOUT: return cli_parse_int("--timeout-ms", arg, 1, INT64_MAX, &conn->timeout_ms) ? -1 : 1;
-  default: return 0;
-  }
-}
-
-static ina_rpc_client_t *connect_or_report(const char *cmd, connection_t *conn) {
-  ina_rpc_client_t *client = NULL;
-  if (!conn->options.target) {
-    fprintf(stderr, "ina %s: --server HOST:PORT is required\n", cmd);
-    return NULL;
-  }
-  if (ina_rpc_client_create(&conn->options, &client) != INA_OK)
-    fprintf(stderr, "ina %s: %s\n", cmd, ina_last_error());
-  return client;
-}
-
-static int call_failed(const char *cmd, const char *method, const ina_rpc_status_t *status) {
-  fprintf(stderr, "ina %s: %s: %s: %s\n", cmd, method, ina_rpc_code_name(status->code), status->message);
-  return 1;
-}
+/* The deadlines of the three commands, for their --timeout-ms help. */
+static const char timeout_help[] = "deadline of each call (default 10000 for info and health, none\n"
+                                   "for generate)\n";
 
 /* Parses a command with only connection options. Returns -1 to go on, else an exit code. */
 static int parse_connection_only(const char *cmd, const char *help, int argc, char **argv,
-                                 connection_t *conn) {
-  static const struct option opts[] = {CONNECTION_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+                                 client_connection_t *conn) {
+  static const struct option opts[] = {
+      CLIENT_CONNECTION_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c, r;
   optind = 1;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    if ((r = connection_option(conn, c, optarg)) == 1) continue;
+    if ((r = client_connection_option(conn, c, optarg)) == 1) continue;
     if (r < 0) return 2;
-    if (c == 'h') {
-      printf("%s" CONNECTION_HELP, help);
-      return 0;
-    }
-    fprintf(stderr, "%s" CONNECTION_HELP, help);
-    return 2;
+    FILE *f = c == 'h' ? stdout : stderr;
+    fputs(help, f);
+    client_connection_help(f, timeout_help);
+    return c == 'h' ? 0 : 2;
   }
   if (optind < argc) {
     fprintf(stderr, "ina %s: unexpected argument '%s'\n", cmd, argv[optind]);
@@ -121,12 +72,12 @@ static void print_node_info(const Ina__V1__NodeInfo *info) {
 }
 
 int cmd_info(int argc, char **argv) {
-  connection_t conn = {INA_RPC_CLIENT_OPTIONS_INIT, -1};
+  client_connection_t conn = CLIENT_CONNECTION_INIT;
   int rc = parse_connection_only("info", "usage: ina info --server HOST:PORT [options]\n\n"
                                          "Prints what the agent serves: device, ranks, model, build.\n\n",
                                  argc, argv, &conn);
   if (rc >= 0) return rc;
-  ina_rpc_client_t *client = connect_or_report("info", &conn);
+  ina_rpc_client_t *client = client_connect("info", &conn);
   if (!client) return 1;
   Ina__V1__GetNodeInfoRequest req = INA__V1__GET_NODE_INFO_REQUEST__INIT;
   uint8_t *bytes = NULL, *resp = NULL;
@@ -134,9 +85,9 @@ int cmd_info(int argc, char **argv) {
   ina_rpc_status_t status;
   rc = 1;
   if (ina_rpc_pack(&req.base, &bytes, &size) != INA_OK) goto done;
-  if (ina_rpc_client_unary(client, "/ina.v1.Node/GetNodeInfo", bytes, size, conn.timeout_ms > 0 ? conn.timeout_ms : 0,
-                           &resp, &resp_size, &status) != INA_OK) {
-    call_failed("info", "GetNodeInfo", &status);
+  if (ina_rpc_client_unary(client, "/ina.v1.Node/GetNodeInfo", bytes, size,
+                           client_connection_deadline(&conn, 0), &resp, &resp_size, &status) != INA_OK) {
+    client_call_failed("info", "GetNodeInfo", &status);
     goto done;
   }
   Ina__V1__NodeInfo *info = ina__v1__node_info__unpack(NULL, resp_size, resp);
@@ -177,15 +128,15 @@ static const char *node_state_name(Ina__V1__NodeState s) {
 }
 
 int cmd_health(int argc, char **argv) {
-  connection_t conn = {INA_RPC_CLIENT_OPTIONS_INIT, -1};
+  client_connection_t conn = CLIENT_CONNECTION_INIT;
   int rc = parse_connection_only("health", "usage: ina health --server HOST:PORT [options]\n\n"
                                            "Prints the grpc.health.v1 status and the node state; exits 0\n"
                                            "when SERVING, 1 otherwise.\n\n",
                                  argc, argv, &conn);
   if (rc >= 0) return rc;
-  ina_rpc_client_t *client = connect_or_report("health", &conn);
+  ina_rpc_client_t *client = client_connect("health", &conn);
   if (!client) return 1;
-  int64_t deadline = conn.timeout_ms > 0 ? conn.timeout_ms : 0;
+  int64_t deadline = client_connection_deadline(&conn, 0);
   Grpc__Health__V1__HealthCheckRequest check = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   Ina__V1__GetHealthRequest hreq = INA__V1__GET_HEALTH_REQUEST__INIT;
   uint8_t *bytes = NULL, *resp = NULL;
@@ -197,7 +148,7 @@ int cmd_health(int argc, char **argv) {
   if (ina_rpc_pack(&check.base, &bytes, &size) != INA_OK) goto done;
   if (ina_rpc_client_unary(client, "/grpc.health.v1.Health/Check", bytes, size, deadline, &resp,
                            &resp_size, &status) != INA_OK) {
-    call_failed("health", "Check", &status);
+    client_call_failed("health", "Check", &status);
     goto done;
   }
   Grpc__Health__V1__HealthCheckResponse *h = grpc__health__v1__health_check_response__unpack(NULL, resp_size, resp);
@@ -211,7 +162,7 @@ int cmd_health(int argc, char **argv) {
   if (ina_rpc_pack(&hreq.base, &bytes, &size) != INA_OK) goto done;
   if (ina_rpc_client_unary(client, "/ina.v1.Node/GetHealth", bytes, size, deadline, &resp, &resp_size,
                            &status) != INA_OK) {
-    call_failed("health", "GetHealth", &status);
+    client_call_failed("health", "GetHealth", &status);
     goto done;
   }
   Ina__V1__NodeHealth *nh = ina__v1__node_health__unpack(NULL, resp_size, resp);
@@ -245,8 +196,8 @@ static void generate_usage(FILE *f) {
           "  --ignore-eos         keep generating past the end-of-sequence id\n"
           "  --stop-ids IDS       comma-separated ids that end generation\n"
           "  --stream-interval N  tokens per streamed message (default 1)\n"
-          "  --request-id ID      request id (default ina-cli-PID-I); Cancel uses it\n"
-          CONNECTION_HELP);
+          "  --request-id ID      request id (default ina-cli-PID-I); Cancel uses it\n");
+  client_connection_help(f, timeout_help);
 }
 
 static const char *finish_name(Ina__V1__FinishReason f) {
@@ -315,7 +266,7 @@ static int generate_one(ina_rpc_client_t *client, Ina__V1__GenerateRequest *req,
   printf("\n");
   if (st != INA_OK) {
     if (p.bad) fprintf(stderr, "ina generate: a response is not an ina.v1.GenerateResponse\n");
-    return call_failed("generate", "Generate", &status);
+    return client_call_failed("generate", "Generate", &status);
   }
   if (!p.finished) {
     fprintf(stderr, "ina generate: the stream ended without a final response\n");
@@ -330,14 +281,14 @@ static int generate_one(ina_rpc_client_t *client, Ina__V1__GenerateRequest *req,
 int cmd_generate_remote(int argc, char **argv) {
   enum { O_PROMPT = 256, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_STOP, O_INTERVAL, O_ID };
   static const struct option opts[] = {
-      CONNECTION_OPTIONS,
+      CLIENT_CONNECTION_OPTIONS,
       {"prompt-ids", required_argument, 0, O_PROMPT}, {"max-new-tokens", required_argument, 0, O_MAXNEW},
       {"temperature", required_argument, 0, O_TEMP},  {"top-k", required_argument, 0, O_TOPK},
       {"top-p", required_argument, 0, O_TOPP},        {"seed", required_argument, 0, O_SEED},
       {"ignore-eos", no_argument, 0, O_EOS},          {"stop-ids", required_argument, 0, O_STOP},
       {"stream-interval", required_argument, 0, O_INTERVAL}, {"request-id", required_argument, 0, O_ID},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
-  connection_t conn = {INA_RPC_CLIENT_OPTIONS_INIT, -1};
+  client_connection_t conn = CLIENT_CONNECTION_INIT;
   char **prompts = NULL;
   int num_prompts = 0, rc = 2, c, r;
   int64_t max_new = 16, top_k = 0, seed = 0, interval = 0;
@@ -348,7 +299,7 @@ int cmd_generate_remote(int argc, char **argv) {
   ina_rpc_client_t *client = NULL;
   optind = 1;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    if ((r = connection_option(&conn, c, optarg)) == 1) continue;
+    if ((r = client_connection_option(&conn, c, optarg)) == 1) continue;
     if (r < 0) goto done;
     switch (c) {
     case O_PROMPT: {
@@ -385,7 +336,7 @@ int cmd_generate_remote(int argc, char **argv) {
     goto done;
   }
   rc = 1;
-  client = connect_or_report("generate", &conn);
+  client = client_connect("generate", &conn);
   if (!client) goto done;
   for (int i = 0; i < num_prompts && rc == 1; i++) {
     int32_t *ids = NULL, n = 0;
@@ -415,7 +366,7 @@ int cmd_generate_remote(int argc, char **argv) {
       req.n_stop_token_ids = (size_t)num_stop;
       req.ignore_eos = ignore_eos;
       req.stream_interval = (uint32_t)interval;
-      failed = generate_one(client, &req, i, conn.timeout_ms > 0 ? conn.timeout_ms : -1);
+      failed = generate_one(client, &req, i, client_connection_deadline(&conn, -1));
     }
     free(ids);
     free(uids);
