@@ -11,6 +11,7 @@
 #include "core/cuda.h"
 #include "ina/v1/node.pb-c.h"
 #include "agent/agent_internal.h"
+#include "build_info.h"
 #include "agent/rpc/rpc_pb.h"
 
 #ifndef INA_VERSION_STRING
@@ -107,8 +108,11 @@ static ina_rpc_code_t get_node_info(void *ctx, const ina_rpc_request_t *request,
 
   Ina__V1__BuildInfo build = INA__V1__BUILD_INFO__INIT;
   build.version = INA_VERSION_STRING;
-  build.git_commit = "";
-  build.cuda_version = "";
+  build.git_commit = INA_GIT_COMMIT;
+  build.cuda_version = INA_CUDA_VERSION;
+  char *archs[] = {"sm_90a"}; /* cmake/cuda.cmake: sm_90a code plus compute_90 PTX */
+  build.n_cuda_archs = INA_CUDA_VERSION[0] ? 1 : 0;
+  build.cuda_archs = archs;
   build.build_type = INA_BUILD_TYPE;
 
   Ina__V1__NodeInfo info = INA__V1__NODE_INFO__INIT;

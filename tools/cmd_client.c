@@ -66,7 +66,8 @@ static void print_node_info(const Ina__V1__NodeInfo *info) {
            m->eos_token_id);
   const Ina__V1__BuildInfo *b = info->build;
   if (b)
-    printf("build: ina %s (%s)%s%s\n", b->version, b->build_type, b->cuda_version[0] ? ", CUDA " : "",
+    printf("build: ina %s (%s)%s%.12s%s%s\n", b->version, b->build_type,
+           b->git_commit[0] ? ", commit " : "", b->git_commit, b->cuda_version[0] ? ", CUDA " : "",
            b->cuda_version);
   printf("host memory: %.1f GiB\n", (double)info->host_memory_bytes / (1024.0 * 1024.0 * 1024.0));
 }

@@ -269,7 +269,13 @@ def check_node(c, client, pb, agent_pid):
     c.check(m.eos_token_id < m.vocab_size, f"NodeInfo.model.eos_token_id {m.eos_token_id} >= vocab_size")
     c.check(re.fullmatch(r"\d+\.\d+\.\d+.*", info.build.version),
             f"NodeInfo.build.version: {info.build.version!r}, expected a semantic version")
-    c.equal(info.build.cuda_version, "", "NodeInfo.build.cuda_version of a CPU agent")
+    c.check(re.fullmatch(r"(\d+\.\d+)?", info.build.cuda_version),
+            f"NodeInfo.build.cuda_version: {info.build.cuda_version!r}, expected '' or N.M")
+    c.check((info.build.cuda_version == "") == (len(info.build.cuda_archs) == 0),
+            f"NodeInfo.build.cuda_archs {list(info.build.cuda_archs)} with cuda_version "
+            f"{info.build.cuda_version!r}")
+    c.check(re.fullmatch(r"([0-9a-f]{40})?", info.build.git_commit),
+            f"NodeInfo.build.git_commit: {info.build.git_commit!r}, expected 40 hex digits or ''")
     c.equal(info.host_memory_bytes, host_mem_total_bytes(), "NodeInfo.host_memory_bytes vs /proc/meminfo")
 
     health = client.get_health(node.GetHealthRequest(), timeout=RPC_TIMEOUT_S)
