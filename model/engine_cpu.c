@@ -37,9 +37,12 @@ struct ina_engine_cpu {
   ina_ep_group_t ep;    /* who holds which routed experts */
   ina_comm_t *tp_comm;  /* tensor parallelism: sums the partial outputs; NULL: one rank */
   int32_t heads;        /* attention heads of this rank (all of them without TP) */
-  /* Tokens routed per (MoE layer, expert); read by other threads under load_mu. */
+  /* Tokens routed per (MoE layer, expert); read by other threads under load_mu. A step
+   * counts into step_load (driver only) and publishes all layers at once when it ends,
+   * so a reader never sees some layers of a step without the others. */
   pthread_mutex_t load_mu;
   uint64_t *expert_load;  /* [n_moe_layers, n_routed_experts] */
+  uint64_t *step_load;    /* the same, for the step under way */
   int32_t *moe_index;     /* [num_layers]: the layer's MoE index, -1 for dense layers */
   int32_t num_moe_layers;
 };
@@ -95,6 +98,9 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   e->expert_load = calloc((size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts + 1,
                           sizeof *e->expert_load);
   INA_CHECK_ALLOC(e->expert_load);
+  e->step_load = calloc((size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts + 1,
+                        sizeof *e->step_load);
+  INA_CHECK_ALLOC(e->step_load);
   INA_CHECK(ina_threadpool_create(options->num_threads, &e->pool));
   {
     ina_page_pool_config_t pc = INA_PAGE_POOL_CONFIG_INIT;
@@ -126,6 +132,7 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   if (e->moe_index) pthread_mutex_destroy(&e->load_mu);
   free(e->moe_index);
   free(e->expert_load);
+  free(e->step_load);
   free(e->inv_freq);
   free(e);
 }
@@ -532,10 +539,8 @@ static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
   }
   INA_CHECK(routed_pairs_build(ids, weights, T, K, E, &pairs));
   {
-    uint64_t *load = e->expert_load + (int64_t)e->moe_index[layer] * E;
-    pthread_mutex_lock(&e->load_mu);
+    uint64_t *load = e->step_load + (int64_t)e->moe_index[layer] * E;
     for (int32_t x = 0; x < E; x++) load[x] += (uint64_t)(pairs.first[x + 1] - pairs.first[x]);
-    pthread_mutex_unlock(&e->load_mu);
   }
   /* Our experts, each over the tokens routed to it; then every rank's rows everywhere. */
   for (int32_t x = e->ep.first_expert[e->ep.rank]; x < e->ep.first_expert[e->ep.rank + 1]; x++) {
@@ -587,6 +592,15 @@ fail:
 
 /* ---- the step --------------------------------------------------------------------- */
 
+/* The step's expert counts into the published ones, every layer at once. */
+static void publish_expert_load(ina_engine_cpu_t *e) {
+  const size_t n = (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts;
+  pthread_mutex_lock(&e->load_mu);
+  for (size_t i = 0; i < n; i++) e->expert_load[i] += e->step_load[i];
+  pthread_mutex_unlock(&e->load_mu);
+  memset(e->step_load, 0, n * sizeof *e->step_load);
+}
+
 ina_status_t ina_engine_cpu_forward(ina_engine_cpu_t *e, const ina_batch_t *b, float *logits) {
   ina_status_t st = INA_OK;
   step_t s;
@@ -624,9 +638,13 @@ ina_status_t ina_engine_cpu_forward(ina_engine_cpu_t *e, const ina_batch_t *b, f
   }
   free(final);
   step_free(&s);
+  publish_expert_load(e);
   return INA_OK;
 fail:
   if (appended) ina_engine_truncate_all(e->kv, b);
+  /* The step's tokens were not computed: its counts go. */
+  memset(e->step_load, 0,
+         (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts * sizeof *e->step_load);
   free(final);
   step_free(&s);
   return st;
