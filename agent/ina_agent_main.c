@@ -10,9 +10,8 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
-#include "comm/bootstrap.h"
-#include "comm/comm.h"
 #include "core/log.h"
+#include "model/parallel_job.h"
 #include "agent/agent.h"
 
 static void usage(FILE *f) {
@@ -140,105 +139,64 @@ static void print_address(const char *what, const char *listen, int port) {
 
 /* ---- several ranks ---------------------------------------------------------------- */
 
-/* The MPI job behind --tp / --ep: consecutive ranks form a tensor-parallel group; with
- * --ep the groups split the routed experts; every rank replicates rank 0's scheduler. */
-typedef struct job {
-  ina_bootstrap_t *boot;
-  ina_comm_t *tp, *ep, *replicas;
-  int rank, size, tp_size;
-} job_t;
-
+/* The MPI job behind --tp / --ep (model/parallel_job.h); every rank replicates rank 0's
+ * scheduler over the job's world communicator. */
 #define AGENT_COMM_TIMEOUT_S 20.0
 
-static int job_start(int tp_size, int ep, job_t *job) {
-  int argc = 0;
-  char **argv = NULL;
-  if (ina_bootstrap_init(&argc, &argv, &job->boot) != INA_OK) {
-    fprintf(stderr, "ina-agent: cannot start the MPI job: %s\n", ina_last_error());
-    return 1;
-  }
-  job->rank = ina_bootstrap_world_rank(job->boot);
-  job->size = ina_bootstrap_world_size(job->boot);
-  job->tp_size = tp_size;
-  if (job->size % tp_size != 0 || (!ep && job->size != tp_size)) {
-    if (job->rank == 0)
-      fprintf(stderr, "ina-agent: --tp %d on %d ranks: the ranks must be %s\n", tp_size,
-              job->size,
-              ep ? "a multiple of --tp" : "exactly --tp (add --ep to split experts over groups)");
+static int job_start(int tp_size, int ep, ina_parallel_job_t *job) {
+  if (ina_parallel_job_start(tp_size, ep, job) != INA_OK) {
+    if (job->rank == 0) fprintf(stderr, "ina-agent: %s\n", ina_last_error());
     return 2;
   }
-  if (ina_bootstrap_split_tp_dp(job->boot, tp_size, INA_COMM_BACKEND_MPI,
-                                tp_size > 1 ? &job->tp : NULL, ep ? &job->ep : NULL) != INA_OK ||
-      ina_bootstrap_world_comm(job->boot, INA_COMM_BACKEND_MPI, &job->replicas) != INA_OK) {
-    fprintf(stderr, "ina-agent: cannot form the rank groups: %s\n", ina_last_error());
-    return 1;
-  }
   if (!getenv("INA_COMM_TIMEOUT_S")) {
-    ina_comm_t *comms[3] = {job->tp, job->ep, job->replicas};
+    ina_comm_t *comms[3] = {job->tp, job->ep, job->world};
     for (int i = 0; i < 3; i++)
       if (comms[i]) ina_comm_set_timeout(comms[i], AGENT_COMM_TIMEOUT_S);
   }
   return 0;
 }
 
+static int job_broken(const ina_parallel_job_t *job) {
+  return (job->tp && ina_comm_is_broken(job->tp)) || (job->ep && ina_comm_is_broken(job->ep)) ||
+         (job->world && ina_comm_is_broken(job->world));
+}
+
+/* This rank's slice of the model. The groups split the experts evenly, so that the
+ * placement the agent reports has the same number of slots on every rank. */
+static int job_shard(const ina_parallel_job_t *job, const char *spec, ina_shard_t *shard) {
+  ina_model_config_t cfg;
+  if (ina_model_spec_config(spec, &cfg) != INA_OK ||
+      ina_parallel_job_shard(job, &cfg, 1, shard) != INA_OK) {
+    if (job->rank == 0) fprintf(stderr, "ina-agent: %s\n", ina_last_error());
+    return 2;
+  }
+  return 0;
+}
+
 /* Every rank's place in the job, gathered on every rank (collective). */
-static int job_describe(const job_t *job, const ina_shard_t *shard, ina_agent_rank_t *all) {
+static int job_describe(const ina_parallel_job_t *job, const ina_shard_t *shard,
+                        ina_agent_rank_t *all) {
   const ina_agent_rank_t mine = {job->rank,
                                  ina_bootstrap_local_rank(job->boot),
                                  -1,
                                  (int32_t)getpid(),
                                  shard->tp_rank,
                                  job->rank / job->tp_size,
-                                 job->ep ? job->rank / job->tp_size : 0,
+                                 ina_parallel_job_ep_rank(job),
                                  shard->expert_begin,
                                  shard->expert_end};
   const size_t words = sizeof mine / sizeof(int32_t);
-  if (ina_comm_all_gather(job->replicas, &mine, all, words, INA_DTYPE_I32, NULL) != INA_OK) {
+  if (ina_comm_all_gather(job->world, &mine, all, words, INA_DTYPE_I32, NULL) != INA_OK) {
     fprintf(stderr, "ina-agent: cannot gather the ranks' places: %s\n", ina_last_error());
     return 1;
   }
   return 0;
 }
 
-static void job_end(job_t *job) {
-  ina_comm_destroy(job->replicas);
-  ina_comm_destroy(job->ep);
-  ina_comm_destroy(job->tp);
-  if (job->boot) ina_bootstrap_finalize(job->boot);
-}
-
-static int job_broken(const job_t *job) {
-  return (job->tp && ina_comm_is_broken(job->tp)) || (job->ep && ina_comm_is_broken(job->ep)) ||
-         (job->replicas && ina_comm_is_broken(job->replicas));
-}
-
-/* This rank's slice of the model. The groups split the experts evenly, so that the
- * placement the agent reports has the same number of slots on every rank. */
-static int job_shard(const job_t *job, const char *spec, ina_shard_t *shard) {
-  ina_model_config_t cfg;
-  if (ina_model_spec_config(spec, &cfg) != INA_OK) {
-    fprintf(stderr, "ina-agent: cannot open model: %s\n", ina_last_error());
-    return 1;
-  }
-  const int64_t experts = cfg.n_routed_experts, groups = job->ep ? job->size / job->tp_size : 1;
-  if (experts % groups != 0) {
-    if (job->rank == 0)
-      fprintf(stderr, "ina-agent: --ep: the %lld routed experts do not divide over %lld groups\n",
-              (long long)experts, (long long)groups);
-    return 2;
-  }
-  const int64_t group = job->ep ? job->rank / job->tp_size : 0;
-  shard->tp_rank = job->rank % job->tp_size;
-  shard->tp_size = job->tp_size;
-  shard->expert_begin = (int32_t)(experts * group / groups);
-  shard->expert_end = (int32_t)(experts * (group + 1) / groups);
-  return 0;
-}
-
 /* Ranks > 0: the same model slice, engine and scheduler as rank 0's, following its steps
  * until it stops (exit 0) or goes silent (exit 1). Signals are left to rank 0, whose
  * stop reaches this rank as the end of the replication. */
-static int follow(const ina_agent_options_t *o, const job_t *job) {
+static int follow(const ina_agent_options_t *o, const ina_parallel_job_t *job) {
   signal(SIGTERM, SIG_IGN);
   signal(SIGINT, SIG_IGN);
   ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
@@ -274,7 +232,7 @@ static int follow(const ina_agent_options_t *o, const job_t *job) {
 /* Rank 0: a rank that stops answering breaks a communicator; the agent then stops and
  * the process exits non-zero. */
 typedef struct watch {
-  const job_t *job;
+  const ina_parallel_job_t *job;
   atomic_int done, lost;
 } watch_t;
 
@@ -345,7 +303,8 @@ int main(int argc, char **argv) {
     return 2;
   }
 
-  job_t job = {NULL, NULL, NULL, NULL, 0, 1, 1};
+  ina_parallel_job_t job;
+  memset(&job, 0, sizeof job);
   if (ep || tp_size > 1) {
     if (device_given && o.device >= 0) {
       fprintf(stderr, "ina-agent: --tp and --ep run on the CPU engine so far (--device cpu)\n");
@@ -358,24 +317,24 @@ int main(int argc, char **argv) {
     if (rc == 0) rc = ranks ? job_describe(&job, &o.shard, ranks) : 1;
     if (rc) {
       free(ranks);
-      job_end(&job);
+      ina_parallel_job_end(&job);
       return rc;
     }
     o.ranks = ranks;
     o.num_ranks = job.size;
     o.tp = job.tp_size;
-    o.dp = job.size / job.tp_size;
+    o.dp = job.groups;
     o.ep = ep ? o.dp : 1;
     o.tp_comm = job.tp;
     o.ep_comm = job.ep;
-    o.scheduler.replica_comm = job.replicas;
+    o.scheduler.replica_comm = job.world;
     if (job.rank > 0) {
       free(ranks);
       o.ranks = NULL;
       rc = follow(&o, &job);
       /* A lost leader would keep MPI_Finalize waiting: end the whole job instead. */
-      if (rc != 0) ina_bootstrap_abort(job.boot, rc);
-      job_end(&job);
+      if (rc != 0) ina_parallel_job_abort(&job, rc);
+      ina_parallel_job_end(&job);
       return rc;
     }
   }
@@ -385,7 +344,7 @@ int main(int argc, char **argv) {
   free((void *)o.ranks); /* copied by the agent */
   if (created != INA_OK) {
     fprintf(stderr, "ina-agent: %s\n", ina_last_error());
-    job_end(&job);
+    ina_parallel_job_end(&job);
     return 1;
   }
   g_agent = agent;
@@ -396,10 +355,10 @@ int main(int argc, char **argv) {
   }
   watch_t watch = {&job, 0, 0};
   pthread_t watcher;
-  const int watching = job.replicas && pthread_create(&watcher, NULL, watch_ranks, &watch) == 0;
-  if (job.replicas) {
+  const int watching = job.world && pthread_create(&watcher, NULL, watch_ranks, &watch) == 0;
+  if (job.world) {
     printf("ina-agent: rank 0 of %d serving, tensor parallel %d, expert parallel %d (pid %d)\n",
-           job.size, job.tp_size, job.ep ? job.size / job.tp_size : 1, (int)getpid());
+           job.size, job.tp_size, job.ep ? job.groups : 1, (int)getpid());
     fflush(stdout);
   }
   print_address("listening on", o.listen_address, ina_agent_port(agent));
@@ -423,8 +382,8 @@ int main(int argc, char **argv) {
   if (watch.lost) st = INA_ERR_MPI;
   ina_agent_destroy(agent);
   /* A rank that stopped answering would keep MPI_Finalize waiting: end the whole job. */
-  if (watch.lost) ina_bootstrap_abort(job.boot, 1);
-  job_end(&job);
+  if (watch.lost) ina_parallel_job_abort(&job, 1);
+  ina_parallel_job_end(&job);
   if (st == INA_OK) {
     printf("ina-agent: stopped\n");
     fflush(stdout);

@@ -4,13 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/bootstrap.h"
-#include "comm/comm.h"
 #include "core/cuda.h"
 #include "core/log.h"
 #include "core/npy.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "model/parallel_job.h"
 #include "tools/cli.h"
 
 static void usage(FILE *f) {
@@ -114,61 +113,14 @@ static int wants_server(int argc, char **argv) {
   return 0;
 }
 
-/* With --tp or --ep: the MPI job and this rank's place in it. Consecutive ranks form a
- * tensor-parallel group of tp_size; with --ep the groups split the routed experts, and the
- * ranks holding the same slice form an expert-parallel group. */
-typedef struct rank_job {
-  ina_bootstrap_t *boot;
-  ina_comm_t *tp, *ep; /* NULL when not used */
-  int rank, size, tp_size;
-} rank_job_t;
-
-static int rank_job_start(int tp_size, int ep, rank_job_t *job) {
-  int argc = 0;
-  char **argv = NULL;
-  if (ina_bootstrap_init(&argc, &argv, &job->boot) != INA_OK) {
-    fprintf(stderr, "ina generate: cannot start the MPI job: %s\n", ina_last_error());
-    return 1;
-  }
-  job->rank = ina_bootstrap_world_rank(job->boot);
-  job->size = ina_bootstrap_world_size(job->boot);
-  job->tp_size = tp_size;
-  if (job->size % tp_size != 0 || (!ep && job->size != tp_size)) {
-    if (job->rank == 0)
-      fprintf(stderr,
-              "ina generate: --tp %d on %d ranks: the ranks must be %s\n", tp_size, job->size,
-              ep ? "a multiple of --tp (tensor-parallel groups that split the experts)"
-                 : "exactly --tp (add --ep to split experts over several groups)");
-    return 2;
-  }
-  if (ina_bootstrap_split_tp_dp(job->boot, tp_size, INA_COMM_BACKEND_MPI,
-                                tp_size > 1 ? &job->tp : NULL, ep ? &job->ep : NULL) != INA_OK) {
-    fprintf(stderr, "ina generate: cannot form the rank groups: %s\n", ina_last_error());
-    return 1;
-  }
-  return 0;
-}
-
-static void rank_job_end(rank_job_t *job) {
-  ina_comm_destroy(job->ep);
-  ina_comm_destroy(job->tp);
-  if (job->boot) ina_bootstrap_finalize(job->boot);
-}
-
-/* This rank's tensor-parallel slice and share of the routed experts (near-equal
- * contiguous ranges in group order). */
-static int rank_job_shard(const rank_job_t *job, const char *spec, ina_shard_t *shard) {
+/* With --tp or --ep: this rank's slice of the model (model/parallel_job.h). */
+static int job_shard(const ina_parallel_job_t *job, const char *spec, ina_shard_t *shard) {
   ina_model_config_t cfg;
-  if (ina_model_spec_config(spec, &cfg) != INA_OK) {
-    fprintf(stderr, "ina generate: cannot open model: %s\n", ina_last_error());
+  if (ina_model_spec_config(spec, &cfg) != INA_OK ||
+      ina_parallel_job_shard(job, &cfg, 0, shard) != INA_OK) {
+    fprintf(stderr, "ina generate: %s\n", ina_last_error());
     return 1;
   }
-  const int64_t experts = cfg.n_routed_experts, groups = job->ep ? job->size / job->tp_size : 1;
-  const int64_t group = job->ep ? job->rank / job->tp_size : 0;
-  shard->tp_rank = job->rank % job->tp_size;
-  shard->tp_size = job->tp_size;
-  shard->expert_begin = (int32_t)(experts * group / groups);
-  shard->expert_end = (int32_t)(experts * (group + 1) / groups);
   return 0;
 }
 
@@ -195,7 +147,8 @@ int cmd_generate(int argc, char **argv) {
   int ignore_eos = 0, rc = 1, device_given = 0, use_ep = 0;
   int64_t tp_size = 1;
   int32_t device = ina_cuda_device_count() > 0 ? 0 : -1;
-  rank_job_t job = {NULL, NULL, NULL, 0, 1, 1};
+  ina_parallel_job_t job;
+  memset(&job, 0, sizeof job);
   ina_model_options_t mopts = INA_MODEL_OPTIONS_INIT;
   ina_engine_options_t eopts = INA_ENGINE_OPTIONS_INIT;
   ina_model_t *model = NULL;
@@ -252,10 +205,12 @@ int cmd_generate(int argc, char **argv) {
       goto done;
     }
     device = -1;
-    rc = rank_job_start((int)tp_size, use_ep, &job);
-    if (rc) goto done;
-    rc = 1;
-    if (rank_job_shard(&job, model_spec, &mopts.shard)) goto done;
+    if (ina_parallel_job_start((int32_t)tp_size, use_ep, &job) != INA_OK) {
+      if (job.rank == 0) fprintf(stderr, "ina generate: %s\n", ina_last_error());
+      rc = 2;
+      goto done;
+    }
+    if (job_shard(&job, model_spec, &mopts.shard)) goto done;
     eopts.tp_comm = job.tp;
     eopts.ep_comm = job.ep;
   }
@@ -278,7 +233,7 @@ int cmd_generate(int argc, char **argv) {
   if (multi_rank) {
     if (job.rank == 0)
       printf("device: cpu, %d ranks: tensor parallel %d, expert parallel %d\n", job.size,
-             job.tp_size, use_ep ? job.size / job.tp_size : 1);
+             job.tp_size, use_ep ? job.groups : 1);
   } else if (device < 0) {
     printf("device: cpu\n");
   } else {
@@ -348,6 +303,6 @@ done:
   free(prompts.lens);
   ina_engine_destroy(engine);
   ina_model_destroy(model);
-  rank_job_end(&job);
+  ina_parallel_job_end(&job);
   return rc;
 }

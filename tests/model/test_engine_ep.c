@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "tests/test_util.h"
 #include "tests/golden/golden_fixture.h"
+#include "tests/model/parallel_test_util.h"
 
 static int g_rank, g_size;
 
@@ -23,46 +24,6 @@ static int g_rank, g_size;
 static void share_of(int32_t experts, int rank, int size, int32_t *begin, int32_t *end) {
   *begin = (int32_t)((int64_t)experts * rank / size);
   *end = (int32_t)((int64_t)experts * (rank + 1) / size);
-}
-
-typedef struct run {
-  ina_generate_request_t r[GOLDEN_MAX_PROMPTS];
-} run_t;
-
-/* Greedy generation of every prompt of f as one batch; logits kept per request. */
-static void generate_all(const fixture_t *f, const ina_model_t *m, ina_comm_t *ep_comm,
-                         int32_t page_size, run_t *out) {
-  const int32_t vocab = ina_model_config(m)->vocab_size;
-  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
-  eo.page_size = page_size;
-  eo.max_tokens = 4096;
-  eo.num_threads = 1;
-  eo.ep_comm = ep_comm;
-  ina_engine_t *e = NULL;
-  memset(out, 0, sizeof *out);
-  CHECK_OK(ina_engine_create(m, &eo, &e));
-  if (!e) return;
-  for (int32_t p = 0; p < f->count; p++) {
-    const ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
-    ina_generate_request_t *r = &out->r[p];
-    r->prompt = f->prompts[p];
-    r->prompt_len = f->lens[p];
-    r->max_new_tokens = f->max_new;
-    r->sampling = sp;
-    r->ignore_eos = 1;
-    r->output = malloc((size_t)f->max_new * sizeof(int32_t));
-    r->logits = malloc((size_t)(f->lens[p] + f->max_new) * vocab * sizeof(float));
-    test_poison_f32(r->logits, (size_t)(f->lens[p] + f->max_new) * vocab);
-  }
-  CHECK_OK(ina_generate(e, out->r, f->count, NULL));
-  ina_engine_destroy(e);
-}
-
-static void free_run(run_t *r) {
-  for (int32_t p = 0; p < GOLDEN_MAX_PROMPTS; p++) {
-    free(r->r[p].output);
-    free(r->r[p].logits);
-  }
 }
 
 /* 1 when every rank passes ok != 0. */
@@ -95,9 +56,9 @@ static void check_fixture(const char *dir, ina_comm_t *comm) {
   if (part) CHECK(ina_model_weight_bytes(part) <= ina_model_weight_bytes(whole));
   /* Page size 1 and 16: decode over one or many pages. */
   for (int32_t page_size = 1; page_size <= 16 && part; page_size += 15) {
-    run_t ref, ep;
-    generate_all(&f, whole, NULL, page_size, &ref);
-    generate_all(&f, part, comm, page_size, &ep);
+    fixture_run_t ref, ep;
+    fixture_generate(&f, whole, NULL, NULL, page_size, &ref);
+    fixture_generate(&f, part, NULL, comm, page_size, &ep);
     int same = 1;
     for (int32_t p = 0; p < f.count; p++) {
       const size_t n = (size_t)(f.lens[p] + f.max_new - 1) * vocab;
@@ -116,8 +77,8 @@ static void check_fixture(const char *dir, ina_comm_t *comm) {
       same &= logits_same && tokens_hf;
     }
     CHECKF(all_ranks(comm, same), "%s (page %d): some rank's results differ", dir, page_size);
-    free_run(&ref);
-    free_run(&ep);
+    fixture_run_free(&ref);
+    fixture_run_free(&ep);
   }
   ina_model_destroy(part);
   ina_model_destroy(whole);

@@ -17,50 +17,11 @@
 #include "model/model.h"
 #include "tests/test_util.h"
 #include "tests/golden/golden_fixture.h"
+#include "tests/model/parallel_test_util.h"
 
 #define LOGITS_BOUND 1e-5
 
 static int g_rank, g_size, g_tp, g_ep;
-
-typedef struct run {
-  ina_generate_request_t r[GOLDEN_MAX_PROMPTS];
-} run_t;
-
-static void generate_all(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp_comm,
-                         ina_comm_t *ep_comm, run_t *out) {
-  const int32_t vocab = ina_model_config(m)->vocab_size;
-  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
-  eo.page_size = 4;
-  eo.max_tokens = 4096;
-  eo.num_threads = 1;
-  eo.tp_comm = tp_comm;
-  eo.ep_comm = ep_comm;
-  ina_engine_t *e = NULL;
-  memset(out, 0, sizeof *out);
-  CHECK_OK(ina_engine_create(m, &eo, &e));
-  if (!e) return;
-  for (int32_t p = 0; p < f->count; p++) {
-    const ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
-    ina_generate_request_t *r = &out->r[p];
-    r->prompt = f->prompts[p];
-    r->prompt_len = f->lens[p];
-    r->max_new_tokens = f->max_new;
-    r->sampling = sp;
-    r->ignore_eos = 1;
-    r->output = malloc((size_t)f->max_new * sizeof(int32_t));
-    r->logits = malloc((size_t)(f->lens[p] + f->max_new) * vocab * sizeof(float));
-    test_poison_f32(r->logits, (size_t)(f->lens[p] + f->max_new) * vocab);
-  }
-  CHECK_OK(ina_generate(e, out->r, f->count, NULL));
-  ina_engine_destroy(e);
-}
-
-static void free_run(run_t *r) {
-  for (int32_t p = 0; p < GOLDEN_MAX_PROMPTS; p++) {
-    free(r->r[p].output);
-    free(r->r[p].logits);
-  }
-}
 
 static uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
   const uint8_t *p = data;
@@ -114,9 +75,9 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *world, 
   }
   CHECK_OK(opened);
   if (!part) goto done;
-  run_t ref, got;
-  generate_all(&f, whole, NULL, NULL, &ref);
-  generate_all(&f, part, tp, ep, &got);
+  fixture_run_t ref, got;
+  fixture_generate(&f, whole, NULL, NULL, 4, &ref);
+  fixture_generate(&f, part, tp, ep, 4, &got);
   uint64_t hash = 0xCBF29CE484222325ull;
   double worst = 0;
   for (int32_t p = 0; p < f.count; p++) {
@@ -134,8 +95,8 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *world, 
   }
   CHECKF(same_everywhere(world, hash), "%s: the ranks' logits are not bit-identical", dir);
   if (g_rank == 0) printf("  %s: worst logits rel l2 %.2e on rank 0\n", name, worst);
-  free_run(&ref);
-  free_run(&got);
+  fixture_run_free(&ref);
+  fixture_run_free(&got);
 done:
   ina_model_destroy(part);
   ina_model_destroy(whole);

@@ -1,0 +1,66 @@
+/* The parallel layout of an mpirun job (model/parallel_job.h). */
+#define INA_LOG_SUBSYS "model"
+#include "model/parallel_job.h"
+
+#include <string.h>
+
+#include "core/check.h"
+
+ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_parallel_job_t *out) {
+  ina_status_t st = INA_OK;
+  int argc = 0;
+  char **argv = NULL;
+  INA_REQUIRE(out != NULL && tp_size >= 1, INA_ERR_INVALID_ARGUMENT,
+              "parallel job: tensor-parallel size %d must be >= 1", tp_size);
+  memset(out, 0, sizeof *out);
+  INA_CHECK(ina_bootstrap_init(&argc, &argv, &out->boot));
+  out->rank = ina_bootstrap_world_rank(out->boot);
+  out->size = ina_bootstrap_world_size(out->boot);
+  out->tp_size = tp_size;
+  INA_REQUIRE(out->size % tp_size == 0 && (expert_parallel || out->size == tp_size),
+              INA_ERR_INVALID_ARGUMENT, "--tp %d on %d ranks: the ranks must be %s", tp_size,
+              out->size,
+              expert_parallel ? "a multiple of --tp"
+                              : "exactly --tp (add --ep to split the experts over groups)");
+  out->groups = out->size / tp_size;
+  INA_CHECK(ina_bootstrap_split_tp_dp(out->boot, tp_size, INA_COMM_BACKEND_MPI,
+                                      tp_size > 1 ? &out->tp : NULL,
+                                      expert_parallel ? &out->ep : NULL));
+  INA_CHECK(ina_bootstrap_world_comm(out->boot, INA_COMM_BACKEND_MPI, &out->world));
+fail:
+  return st;
+}
+
+ina_status_t ina_parallel_job_shard(const ina_parallel_job_t *job, const ina_model_config_t *cfg,
+                                    int even, ina_shard_t *out) {
+  ina_status_t st = INA_OK;
+  const int64_t experts = cfg->n_routed_experts, groups = job->ep ? job->groups : 1;
+  const int64_t group = ina_parallel_job_ep_rank(job);
+  INA_REQUIRE(!even || experts % groups == 0, INA_ERR_INVALID_ARGUMENT,
+              "--ep: the %lld routed experts do not divide over %lld groups", (long long)experts,
+              (long long)groups);
+  out->tp_rank = job->rank % job->tp_size;
+  out->tp_size = job->tp_size;
+  out->expert_begin = (int32_t)(experts * group / groups);
+  out->expert_end = (int32_t)(experts * (group + 1) / groups);
+fail:
+  return st;
+}
+
+int32_t ina_parallel_job_ep_rank(const ina_parallel_job_t *job) {
+  return job->ep ? job->rank / job->tp_size : 0;
+}
+
+void ina_parallel_job_end(ina_parallel_job_t *job) {
+  if (!job) return;
+  ina_comm_destroy(job->world);
+  ina_comm_destroy(job->ep);
+  ina_comm_destroy(job->tp);
+  job->world = job->ep = job->tp = NULL;
+  if (job->boot) ina_bootstrap_finalize(job->boot);
+  job->boot = NULL;
+}
+
+void ina_parallel_job_abort(const ina_parallel_job_t *job, int code) {
+  ina_bootstrap_abort(job->boot, code);
+}

@@ -1,0 +1,50 @@
+/* The parallel layout of an mpirun job running the CPU engine (`--tp T`, `--ep` of `ina
+ * generate` and `ina-agent`): consecutive ranks form tensor-parallel groups of T ranks;
+ * with expert parallelism the groups split the routed experts, and the ranks holding the
+ * same tensor slice form an expert-parallel group. Without it every rank must be in the
+ * one tensor-parallel group. Every rank runs the same batches.
+ *
+ * Ownership: start/end pair (end frees the communicators and finalizes MPI). Thread
+ * safety: one thread. */
+#ifndef INA_MODEL_PARALLEL_JOB_H
+#define INA_MODEL_PARALLEL_JOB_H
+
+#include <stdint.h>
+
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+typedef struct ina_parallel_job {
+  ina_bootstrap_t *boot;
+  ina_comm_t *tp;    /* this rank's tensor-parallel group; NULL when tp == 1 */
+  ina_comm_t *ep;    /* its expert-parallel group; NULL without expert parallelism */
+  ina_comm_t *world; /* every rank, for the caller's own messages */
+  int32_t rank, size;
+  int32_t tp_size, groups; /* groups = size / tp_size */
+} ina_parallel_job_t;
+
+/* Collective: starts MPI (once per process) and forms the groups. On a layout the ranks
+ * cannot take (size not a multiple of tp, or several groups without expert parallelism)
+ * INA_ERR_INVALID_ARGUMENT naming the numbers; *out is then still to be ended. */
+ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_parallel_job_t *out);
+
+/* This rank's slice of a model: tensor slice rank % tp of tp, and its group's share of the
+ * routed experts (near-equal contiguous ranges in group order; with `even`, the experts
+ * must divide over the groups: INA_ERR_INVALID_ARGUMENT otherwise). */
+ina_status_t ina_parallel_job_shard(const ina_parallel_job_t *job, const ina_model_config_t *cfg,
+                                    int even, ina_shard_t *out);
+
+/* This rank's expert-parallel rank: its group with expert parallelism, else 0. */
+int32_t ina_parallel_job_ep_rank(const ina_parallel_job_t *job);
+
+/* Frees the communicators and finalizes MPI. NULL fields are skipped. */
+void ina_parallel_job_end(ina_parallel_job_t *job);
+
+/* Ends every rank of the job now (MPI_Abort): after a peer stopped answering, finalizing
+ * would wait for it. Does not return. */
+void ina_parallel_job_abort(const ina_parallel_job_t *job, int code);
+
+#endif

@@ -1,0 +1,54 @@
+/* Shared by the multi-rank engine tests (test_engine_ep.c, test_engine_tp.c): greedy
+ * generation of a golden fixture's prompts as one batch, on an engine with the given
+ * tensor- and expert-parallel communicators (NULL: one rank). Include after
+ * tests/test_util.h and tests/golden/golden_fixture.h. */
+#ifndef INA_TESTS_MODEL_PARALLEL_TEST_UTIL_H
+#define INA_TESTS_MODEL_PARALLEL_TEST_UTIL_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/generate.h"
+#include "model/model.h"
+
+typedef struct fixture_run {
+  ina_generate_request_t r[GOLDEN_MAX_PROMPTS]; /* outputs and logits of every prompt */
+} fixture_run_t;
+
+static inline void fixture_generate(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp_comm,
+                                    ina_comm_t *ep_comm, int32_t page_size, fixture_run_t *out) {
+  const int32_t vocab = ina_model_config(m)->vocab_size;
+  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+  eo.page_size = page_size;
+  eo.max_tokens = 4096;
+  eo.num_threads = 1;
+  eo.tp_comm = tp_comm;
+  eo.ep_comm = ep_comm;
+  ina_engine_t *e = NULL;
+  memset(out, 0, sizeof *out);
+  CHECK_OK(ina_engine_create(m, &eo, &e));
+  if (!e) return;
+  for (int32_t p = 0; p < f->count; p++) {
+    const ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
+    ina_generate_request_t *r = &out->r[p];
+    r->prompt = f->prompts[p];
+    r->prompt_len = f->lens[p];
+    r->max_new_tokens = f->max_new;
+    r->sampling = sp;
+    r->ignore_eos = 1;
+    r->output = malloc((size_t)f->max_new * sizeof(int32_t));
+    r->logits = malloc((size_t)(f->lens[p] + f->max_new) * vocab * sizeof(float));
+    test_poison_f32(r->logits, (size_t)(f->lens[p] + f->max_new) * vocab);
+  }
+  CHECK_OK(ina_generate(e, out->r, f->count, NULL));
+  ina_engine_destroy(e);
+}
+
+static inline void fixture_run_free(fixture_run_t *r) {
+  for (int32_t p = 0; p < GOLDEN_MAX_PROMPTS; p++) {
+    free(r->r[p].output);
+    free(r->r[p].logits);
+  }
+}
+
+#endif
