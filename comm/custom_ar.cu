@@ -586,7 +586,8 @@ __device__ void fp8_gather(const Args &a, int64_t g0, int64_t g1) {
 
 /* ---- LL phases ------------------------------------------------------------------------------ */
 
-/* The two lines of our slot from `src` that carry the 16 payload bytes at element e. */
+/* The line of our slot from `src` that carries the 8 payload bytes at element e (the next
+ * line carries the next 8). */
 template <int kMode>
 __device__ __forceinline__ uint8_t *ll_lines(const Args &a, int owner, int parity, int src,
                                              int64_t e) {
@@ -594,20 +595,65 @@ __device__ __forceinline__ uint8_t *ll_lines(const Args &a, int owner, int parit
   return a.base[owner] + ina_car_ll_slot(&a.layout, parity, src) + line * INA_CAR_LL_LINE_BYTES;
 }
 
-/* in[e0, e1) -> every peer's lines from us. */
+/* 8 bytes of `in` from element e (a multiple of the line's elements); elements at or past
+ * count read as zero. */
+template <int kMode>
+__device__ __forceinline__ uint2 load_in8(const Args &a, int64_t e) {
+  constexpr int kBytes = elem_bytes<kMode>();
+  constexpr int kH = INA_CAR_LL_PAYLOAD_BYTES / kBytes;
+  const int64_t count = a.plan.count;
+  if (a.in_aligned && e + kH <= count)
+    return __ldcg(reinterpret_cast<const uint2 *>(static_cast<const uint8_t *>(a.in) + e * kBytes));
+  uint32_t w[2] = {0u, 0u};
+  if (kBytes == 4) {
+    const uint32_t *p = static_cast<const uint32_t *>(a.in);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      if (e + i < count) w[i] = p[e + i];
+  } else {
+    const uint16_t *p = static_cast<const uint16_t *>(a.in);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      if (e + i < count) w[i / 2] |= (uint32_t)p[e + i] << (16 * (i % 2));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+/* Stores the part of 8 bytes from element e that lies below count. */
+template <int kMode>
+__device__ __forceinline__ void store_out8(const Args &a, int64_t e, uint2 v) {
+  constexpr int kBytes = elem_bytes<kMode>();
+  constexpr int kH = INA_CAR_LL_PAYLOAD_BYTES / kBytes;
+  const int64_t count = a.plan.count;
+  if (a.out_aligned && e + kH <= count) {
+    *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(a.out) + e * kBytes) = v;
+    return;
+  }
+  const uint32_t w[2] = {v.x, v.y};
+  if (kBytes == 4) {
+    uint32_t *p = static_cast<uint32_t *>(a.out);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      if (e + i < count) p[e + i] = w[i];
+  } else {
+    uint16_t *p = static_cast<uint16_t *>(a.out);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      if (e + i < count) p[e + i] = (uint16_t)(w[i / 2] >> (16 * (i % 2)));
+  }
+}
+
+/* in[e0, e1) -> every peer's lines from us, one line per thread and turn: the more
+ * threads store and later poll at once, the sooner a range of lines has crossed. */
 template <int kMode>
 __device__ void ll_push(const Args &a, int parity, uint32_t flag, int64_t e0, int64_t e1) {
-  constexpr int kV = vec_elems<kMode>();
-  for (int64_t e = e0 + (int64_t)threadIdx.x * kV; e < e1; e += (int64_t)kThreads * kV) {
-    const uint4 v = load_in<kMode>(a, e);
+  constexpr int kH = INA_CAR_LL_PAYLOAD_BYTES / elem_bytes<kMode>();
+  for (int64_t e = e0 + (int64_t)threadIdx.x * kH; e < e1; e += (int64_t)kThreads * kH) {
+    const uint2 v = load_in8<kMode>(a, e);
 #pragma unroll
-    for (int r = 0; r < kMaxRanks; r++) {
-      if (r < a.plan.nranks && r != a.rank) {
-        uint8_t *line = ll_lines<kMode>(a, r, parity, a.rank, e);
-        ll_store(line, v.x, v.y, flag);
-        ll_store(line + INA_CAR_LL_LINE_BYTES, v.z, v.w, flag);
-      }
-    }
+    for (int r = 0; r < kMaxRanks; r++)
+      if (r < a.plan.nranks && r != a.rank)
+        ll_store(ll_lines<kMode>(a, r, parity, a.rank, e), v.x, v.y, flag);
   }
 }
 
@@ -631,11 +677,23 @@ __device__ __forceinline__ uint4 ll_sum(const Args &a, int parity, uint32_t flag
   return sum_ranks<kMode>(x, a.plan.nranks);
 }
 
+/* out[e0, e1): a line per thread and turn, as pushed. The 8 bytes are summed as the low
+ * half of a vector whose high half is zero. */
 template <int kMode>
 __device__ void ll_reduce(const Args &a, int parity, uint32_t flag, int64_t e0, int64_t e1) {
-  constexpr int kV = vec_elems<kMode>();
-  for (int64_t e = e0 + (int64_t)threadIdx.x * kV; e < e1; e += (int64_t)kThreads * kV)
-    store_out<kMode>(a, e, ll_sum<kMode>(a, parity, flag, e));
+  constexpr int kH = INA_CAR_LL_PAYLOAD_BYTES / elem_bytes<kMode>();
+  for (int64_t e = e0 + (int64_t)threadIdx.x * kH; e < e1; e += (int64_t)kThreads * kH) {
+    uint4 x[kMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; r++) {
+      uint2 v = make_uint2(0u, 0u);
+      if (r == a.rank) v = load_in8<kMode>(a, e);
+      else if (r < a.plan.nranks) v = ll_take(a, ll_lines<kMode>(a, a.rank, parity, r, e), flag, r);
+      x[r] = make_uint4(v.x, v.y, 0u, 0u);
+    }
+    const uint4 s = sum_ranks<kMode>(x, a.plan.nranks);
+    store_out8<kMode>(a, e, make_uint2(s.x, s.y));
+  }
 }
 
 /* ---- fused epilogue ---------------------------------------------------------------------- */

@@ -22,8 +22,8 @@
  *             share of stripe s to rank s, and rank s pushes the re-quantized sum to every
  *             rank, so all reads are local.
  *   NCCL      the communicator's NCCL all-reduce (fallback).
- * AUTO picks LL up to 128 KiB (BF16, F32), then ONE_SHOT up to the config's
- * one_shot_max_bytes and TWO_SHOT above it. Every
+ * AUTO picks LL up to 256 KiB (128 KiB with the epilogue; BF16, F32), then ONE_SHOT up to
+ * the config's one_shot_max_bytes and TWO_SHOT above it. Every
  * run falls back to NCCL, whatever was asked, when the peers cannot access each other
  * (cudaDeviceCanAccessPeer, or the ranks are not on one node, or more than 8 ranks) or the
  * message does not fit the registered buffers (max_bytes). Peers are found by PCI bus id,

@@ -60,13 +60,15 @@ size_t ina_car_default_one_shot_max_bytes(int nranks) {
   return (size_t)256 << 10;
 }
 
-size_t ina_car_ll_auto_max_bytes(int nranks) {
+size_t ina_car_ll_auto_max_bytes(int nranks, int epilogue) {
   /* LL sends twice the bytes (a flag word per payload word) but needs no barrier and no
    * round trip: it wins while latency dominates. On two H200s (bench_custom_ar, graph
-   * replays) LL beats one-shot up to 128 KiB (4.8 vs 5.9 us) and loses from 256 KiB
-   * (7.7 vs 6.1 us). More ranks multiply LL's writes: unmeasured, same limit. */
+   * replays) plain LL beats one-shot up to 256 KiB (5.4 vs 6.1 us) and loses at 512 KiB
+   * (7.1 vs 6.7 us). Fused with the epilogue, whose rows each take one CTA, LL already
+   * lost at 16 rows of 7168 (229 KiB: 12.5 vs 9.2 us for one-shot). More ranks multiply
+   * LL's writes: unmeasured, same limits. */
   (void)nranks;
-  return (size_t)128 << 10;
+  return epilogue ? (size_t)128 << 10 : (size_t)256 << 10;
 }
 
 static const char *mode_name(int mode) {
@@ -141,7 +143,8 @@ ina_status_t ina_car_choose(const ina_car_request_t *r, int *algo, ina_car_plan_
   if (r->mode == INA_CAR_MODE_FP8) *algo = INA_CAR_ALGO_TWO_SHOT;
   else if (r->algo == INA_CAR_ALGO_LL) *algo = ll_fits ? INA_CAR_ALGO_LL : INA_CAR_ALGO_ONE_SHOT;
   else if (r->algo != INA_CAR_ALGO_AUTO) *algo = r->algo;
-  else if (ll_fits && in_bytes <= ina_car_ll_auto_max_bytes(r->nranks)) *algo = INA_CAR_ALGO_LL;
+  else if (ll_fits && in_bytes <= ina_car_ll_auto_max_bytes(r->nranks, epilogue))
+    *algo = INA_CAR_ALGO_LL;
   else *algo = in_bytes <= r->one_shot_max_bytes ? INA_CAR_ALGO_ONE_SHOT : INA_CAR_ALGO_TWO_SHOT;
   plan->algo = *algo;
   plan->mode = r->mode;

@@ -151,8 +151,9 @@ INA_CAR_HD int ina_car_in_elem_bytes(int mode) { return mode == INA_CAR_MODE_F32
 
 /* ONE_SHOT limit of AUTO when the config leaves it 0. */
 size_t ina_car_default_one_shot_max_bytes(int nranks);
-/* AUTO takes LL (bf16 and f32) up to this many input bytes, within the LL capacity. */
-size_t ina_car_ll_auto_max_bytes(int nranks);
+/* AUTO takes LL (bf16 and f32) up to this many input bytes, within the LL capacity;
+ * epilogue != 0 for runs with the fused epilogue. */
+size_t ina_car_ll_auto_max_bytes(int nranks, int epilogue);
 
 /* Everything the choice of algorithm depends on; equal on every rank. */
 typedef struct ina_car_request {

@@ -212,7 +212,7 @@ static void test_choose(void) {
   r = base_request();
   r.ll_capacity = (uint64_t)1 << 20;
   r.one_shot_max_bytes = (uint64_t)4 << 20;
-  r.count = ina_car_ll_auto_max_bytes(2) / 2;
+  r.count = ina_car_ll_auto_max_bytes(2, 0) / 2;
   CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_LL && p.algo == algo);
   r.count++;
   CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_ONE_SHOT);
@@ -232,7 +232,20 @@ static void test_choose(void) {
   r.rows = 4;
   r.cols = 7168;
   r.count = 4 * 7168;
+  r.one_shot_max_bytes = (uint64_t)4 << 20;
   CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_LL && p.unit_elems == 7168);
+  /* With the epilogue AUTO stops LL earlier: 16 rows (229 KiB) are one-shot, while the
+   * same bytes without it are LL. */
+  r.rows = 16;
+  r.count = 16 * 7168;
+  CHECK(ina_car_ll_auto_max_bytes(2, 1) < r.count * 2 &&
+        r.count * 2 <= ina_car_ll_auto_max_bytes(2, 0));
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_ONE_SHOT);
+  r.rows = r.cols = 0;
+  CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_LL);
+  r.rows = 4;
+  r.cols = 7168;
+  r.count = 4 * 7168;
   r.algo = INA_CAR_ALGO_NCCL;
   CHECK(choose(&r, &algo, &p) == INA_OK && algo == INA_CAR_ALGO_NCCL);
 
