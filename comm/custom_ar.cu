@@ -815,7 +815,8 @@ __device__ void epilogue_rows(const Args &a, int64_t u0, int64_t u1, const Rows 
 /* ---- the algorithms ---------------------------------------------------------------------- */
 
 template <int kMode, int kIters>
-__device__ void one_shot(const Args &a, uint64_t epoch, uint64_t stage, float *scratch) {
+__device__ void one_shot(const Args &a, uint64_t epoch, float *scratch) {
+  const uint64_t stage = a.layout.stage[epoch & 1u];
   const int64_t ue = a.plan.unit_elems;
   int64_t u0 = 0, u1 = 0;
   ina_car_block_units(&a.plan, 0, blockIdx.x, &u0, &u1);
@@ -924,10 +925,9 @@ __global__ void __launch_bounds__(kThreads, 1) all_reduce_kernel(const __grid_co
   uint64_t *epoch_slot =
       reinterpret_cast<uint64_t *>(a.base[a.rank] + ina_car_epoch_offset(&a.layout, blockIdx.x));
   const uint64_t epoch = *epoch_slot + 1;
-  const uint64_t stage = a.layout.stage[epoch & 1u];
   if constexpr (kMode == kFp8) fp8_two_shot<kIters>(a, epoch, scratch);
   else if constexpr (kAlgo == kLL) ll_one_shot<kMode, kIters>(a, epoch, scratch);
-  else if constexpr (kAlgo == kOneShot) one_shot<kMode, kIters>(a, epoch, stage, scratch);
+  else if constexpr (kAlgo == kOneShot) one_shot<kMode, kIters>(a, epoch, scratch);
   else two_shot<kMode, kIters>(a, epoch, scratch);
   __syncthreads(); /* every thread has read the epoch */
   if (threadIdx.x == 0) *epoch_slot = epoch;
