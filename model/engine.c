@@ -76,6 +76,36 @@ fail:
   return st;
 }
 
+ina_status_t ina_engine_get_placement(ina_engine_t *e, ina_expert_placement_t *out) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e != NULL && out != NULL, INA_ERR_INVALID_ARGUMENT, "placement: NULL argument");
+  if (e->cpu) return ina_engine_cpu_get_placement(e->cpu, out);
+  /* The CUDA engine holds every expert, in order. */
+  const ina_model_config_t *c = ina_engine_gpu_config(e->gpu);
+  int32_t moe_layers = 0;
+  for (int32_t l = 0; l < c->num_layers; l++) moe_layers += ina_cfg_layer_is_moe(c, l);
+  INA_CHECK(ina_expert_placement_init_contiguous(1, moe_layers, c->n_routed_experts, out));
+fail:
+  return st;
+}
+
+ina_status_t ina_engine_apply_placement(ina_engine_t *e, const ina_expert_placement_t *p,
+                                        int dry_run, int64_t *bytes_moved) {
+  ina_status_t st = INA_OK;
+  ina_expert_placement_t now = {0};
+  INA_REQUIRE(e != NULL && p != NULL && bytes_moved != NULL, INA_ERR_INVALID_ARGUMENT,
+              "placement: NULL argument");
+  *bytes_moved = 0;
+  if (e->cpu) return ina_engine_cpu_apply_placement(e->cpu, p, dry_run, bytes_moved);
+  INA_CHECK(ina_engine_get_placement(e, &now));
+  INA_REQUIRE(ina_expert_placement_equal(&now, p), INA_ERR_UNSUPPORTED,
+              "placement: the CUDA engine holds every expert once, in order, and cannot change "
+              "that yet");
+fail:
+  ina_expert_placement_free(&now);
+  return st;
+}
+
 ina_status_t ina_engine_forward(ina_engine_t *e, const ina_batch_t *b, float *logits) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(e != NULL, INA_ERR_INVALID_ARGUMENT, "forward: engine is NULL");

@@ -33,6 +33,13 @@ static inline ina_comm_t *ina_engine_options_tp_comm(const ina_engine_options_t 
              : NULL;
 }
 
+/* options->max_expert_bytes when the caller's struct has it (version 5), else 0. */
+static inline int64_t ina_engine_options_max_expert_bytes(const ina_engine_options_t *o) {
+  return o->struct_size >= offsetof(ina_engine_options_t, max_expert_bytes) + sizeof(int64_t)
+             ? o->max_expert_bytes
+             : 0;
+}
+
 typedef struct ina_engine_cpu ina_engine_cpu_t;
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
@@ -41,6 +48,9 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *engine);
 ina_page_pool_t *ina_engine_cpu_page_pool(ina_engine_cpu_t *engine);
 const ina_model_config_t *ina_engine_cpu_config(const ina_engine_cpu_t *engine);
 ina_status_t ina_engine_cpu_forward(ina_engine_cpu_t *engine, const ina_batch_t *batch, float *logits);
+ina_status_t ina_engine_cpu_get_placement(ina_engine_cpu_t *engine, ina_expert_placement_t *out);
+ina_status_t ina_engine_cpu_apply_placement(ina_engine_cpu_t *engine, const ina_expert_placement_t *p,
+                                            int dry_run, int64_t *bytes_moved);
 ina_status_t ina_engine_cpu_expert_load(ina_engine_cpu_t *engine, int reset, uint64_t *counts,
                                         int64_t capacity, int32_t *num_moe_layers);
 

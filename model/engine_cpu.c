@@ -16,7 +16,9 @@
 #include "mla/mla_ref.h"
 #include "model/cpu_ops.h"
 #include "model/engine_backend.h"
+#include "model/engine_cpu_internal.h"
 #include "model/expert_parallel.h"
+#include "model/expert_slots.h"
 #include "model/model.h"
 #include "moe_ep/router.h"
 
@@ -24,28 +26,7 @@
  * argument, so the latent norms always use the RMSNorm default, not rms_norm_eps. */
 #define LATENT_NORM_EPS 1e-6f
 
-struct ina_engine_cpu {
-  const ina_model_t *model;
-  const ina_model_config_t *cfg;
-  const ina_weights_t *w;
-  ina_threadpool_t *pool;
-  ina_page_pool_t *kv;
-  float *inv_freq;
-  float attention_factor;
-  float softmax_scale;
-  int expanded_decode;
-  ina_ep_group_t ep;    /* who holds which routed experts */
-  ina_comm_t *tp_comm;  /* tensor parallelism: sums the partial outputs; NULL: one rank */
-  int32_t heads;        /* attention heads of this rank (all of them without TP) */
-  /* Tokens routed per (MoE layer, expert); read by other threads under load_mu. A step
-   * counts into step_load (driver only) and publishes all layers at once when it ends,
-   * so a reader never sees some layers of a step without the others. */
-  pthread_mutex_t load_mu;
-  uint64_t *expert_load;  /* [n_moe_layers, n_routed_experts] */
-  uint64_t *step_load;    /* the same, for the step under way */
-  int32_t *moe_index;     /* [num_layers]: the layer's MoE index, -1 for dense layers */
-  int32_t num_moe_layers;
-};
+
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
                                    ina_engine_cpu_t **out) {
@@ -68,18 +49,8 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   e->cfg = ina_model_config(model);
   e->w = ina_model_weights(model);
   e->expanded_decode = options->expanded_decode;
-  {
-    ina_comm_t *ep_comm = ina_engine_options_ep_comm(options);
-    INA_REQUIRE(ep_comm || (e->w->expert_begin == 0 &&
-                            e->w->expert_end == e->cfg->n_routed_experts),
-                INA_ERR_UNSUPPORTED,
-                "engine: this model holds experts [%d, %d) of %d; without an expert-parallel "
-                "communicator (ep_comm) the engine needs all of them",
-                e->w->expert_begin, e->w->expert_end, e->cfg->n_routed_experts);
-    INA_CHECK(ina_ep_group_init(ep_comm, e->w->expert_begin, e->w->expert_end,
-                                e->cfg->n_routed_experts, &e->ep));
-  }
   e->tp_comm = ina_engine_options_tp_comm(options);
+  e->max_expert_bytes = ina_engine_options_max_expert_bytes(options);
   {
     const int32_t tp_size = e->tp_comm ? ina_comm_size(e->tp_comm) : 1;
     const int32_t tp_rank = e->tp_comm ? ina_comm_rank(e->tp_comm) : 0;
@@ -95,6 +66,23 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   INA_CHECK_ALLOC(e->moe_index);
   for (int32_t l = 0; l < e->cfg->num_layers; l++)
     e->moe_index[l] = ina_cfg_layer_is_moe(e->cfg, l) ? e->num_moe_layers++ : -1;
+  {
+    ina_comm_t *ep_comm = ina_engine_options_ep_comm(options);
+    INA_REQUIRE(ep_comm || (e->w->expert_begin == 0 &&
+                            e->w->expert_end == e->cfg->n_routed_experts),
+                INA_ERR_UNSUPPORTED,
+                "engine: this model holds experts [%d, %d) of %d; without an expert-parallel "
+                "communicator (ep_comm) the engine needs all of them",
+                e->w->expert_begin, e->w->expert_end, e->cfg->n_routed_experts);
+    INA_CHECK(ina_ep_group_init(ep_comm, e->w->expert_begin, e->w->expert_end,
+                                e->cfg->n_routed_experts, e->num_moe_layers, &e->ep));
+    e->moe_layers = malloc(((size_t)e->num_moe_layers + 1) * sizeof *e->moe_layers);
+    INA_CHECK_ALLOC(e->moe_layers);
+    for (int32_t l = 0; l < e->cfg->num_layers; l++)
+      if (e->moe_index[l] >= 0) e->moe_layers[e->moe_index[l]] = l;
+    INA_CHECK(ina_expert_slots_from_model(e->w, e->moe_layers, &e->ep.placement, e->ep.rank,
+                                          &e->slots));
+  }
   e->expert_load = calloc((size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts + 1,
                           sizeof *e->expert_load);
   INA_CHECK_ALLOC(e->expert_load);
@@ -129,6 +117,8 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   ina_page_pool_destroy(e->kv);
   ina_threadpool_destroy(e->pool);
   ina_ep_group_free(&e->ep);
+  ina_expert_slots_release(&e->slots, NULL);
+  free(e->moe_layers);
   if (e->moe_index) pthread_mutex_destroy(&e->load_mu);
   free(e->moe_index);
   free(e->expert_load);
@@ -494,6 +484,29 @@ fail:
   return st;
 }
 
+typedef struct expert_job {
+  step_t *s;
+  int32_t moe_layer;
+  const routed_pairs_t *pairs;
+  float *xe, *y;
+} expert_job_t;
+
+/* One piece of the routed pairs, when it is this rank's: its rows of y. */
+static ina_status_t run_piece(const ina_ep_piece_t *piece, void *arg) {
+  ina_status_t st = INA_OK;
+  expert_job_t *j = arg;
+  const ina_engine_cpu_t *e = j->s->e;
+  const int64_t Hd = e->cfg->hidden_size, n = piece->pair_end - piece->pair_begin;
+  if (piece->rank != e->ep.rank) return INA_OK;
+  for (int64_t r = 0; r < n; r++)
+    memcpy(j->xe + r * Hd, j->s->h + (int64_t)j->pairs->token[piece->pair_begin + r] * Hd,
+           (size_t)Hd * sizeof(float));
+  INA_CHECK(mlp(j->s, ina_expert_slots_at(&e->slots, j->moe_layer, piece->slot), j->xe, n,
+                j->y + piece->pair_begin * Hd));
+fail:
+  return st;
+}
+
 static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
@@ -542,15 +555,13 @@ static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
     uint64_t *load = e->step_load + (int64_t)e->moe_index[layer] * E;
     for (int32_t x = 0; x < E; x++) load[x] += (uint64_t)(pairs.first[x + 1] - pairs.first[x]);
   }
-  /* Our experts, each over the tokens routed to it; then every rank's rows everywhere. */
-  for (int32_t x = e->ep.first_expert[e->ep.rank]; x < e->ep.first_expert[e->ep.rank + 1]; x++) {
-    const int64_t first = pairs.first[x], n = pairs.first[x + 1] - first;
-    if (n == 0) continue;
-    for (int64_t r = 0; r < n; r++)
-      memcpy(xe + r * Hd, s->h + (int64_t)pairs.token[first + r] * Hd, (size_t)Hd * sizeof(float));
-    INA_CHECK(mlp(s, &L->experts[x - e->w->expert_begin], xe, n, y + first * Hd));
+  /* Our pieces, each over the tokens routed to its expert; then every rank's rows
+   * everywhere. */
+  {
+    expert_job_t job = {s, e->moe_index[layer], &pairs, xe, y};
+    INA_CHECK(ina_ep_walk_pieces(&e->ep, job.moe_layer, pairs.first, run_piece, &job));
   }
-  INA_CHECK(ina_ep_share_outputs(&e->ep, pairs.first, Hd, y));
+  INA_CHECK(ina_ep_share_outputs(&e->ep, e->moe_index[layer], pairs.first, Hd, y));
   /* Combine in expert order, each token's rows in turn (HF's loop order). */
   memset(out, 0, (size_t)T * Hd * sizeof(float));
   for (int64_t i = 0; i < pairs.first[E]; i++) {

@@ -26,6 +26,7 @@
 #include "kvcache/kv_seq.h"
 #include "kvcache/page_pool.h"
 #include "model/config.h"
+#include "model/expert_placement.h"
 #include "model/weights.h"
 
 #ifdef __cplusplus
@@ -96,10 +97,13 @@ typedef struct ina_engine_options {
    * block are summed by one all-reduce each; every rank runs the same batches. With both,
    * ep_comm joins the ranks of one tensor-parallel slice. Borrowed, as ep_comm. */
   ina_comm_t *tp_comm;
+  /* Version 5. Bytes of routed-expert weights a rank may hold after a placement change
+   * (ina_engine_apply_placement); 0: only the host memory available limits it. */
+  int64_t max_expert_bytes;
 } ina_engine_options_t;
 
 #define INA_ENGINE_OPTIONS_INIT \
-  {sizeof(ina_engine_options_t), 4, 16, 65536, 0, 0, -1, 1, NULL, NULL}
+  {sizeof(ina_engine_options_t), 5, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);
@@ -124,6 +128,26 @@ typedef struct ina_batch {
  * far: INA_ERR_UNSUPPORTED on the CUDA backend. */
 ina_status_t ina_engine_expert_load(ina_engine_t *engine, int reset, uint64_t *counts,
                                     int64_t capacity, int32_t *num_moe_layers);
+
+/* The expert placement in force (model/expert_placement.h) into *out; the caller frees it
+ * with ina_expert_placement_free. An engine without expert parallelism has ep 1. Driver
+ * thread only (ina_engine_apply_placement changes it). */
+ina_status_t ina_engine_get_placement(ina_engine_t *engine, ina_expert_placement_t *out);
+
+/* Switch the routed experts to placement p, between steps (driver thread). Collective over
+ * the engine's ep_comm and tp_comm: every rank calls it with the same p, which is checked
+ * (ranks that disagree fail with INA_ERR_INVALID_ARGUMENT). p must be valid, with the
+ * engine's ep, MoE layers and experts (INA_ERR_INVALID_ARGUMENT naming the offence), and
+ * fit: each rank's new experts within the memory available and max_expert_bytes
+ * (INA_ERR_OUT_OF_MEMORY). A rank receives the experts it lacks from the lowest rank that
+ * holds them; then every rank switches, or, when any rank failed, none does and the engine
+ * runs on as before. Outputs do not change: a replicated expert's tokens are split among
+ * its replicas, which compute bit-identical rows. dry_run != 0 validates and checks the
+ * memory only. *bytes_moved receives the expert bytes all ranks received (would
+ * receive). A communicator failure is returned as it is and leaves the job unusable. The
+ * CUDA backend accepts only the placement in force (INA_ERR_UNSUPPORTED otherwise). */
+ina_status_t ina_engine_apply_placement(ina_engine_t *engine, const ina_expert_placement_t *p,
+                                        int dry_run, int64_t *bytes_moved);
 
 /* Run one step. logits: [qo_indptr[batch], vocab] when all_logits, else [batch, vocab].
  * Token ids outside [0, vocab) give INA_ERR_INVALID_ARGUMENT; INA_ERR_OUT_OF_PAGES leaves

@@ -1,0 +1,41 @@
+/* The CPU engine's state, shared by the files of the CPU backend (engine_cpu.c: the step;
+ * engine_cpu_placement.c: expert placement changes). Internal to model/. */
+#ifndef INA_MODEL_ENGINE_CPU_INTERNAL_H
+#define INA_MODEL_ENGINE_CPU_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "core/threadpool.h"
+#include "model/engine_backend.h"
+#include "model/expert_parallel.h"
+#include "model/expert_slots.h"
+#include "model/model.h"
+
+struct ina_engine_cpu {
+  const ina_model_t *model;
+  const ina_model_config_t *cfg;
+  const ina_weights_t *w;
+  ina_threadpool_t *pool;
+  ina_page_pool_t *kv;
+  float *inv_freq;
+  float attention_factor;
+  float softmax_scale;
+  int expanded_decode;
+  ina_ep_group_t ep;    /* which slots hold which routed experts, on every rank */
+  ina_expert_slots_t slots; /* this rank's slots */
+  int64_t max_expert_bytes; /* ina_engine_options_t.max_expert_bytes */
+  ina_comm_t *tp_comm;  /* tensor parallelism: sums the partial outputs; NULL: one rank */
+  int32_t heads;        /* attention heads of this rank (all of them without TP) */
+  /* Tokens routed per (MoE layer, expert); read by other threads under load_mu. A step
+   * counts into step_load (driver only) and publishes all layers at once when it ends,
+   * so a reader never sees some layers of a step without the others. */
+  pthread_mutex_t load_mu;
+  uint64_t *expert_load;  /* [n_moe_layers, n_routed_experts] */
+  uint64_t *step_load;    /* the same, for the step under way */
+  int32_t *moe_index;     /* [num_layers]: the layer's MoE index, -1 for dense layers */
+  int32_t *moe_layers;    /* [num_moe_layers]: the model layer of each MoE layer */
+  int32_t num_moe_layers;
+};
+
+#endif
