@@ -8,10 +8,15 @@
  * same batches, allocate the same pages and sample the same tokens, and their engines
  * meet in the same collectives.
  *
+ * Control commands (control.c) travel the same way, ahead of the step they precede, so
+ * every replica runs them at the same point of its step stream.
+ *
  * Message (int64 words, broadcast from rank 0 after its length):
- *   magic, kind (STEP or STOP), new requests, cancellations, then per new request:
- *   id, prompt, max_new_tokens, sampling parameters, stop ids, ignore_eos; per
- *   cancellation: id. Byte strings and id arrays are a length word then the data. */
+ *   magic, kind (STEP, STOP or CONTROL), new requests, cancellations, then
+ *   - STEP: per new request: id, prompt, max_new_tokens, sampling parameters, stop ids,
+ *     ignore_eos; per cancellation: id;
+ *   - CONTROL (no requests, no cancellations): the command's bytes.
+ * Byte strings and id arrays are a length word then the data. */
 #define INA_LOG_SUBSYS "scheduler"
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +25,7 @@
 #include "agent/scheduler/scheduler_internal.h"
 
 #define REPLICA_MAGIC 0x494E4153 /* "INAS" */
-enum { KIND_STEP = 0, KIND_STOP = 1 };
+enum { KIND_STEP = 0, KIND_STOP = 1, KIND_CONTROL = 2 };
 
 /* ---- encoding ------------------------------------------------------------------------ */
 
@@ -90,6 +95,20 @@ static ina_status_t get_bytes(reader_t *r, void *out, size_t cap, size_t *len) {
   ((uint8_t *)out)[n] = 0;
   r->at += (size_t)(n + 7) / 8;
   if (len) *len = (size_t)n;
+fail:
+  return st;
+}
+
+/* A byte string of 1 to `cap` bytes, viewed where it lies in the message (no copy). */
+static ina_status_t get_span(reader_t *r, size_t cap, const void **data, size_t *len) {
+  ina_status_t st = INA_OK;
+  int64_t n = 0;
+  INA_CHECK(get(r, 1, (int64_t)cap, &n));
+  INA_REQUIRE((size_t)(n + 7) / 8 <= r->n - r->at, INA_ERR_FORMAT,
+              "replica message: a %lld-byte string runs past the end", (long long)n);
+  *data = r->w + r->at;
+  *len = (size_t)n;
+  r->at += (size_t)(n + 7) / 8;
 fail:
   return st;
 }
@@ -219,6 +238,21 @@ fail:
   return st;
 }
 
+ina_status_t sched_replica_send_control(ina_scheduler_t *s, const void *bytes, size_t size) {
+  ina_status_t st = INA_OK;
+  words_t b = {NULL, 0, 0};
+  if (s->replica_role != SCHED_REPLICA_LEADER) return INA_OK;
+  INA_CHECK(put(&b, REPLICA_MAGIC));
+  INA_CHECK(put(&b, KIND_CONTROL));
+  INA_CHECK(put(&b, 0));
+  INA_CHECK(put(&b, 0));
+  INA_CHECK(put_bytes(&b, bytes, size));
+  INA_CHECK(broadcast_message(s, &b));
+fail:
+  if (!ina_comm_is_broken(s->replica_comm)) free(b.w);
+  return st;
+}
+
 void sched_replica_send_stop(ina_scheduler_t *s) {
   words_t b = {NULL, 0, 0};
   if (s->replica_role != SCHED_REPLICA_LEADER || ina_comm_is_broken(s->replica_comm)) return;
@@ -282,6 +316,19 @@ fail:
   return st;
 }
 
+/* Runs one CONTROL message's command here, as the leader runs it. */
+static ina_status_t take_control(ina_scheduler_t *s, reader_t *rd) {
+  ina_status_t st = INA_OK;
+  const void *bytes = NULL;
+  size_t size = 0;
+  INA_CHECK(get_span(rd, INA_SCHEDULER_CONTROL_MAX_BYTES, &bytes, &size));
+  INA_REQUIRE(rd->at == rd->n, INA_ERR_FORMAT, "replica message: %zu words left over after a control command",
+              rd->n - rd->at);
+  sched_control_run_follower(s, bytes, size);
+fail:
+  return st;
+}
+
 ina_status_t ina_scheduler_follow(ina_scheduler_t *s) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(s != NULL && s->replica_role == SCHED_REPLICA_FOLLOWER, INA_ERR_INVALID_ARGUMENT,
@@ -291,10 +338,14 @@ ina_status_t ina_scheduler_follow(ina_scheduler_t *s) {
     reader_t rd;
     INA_CHECK(receive_message(s, &rd));
     INA_CHECK(get(&rd, REPLICA_MAGIC, REPLICA_MAGIC, &magic));
-    INA_CHECK(get(&rd, KIND_STEP, KIND_STOP, &kind));
-    INA_CHECK(get(&rd, 0, INT32_MAX, &new_count));
-    INA_CHECK(get(&rd, 0, INT32_MAX, &cancel_count));
+    INA_CHECK(get(&rd, KIND_STEP, KIND_CONTROL, &kind));
+    INA_CHECK(get(&rd, 0, kind == KIND_CONTROL ? 0 : INT32_MAX, &new_count));
+    INA_CHECK(get(&rd, 0, kind == KIND_CONTROL ? 0 : INT32_MAX, &cancel_count));
     if (kind == KIND_STOP) break;
+    if (kind == KIND_CONTROL) {
+      INA_CHECK(take_control(s, &rd));
+      continue;
+    }
     INA_CHECK(take_intake(s, &rd, new_count, cancel_count));
     if (new_count == 0 && cancel_count == 0) INA_CHECK(ina_comm_barrier(s->replica_comm, NULL));
     INA_CHECK(ina_scheduler_step(s, NULL));

@@ -1,10 +1,12 @@
 /* The run loop: a thread that is the scheduler's driver while it runs. It steps while
- * there are unfinished requests and sleeps on `wake` otherwise; submit and cancel signal
- * `wake`, run_stop sets run_stop and broadcasts it.
+ * there are unfinished requests or waiting control commands and sleeps on `wake`
+ * otherwise; submit, cancel and control signal `wake`, run_stop sets run_stop and
+ * broadcasts it.
  *
- * No lost wake-up: the loop tests num_live and run_stop under mu right before waiting,
- * and submit / run_stop change them under mu before signalling, so a change either
- * happens before the test (seen) or after the wait began (it wakes the loop). */
+ * No lost wake-up: the loop tests num_live, num_controls and run_stop under mu right
+ * before waiting, and submit / control / run_stop change them under mu before
+ * signalling, so a change either happens before the test (seen) or after the wait began
+ * (it wakes the loop). */
 #define INA_LOG_SUBSYS "scheduler"
 #include <errno.h>
 #include <time.h>
@@ -37,17 +39,20 @@ static int heartbeat_wait_locked(ina_scheduler_t *s) {
   return pthread_cond_timedwait(&s->wake, &s->mu, &until) == ETIMEDOUT;
 }
 
+/* Something for a step to do: unfinished requests, or commands (they run in a step). */
+static int has_work_locked(const ina_scheduler_t *s) { return s->num_live > 0 || s->num_controls > 0; }
+
 static void *run_loop(void *arg) {
   ina_scheduler_t *s = arg;
   pthread_mutex_lock(&s->mu);
   while (!s->run_stop) {
-    if (s->num_live == 0) {
+    if (!has_work_locked(s)) {
       if (s->replica_role != SCHED_REPLICA_LEADER) {
         pthread_cond_wait(&s->wake, &s->mu);
         continue;
       }
       /* Idle leader: an empty step now and then keeps the followers in touch. */
-      if (!heartbeat_wait_locked(s) || s->run_stop || s->num_live > 0) continue;
+      if (!heartbeat_wait_locked(s) || s->run_stop || has_work_locked(s)) continue;
     }
     pthread_mutex_unlock(&s->mu);
     int32_t scheduled = 0;
@@ -56,7 +61,8 @@ static void *run_loop(void *arg) {
       INA_LOG_W(INA_LOG_SUBSYS, "run loop: step failed (%s); its requests were finished with an error",
                 ina_status_string(st));
     pthread_mutex_lock(&s->mu);
-    if (scheduled == 0 && st == INA_OK && !s->run_stop && s->num_live > 0) wait_a_little_locked(s);
+    if (scheduled == 0 && st == INA_OK && !s->run_stop && s->num_live > 0 && s->num_controls == 0)
+      wait_a_little_locked(s);
   }
   pthread_mutex_unlock(&s->mu);
   return NULL;
@@ -99,6 +105,8 @@ void ina_scheduler_run_stop(ina_scheduler_t *s) {
   if (!started) return;
   pthread_join(s->run_thread, NULL);
   pthread_mutex_lock(&s->mu);
+  /* Nobody will run them now: their callers must not wait for a step that may never come. */
+  sched_control_cancel_waiting_locked(s, "the run loop stopped first");
   s->run_started = 0;
   s->run_stop = 0;
   pthread_mutex_unlock(&s->mu);

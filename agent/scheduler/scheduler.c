@@ -1,5 +1,6 @@
 /* The scheduler's lifetime and its any-thread entry points: create, destroy, submit,
- * cancel, stats. The step is in step.c, the run loop in run_loop.c. */
+ * cancel, stats. The step is in step.c, the run loop in run_loop.c, control commands in
+ * control.c. */
 #define INA_LOG_SUBSYS "scheduler"
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 /* Bytes of the version-1 config: everything up to and including prefix_cache_pages. */
 #define CONFIG_V1_SIZE (offsetof(ina_scheduler_config_t, prefix_cache_pages) + sizeof(int32_t))
 #define CONFIG_V2_SIZE (offsetof(ina_scheduler_config_t, heartbeat_seconds) + sizeof(double))
+#define CONFIG_V3_SIZE (offsetof(ina_scheduler_config_t, control_user_data) + sizeof(void *))
 
 double sched_now(void) {
   struct timespec ts;
@@ -45,7 +47,7 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   ina_status_t st = INA_OK;
   ina_scheduler_t *s = NULL;
   const ina_scheduler_config_t defaults = INA_SCHEDULER_CONFIG_INIT;
-  int mu_ready = 0, wake_ready = 0;
+  int mu_ready = 0, wake_ready = 0, control_done_ready = 0;
   INA_REQUIRE(out != NULL && engine != NULL, INA_ERR_INVALID_ARGUMENT, "scheduler: engine or out is NULL");
   *out = NULL;
   if (!config) config = &defaults;
@@ -87,6 +89,10 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
         ina_comm_rank(config->replica_comm) == 0 ? SCHED_REPLICA_LEADER : SCHED_REPLICA_FOLLOWER;
     s->heartbeat_seconds = config->heartbeat_seconds > 0 ? config->heartbeat_seconds : 1.0;
   }
+  if (config->struct_size >= CONFIG_V3_SIZE) {
+    s->control = config->control;
+    s->control_user_data = config->control_user_data;
+  }
   INA_CHECK(sched_replica_init(s));
   if (cache_pages > 0) INA_CHECK(ina_prefix_cache_create(pool, cache_pages, &s->cache));
   const size_t R = (size_t)s->max_running;
@@ -108,10 +114,14 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   mu_ready = 1;
   INA_REQUIRE(pthread_cond_init(&s->wake, NULL) == 0, INA_ERR_INTERNAL, "scheduler: pthread_cond_init failed");
   wake_ready = 1;
+  INA_REQUIRE(pthread_cond_init(&s->control_done, NULL) == 0, INA_ERR_INTERNAL,
+              "scheduler: pthread_cond_init failed");
+  control_done_ready = 1;
   sched_publish_locked(s); /* nobody else can see s yet */
   *out = s;
   return INA_OK;
 fail:
+  if (control_done_ready) pthread_cond_destroy(&s->control_done);
   if (wake_ready) pthread_cond_destroy(&s->wake);
   if (mu_ready) pthread_mutex_destroy(&s->mu);
   if (s) {
@@ -141,12 +151,18 @@ static void cancel_at_destroy(ina_scheduler_t *s, sched_request_t *r) {
 
 void ina_scheduler_destroy(ina_scheduler_t *s) {
   if (!s) return;
+  /* Commands waiting now will not run; one the run loop is running finishes first. */
+  pthread_mutex_lock(&s->mu);
+  sched_control_cancel_waiting_locked(s, "the scheduler is being destroyed");
+  pthread_mutex_unlock(&s->mu);
   ina_scheduler_run_stop(s);
   sched_replica_send_stop(s); /* followers cancel their copies the same way */
-  /* From here submit is refused and cancel finds nothing, also from the callbacks run
-   * below: the lists are emptied under mu before any callback runs. */
+  /* From here submit and control are refused and cancel finds nothing, also from the
+   * callbacks run below: the lists are emptied under mu before any callback runs. */
   pthread_mutex_lock(&s->mu);
   s->closing = 1;
+  sched_control_cancel_waiting_locked(s, "the scheduler is being destroyed");
+  sched_control_wait_callers_locked(s); /* they sleep on mu and control_done */
   sched_request_t *incoming = s->incoming_head;
   s->incoming_head = s->incoming_tail = NULL;
   s->live_head = NULL;
@@ -161,6 +177,7 @@ void ina_scheduler_destroy(ina_scheduler_t *s) {
   }
   ina_prefix_cache_destroy(s->cache);
   sched_queue_release(&s->waiting);
+  pthread_cond_destroy(&s->control_done);
   pthread_cond_destroy(&s->wake);
   pthread_mutex_destroy(&s->mu);
   free(s->running);

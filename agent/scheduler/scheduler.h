@@ -43,7 +43,7 @@
  * (also from a callback). step, flush_prefix_cache, run_start / run_stop and destroy
  * belong to one driver thread, never to a callback; while the run loop is started, it
  * is the driver (step and flush are refused). Callbacks run on the driver thread with
- * no scheduler lock held. */
+ * no scheduler lock held. ina_scheduler_control is for any thread but the driver. */
 #ifndef INA_AGENT_SCHEDULER_SCHEDULER_H
 #define INA_AGENT_SCHEDULER_SCHEDULER_H
 
@@ -61,9 +61,16 @@ extern "C" {
 
 typedef struct ina_scheduler ina_scheduler_t;
 
+/* A control command (ina_scheduler_control): runs on the driver thread between two steps
+ * with the engine to itself (no request is in a forward meanwhile). bytes [size] are the
+ * command, valid during the call only. A failure should record its reason (INA_REQUIRE
+ * and the like): it is handed back to the caller of ina_scheduler_control. */
+typedef ina_status_t (*ina_scheduler_control_fn)(ina_engine_t *engine, const void *bytes, size_t size,
+                                                 void *user_data);
+
 typedef struct ina_scheduler_config {
   size_t struct_size; /* sizeof(ina_scheduler_config_t), set by the INIT macro */
-  uint32_t version;   /* 1 */
+  uint32_t version;   /* 3 */
   /* Tokens one step may run: decode tokens plus prefill chunks. >= 3 (a prompt is split
    * into chunks of at least two tokens). */
   int32_t max_batch_tokens;
@@ -86,10 +93,17 @@ typedef struct ina_scheduler_config {
    * followers waiting longer than their communicator's timeout know the leader is gone
    * and the leader notices a follower that is. */
   double heartbeat_seconds;
+  /* Version 3. Control commands (ina_scheduler_control): run on the driver thread of
+   * every replica, between steps, each with its own engine and user data. Replicas must
+   * all set one (a follower without it logs a warning per command and skips it). Called
+   * with no scheduler lock held: it may submit, cancel and read stats, but not step,
+   * destroy or issue another control command. */
+  ina_scheduler_control_fn control;  /* NULL: ina_scheduler_control is refused */
+  void *control_user_data;
 } ina_scheduler_config_t;
 
 #define INA_SCHEDULER_CONFIG_INIT \
-  {sizeof(ina_scheduler_config_t), 2, 512, 64, 0, -1, NULL, 1.0}
+  {sizeof(ina_scheduler_config_t), 3, 512, 64, 0, -1, NULL, 1.0, NULL, NULL}
 
 typedef enum ina_finish_reason {
   INA_FINISH_NONE = 0,  /* not finished: a token event */
@@ -174,7 +188,9 @@ typedef struct ina_scheduler_stats {
 ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_config_t *config,
                                   ina_scheduler_t **out);
 /* Stops the run loop if started, finishes every unfinished request as cancelled (their
- * final events are delivered on the calling thread), and returns all pages to the pool. */
+ * final events are delivered on the calling thread), returns all pages to the pool, and
+ * hands waiting control commands INA_ERR_UNSUPPORTED unrun (returning once their callers
+ * have left ina_scheduler_control). */
 void ina_scheduler_destroy(ina_scheduler_t *scheduler);
 
 /* Validate and queue a request. INA_ERR_INVALID_ARGUMENT, with a message naming the
@@ -188,17 +204,20 @@ ina_status_t ina_scheduler_submit(ina_scheduler_t *scheduler, const ina_request_
  * unfinished request has this id. Idempotent. Any thread. */
 ina_status_t ina_scheduler_cancel(ina_scheduler_t *scheduler, const char *request_id);
 
-/* One scheduling step (see above); callbacks run before it returns. *num_scheduled
+/* One scheduling step (see above), after the control commands waiting when it starts
+ * (ina_scheduler_control); callbacks run before it returns. *num_scheduled
  * (may be NULL) receives the number of sequences in the step's batch (0: nothing could
  * run). An engine failure finishes the batch's requests with INA_FINISH_ERROR and is
  * returned. Driver thread only; INA_ERR_INVALID_ARGUMENT while the run loop runs. */
 ina_status_t ina_scheduler_step(ina_scheduler_t *scheduler, int32_t *num_scheduled);
 
-/* Start a thread that steps while there are unfinished requests and sleeps on a
- * condition variable otherwise. INA_ERR_INVALID_ARGUMENT when already started. */
+/* Start a thread that steps while there are unfinished requests or waiting control
+ * commands and sleeps on a condition variable otherwise. INA_ERR_INVALID_ARGUMENT when
+ * already started. */
 ina_status_t ina_scheduler_run_start(ina_scheduler_t *scheduler);
 /* Ask the run loop to stop after its current step and join it; unfinished requests stay
- * queued (step them, or destroy). No-op when not started. Not from a callback. */
+ * queued (step them, or destroy); control commands still waiting do not run (their
+ * callers get INA_ERR_UNSUPPORTED). No-op when not started. Not from a callback. */
 void ina_scheduler_run_stop(ina_scheduler_t *scheduler);
 
 /* Counters and gauges as of the last step (queue lengths include requests submitted
@@ -209,10 +228,50 @@ void ina_scheduler_stats(ina_scheduler_t *scheduler, ina_scheduler_stats_t *out)
  * only: not while the run loop runs (INA_ERR_INVALID_ARGUMENT). */
 ina_status_t ina_scheduler_flush_prefix_cache(ina_scheduler_t *scheduler);
 
+/* The largest control command, in bytes. */
+#define INA_SCHEDULER_CONTROL_MAX_BYTES ((size_t)64 << 20)
+
+/* Run a control command: config.control(engine, bytes, size, user_data) on the driver
+ * thread, at the start of a step before that step takes in new requests and
+ * cancellations, so the step after it already runs with its effect. Requests in flight
+ * stay where they are (running, KV pages kept) across it. Blocks until the command has
+ * run and returns its status; on failure `detail` [detail_size] (may be NULL) receives
+ * the reason (the driver's ina_last_error() when the function failed; the caller's
+ * ina_last_error() is set only for refusals). The bytes are copied when the call
+ * begins.
+ *
+ * Commands run one at a time in the order they were issued, also while no request is
+ * unfinished (the run loop wakes for them). A step runs those waiting when it starts;
+ * one issued meanwhile waits for the next step, so commands back to back do not hold
+ * the requests up. Without a run loop, a command waits for the next ina_scheduler_step
+ * of whoever drives the scheduler: call this from another thread than the one stepping,
+ * or it waits forever.
+ *
+ * Replicas (config.replica_comm): issue on the leader only. The command's bytes reach
+ * every follower first, and each runs its own config.control with its own engine and
+ * user data at the same point of the step stream, so collectives inside the function
+ * meet. Only the leader's outcome is returned: a follower's failure is logged there and
+ * the follower goes on following. The function itself must make the ranks agree on the
+ * outcome (e.g. an all-reduce of a success flag, rolling back where any rank failed), or
+ * the replicas' engines diverge. It should take about as long on every rank: followers
+ * waiting for the leader's next message longer than their communicator's timeout give up.
+ *
+ * Returns INA_ERR_INVALID_ARGUMENT, running nothing, on a follower, without
+ * config.control, for NULL bytes, size 0 or above INA_SCHEDULER_CONTROL_MAX_BYTES, from
+ * the driver thread (a request callback or a control function) and once destroy has
+ * begun; INA_ERR_UNSUPPORTED, the command not run, when destroy or run_stop finds it
+ * still waiting (core/status.h has no "cancelled" code; the detail says which). Otherwise
+ * the function's status, or the leader's communicator error if the followers could not be
+ * told (the command then does not run). Any thread but the driver. destroy may come
+ * while callers wait: it hands them the cancellation and returns once they have left
+ * (but a call may not race with destroy's return, as for submit). */
+ina_status_t ina_scheduler_control(ina_scheduler_t *scheduler, const void *bytes, size_t size, char *detail,
+                                   size_t detail_size);
+
 /* Follower of a replicated scheduler (config.replica_comm, rank > 0): runs the leader's
- * steps until the leader is destroyed (INA_OK) or a step or the communicator fails (its
- * error, e.g. INA_ERR_MPI when the leader went silent longer than the communicator's
- * timeout). INA_ERR_INVALID_ARGUMENT on the leader or without replication. Submit,
+ * steps and control commands until the leader is destroyed (INA_OK) or a step or the
+ * communicator fails (its error, e.g. INA_ERR_MPI when the leader went silent longer
+ * than the communicator's timeout). INA_ERR_INVALID_ARGUMENT on the leader or without replication. Submit,
  * cancel and run_start are refused on followers: this call is their driver. */
 ina_status_t ina_scheduler_follow(ina_scheduler_t *scheduler);
 

@@ -5,7 +5,8 @@
  *     the queues, the engine, its page pool, the prefix cache, the step buffers;
  *   - fields under "shared" are guarded by `mu`: requests submitted but not yet seen by a
  *     step (incoming), the list of unfinished requests (for cancel by id and the id
- *     uniqueness check), cancel flags, the stats snapshot and the run loop's state.
+ *     uniqueness check), cancel flags, the stats snapshot, the run loop's state and the
+ *     queue of control commands.
  * A request moves from incoming (shared) to the driver's queues at the start of a step
  * (under mu); after that only the driver reads or writes its generation state, and
  * other threads only touch its cancel flag and live-list links, under mu. */
@@ -61,6 +62,18 @@ typedef struct sched_request {
   struct sched_request *incoming_next;
 } sched_request_t;
 
+/* A control command waiting for the driver (control.c). It lives on the stack of the
+ * thread blocked in ina_scheduler_control; the driver takes it off the queue, runs it
+ * and sets done under mu. */
+typedef struct sched_control {
+  void *bytes;            /* a copy of the caller's */
+  size_t size;
+  ina_status_t status;    /* valid once done */
+  char error[1024];       /* the reason when status != INA_OK */
+  int done;
+  struct sched_control *next;
+} sched_control_t;
+
 /* A double-ended queue of requests (ring buffer). */
 typedef struct sched_queue {
   sched_request_t **items;
@@ -81,6 +94,8 @@ struct ina_scheduler {
   int32_t page_size, vocab, eos;
   int32_t max_batch_tokens, max_running;
   int64_t max_context;
+  ina_scheduler_control_fn control; /* NULL when control commands are refused */
+  void *control_user_data;
 
   /* Driver. */
   sched_queue_t waiting;         /* FIFO; preempted requests go back to the front */
@@ -130,6 +145,12 @@ struct ina_scheduler {
   ina_scheduler_stats_t snapshot;
   pthread_t run_thread;
   int run_started, run_stop;
+  pthread_t step_thread;         /* the thread inside sched_step, while in_step */
+  int in_step;
+  sched_control_t *control_head, *control_tail; /* waiting, oldest first */
+  int32_t num_controls;
+  int32_t control_callers;       /* threads inside ina_scheduler_control */
+  pthread_cond_t control_done;   /* a command finished; a caller left */
 };
 
 /* ---- replica.c ---------------------------------------------------------------------- */
@@ -139,6 +160,8 @@ enum { SCHED_REPLICA_NONE = 0, SCHED_REPLICA_LEADER, SCHED_REPLICA_FOLLOWER };
 /* Leader: the step's intake (step_new, step_cancelled) to every follower; an empty intake
  * is a heartbeat, followed by a barrier so that a dead follower is noticed. */
 ina_status_t sched_replica_send_step(ina_scheduler_t *s);
+/* Leader: a control command's bytes to every follower (before the leader runs it). */
+ina_status_t sched_replica_send_control(ina_scheduler_t *s, const void *bytes, size_t size);
 /* Leader: tells the followers to stop following (at destroy). */
 void sched_replica_send_stop(ina_scheduler_t *s);
 /* Room for a step's records (driver, before take-in). */
@@ -201,6 +224,22 @@ void sched_deliver_events(ina_scheduler_t *s);
 /* The step itself, for ina_scheduler_step and the run loop; the caller is the driver
  * (stepping set, or the run loop thread). */
 ina_status_t sched_step(ina_scheduler_t *s, int32_t *num_scheduled);
+
+/* ---- control.c ---------------------------------------------------------------------- */
+
+/* Driver, at the start of a step: run the commands waiting then one by one, oldest
+ * first (a replica leader sends each to the followers first); later ones wait for the
+ * next step, and a stopping run loop runs none. Returns INA_OK unless the
+ * followers could not be told: the step must then run nothing. */
+ina_status_t sched_control_run_waiting(ina_scheduler_t *s);
+/* Follower: run a command the leader sent (its failure is logged, not returned). */
+void sched_control_run_follower(ina_scheduler_t *s, const void *bytes, size_t size);
+/* Finish every waiting command unrun, with INA_ERR_UNSUPPORTED and `why` as its reason,
+ * and wake their callers (caller holds mu). */
+void sched_control_cancel_waiting_locked(ina_scheduler_t *s, const char *why);
+/* destroy: block until no thread is inside ina_scheduler_control (caller holds mu, and
+ * closing is set so none can enter). */
+void sched_control_wait_callers_locked(ina_scheduler_t *s);
 
 /* ---- scheduler.c -------------------------------------------------------------------- */
 

@@ -1,4 +1,5 @@
-/* One scheduling step: take in new requests and cancellations, plan a continuous batch
+/* One scheduling step: run waiting control commands (control.c), take in new requests
+ * and cancellations, plan a continuous batch
  * (decodes, prefill chunks, admissions) within the token budget and the KV pool, run
  * one engine forward, sample, and queue the events to deliver.
  *
@@ -252,9 +253,18 @@ fail:
 }
 
 ina_status_t sched_step(ina_scheduler_t *s, int32_t *num_scheduled) {
+  /* Who is inside the step: a control command issued from here would wait for itself. */
   pthread_mutex_lock(&s->mu);
-  ina_status_t st = take_in_locked(s);
+  s->step_thread = pthread_self();
+  s->in_step = 1;
   pthread_mutex_unlock(&s->mu);
+  /* Commands first, so this step already runs with their effect. */
+  ina_status_t st = sched_control_run_waiting(s);
+  if (st == INA_OK) {
+    pthread_mutex_lock(&s->mu);
+    st = take_in_locked(s);
+    pthread_mutex_unlock(&s->mu);
+  }
   /* Replicas take in the same before planning (replica.c); if they cannot be told, the
    * step runs nothing: its engines would wait for them in vain. */
   if (st == INA_OK) st = sched_replica_send_step(s);
@@ -289,5 +299,8 @@ ina_status_t sched_step(ina_scheduler_t *s, int32_t *num_scheduled) {
   sched_publish_locked(s);
   pthread_mutex_unlock(&s->mu);
   sched_deliver_events(s);
+  pthread_mutex_lock(&s->mu);
+  s->in_step = 0;
+  pthread_mutex_unlock(&s->mu);
   return st;
 }
