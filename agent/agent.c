@@ -177,6 +177,7 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   INA_CHECK_ALLOC(agent);
   agent->stop_fd = -1;
   pthread_mutex_init(&agent->lock, NULL);
+  pthread_mutex_init(&agent->apply_mu, NULL);
   pthread_cond_init(&agent->changed, NULL); /* CLOCK_REALTIME, as deadline_after_ms */
   agent->state = AGENT_STARTING;
   agent->start_seconds = agent->load_window_start = agent->expert_load_since =
@@ -221,7 +222,14 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
               "ina_agent_create: the serving agent leads the replicas (rank 0 of replica_comm), "
               "this is rank %d; the other ranks run ina_scheduler_follow",
               ina_comm_rank(options->scheduler.replica_comm));
-  INA_CHECK(ina_scheduler_create(agent->engine, &options->scheduler, &agent->scheduler));
+  INA_CHECK(ina_engine_get_placement(agent->engine, &agent->placement));
+  agent->placement_generation = 1;
+  {
+    ina_scheduler_config_t sc = options->scheduler;
+    sc.control = ina_agent_placement_control;
+    sc.control_user_data = agent;
+    INA_CHECK(ina_scheduler_create(agent->engine, &sc, &agent->scheduler));
+  }
   /* The scheduler's own rule for max_context 0: the model's positions, capped by the pool. */
   int64_t pool_tokens = (int64_t)ina_page_pool_num_pages(pool) * agent->page_size;
   agent->max_context = options->scheduler.max_context > 0 ? options->scheduler.max_context
@@ -404,6 +412,8 @@ void ina_agent_destroy(ina_agent_t *agent) {
   if (agent->stop_fd >= 0) close(agent->stop_fd);
   pthread_cond_destroy(&agent->changed);
   pthread_mutex_destroy(&agent->lock);
+  pthread_mutex_destroy(&agent->apply_mu);
+  ina_expert_placement_free(&agent->placement);
   free(agent->model_name);
   free(agent->ranks);
   free(agent->expert_base);

@@ -133,6 +133,13 @@ ina_status_t ina_agent_wait(ina_agent_t *agent);
 
 void ina_agent_destroy(ina_agent_t *agent);
 
+/* The scheduler control command behind ApplyPlacement (scheduler.h, config.control): it
+ * switches the engine to the placement the command carries, collectively with the other
+ * ranks. ina_agent_create installs it in its own scheduler; ranks that follow rank 0 put
+ * it in theirs (user_data NULL). */
+ina_status_t ina_agent_placement_control(ina_engine_t *engine, const void *bytes, size_t size,
+                                         void *user_data);
+
 #ifdef __cplusplus
 }
 #endif

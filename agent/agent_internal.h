@@ -89,6 +89,13 @@ struct ina_agent {
   /* The job's ranks and layout (one rank: this process, 1 x 1 x 1). */
   ina_agent_rank_t *ranks;
   int32_t num_ranks, tp, dp, ep;
+  /* The expert placement in force and its generation (under lock). ApplyPlacement calls
+   * run one at a time under apply_mu (service_placement.c); placement_bytes_moved is
+   * written by the control command on the driver thread while the caller waits. */
+  ina_expert_placement_t placement;
+  uint64_t placement_generation;
+  pthread_mutex_t apply_mu;
+  int64_t placement_bytes_moved;
 };
 
 /* Monotonic clock in seconds. */

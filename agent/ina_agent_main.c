@@ -215,7 +215,10 @@ static int follow(const ina_agent_options_t *o, const ina_parallel_job_t *job) {
   ina_scheduler_t *scheduler = NULL;
   ina_status_t st = ina_model_open(o->model, &mo, &model);
   if (st == INA_OK) st = ina_engine_create(model, &eo, &engine);
-  if (st == INA_OK) st = ina_scheduler_create(engine, &o->scheduler, &scheduler);
+  ina_scheduler_config_t sc = o->scheduler;
+  sc.control = ina_agent_placement_control; /* ApplyPlacement reaches this rank this way */
+  sc.control_user_data = NULL;
+  if (st == INA_OK) st = ina_scheduler_create(engine, &sc, &scheduler);
   if (st == INA_OK) {
     printf("ina-agent: rank %d of %d following rank 0 (pid %d)\n", job->rank, job->size,
            (int)getpid());

@@ -1,18 +1,46 @@
-/* ina.v1.Placement: GetPlacement answers the layout the job started with (tp x dp ranks;
- * with expert parallelism the dp groups split the routed experts evenly, each holding
- * its experts in order in slots 0 .. E/ep - 1; generation 1); ApplyPlacement, an admin
- * call, is refused with FAILED_PRECONDITION: placements cannot change yet. */
+/* ina.v1.Placement: GetPlacement answers the placement in force and its generation (1 for
+ * the one the job started with: each EP rank holds its contiguous share of the experts);
+ * ApplyPlacement, an admin call, checks a new one and switches every rank to it between
+ * two steps.
+ *
+ * How a switch runs: ApplyPlacement calls are serialized by apply_mu. The handler checks
+ * the generation and the message, then hands the placement to the scheduler as a control
+ * command, which runs on every rank's driver thread at the same point of the step
+ * stream (ina_agent_placement_control): the engines agree, move the experts and commit or
+ * roll back together, and requests in flight simply continue in the next step. */
 #define INA_LOG_SUBSYS "agent"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/check.h"
 #include "ina/v1/placement.pb-c.h"
 #include "agent/agent_internal.h"
+#include "agent/placement_proto.h"
 #include "agent/rpc/rpc_pb.h"
 
 #define GET_PLACEMENT_METHOD "/ina.v1.Placement/GetPlacement"
 #define APPLY_PLACEMENT_METHOD "/ina.v1.Placement/ApplyPlacement"
+
+static placement_shape_t job_shape(const ina_agent_t *agent) {
+  const placement_shape_t shape = {agent->tp, agent->dp, agent->ep, agent->placement.num_moe_layers,
+                                   agent->placement.num_experts};
+  return shape;
+}
+
+ina_status_t ina_agent_placement_control(ina_engine_t *engine, const void *bytes, size_t size,
+                                     void *user_data) {
+  ina_status_t st = INA_OK;
+  ina_expert_placement_t p = {0};
+  int dry_run = 0;
+  int64_t moved = 0;
+  INA_CHECK(placement_command_decode(bytes, size, &p, &dry_run));
+  INA_CHECK(ina_engine_apply_placement(engine, &p, dry_run, &moved));
+  if (user_data) ((ina_agent_t *)user_data)->placement_bytes_moved = moved;
+fail:
+  ina_expert_placement_free(&p);
+  return st;
+}
 
 static ina_rpc_code_t get_placement(void *ctx, const ina_rpc_request_t *request,
                                     ina_rpc_reply_t *reply) {
@@ -23,71 +51,101 @@ static ina_rpc_code_t get_placement(void *ctx, const ina_rpc_request_t *request,
     return ina_rpc_error(reply->message, INA_RPC_INVALID_ARGUMENT,
                          "request: %zu bytes are not an ina.v1.GetPlacementRequest", request->size);
   ina__v1__get_placement_request__free_unpacked(req, NULL);
+  const placement_shape_t shape = job_shape(agent);
+  pthread_mutex_lock(&agent->lock);
+  const ina_status_t st = placement_pack_response(&agent->placement, &shape, agent->placement_generation,
+                                                  &reply->bytes, &reply->size);
+  pthread_mutex_unlock(&agent->lock);
+  if (st != INA_OK) return ina_rpc_error(reply->message, INA_RPC_INTERNAL, "cannot pack the response");
+  return INA_RPC_OK;
+}
 
-  const ina_model_config_t *cfg = ina_model_config(agent->model);
-  size_t n_layers = 0, n_experts = (size_t)cfg->n_routed_experts;
-  for (int32_t l = 0; l < cfg->num_layers; l++) n_layers += (size_t)ina_cfg_layer_is_moe(cfg, l);
-  /* EP rank g holds experts [g * per_rank, (g + 1) * per_rank) in slots 0 .. per_rank - 1. */
-  const size_t ep = (size_t)agent->ep, per_rank = n_experts / ep;
-  /* One allocation each for the layers, the slots and the pointer arrays. */
-  Ina__V1__LayerPlacement *layers = calloc(n_layers + 1, sizeof *layers);
-  Ina__V1__LayerPlacement **layer_ptrs = calloc(n_layers + 1, sizeof *layer_ptrs);
-  Ina__V1__ExpertSlot *slots = calloc(n_experts + 1, sizeof *slots);
-  Ina__V1__ExpertSlot **slot_ptrs = calloc(n_experts + 1, sizeof *slot_ptrs);
+/* The engine's verdict as a status code. */
+static ina_rpc_code_t apply_error(ina_status_t st, const char *detail, char *message) {
+  switch (st) {
+    case INA_ERR_INVALID_ARGUMENT:
+      return ina_rpc_error(message, INA_RPC_INVALID_ARGUMENT, "placement: %s", detail);
+    case INA_ERR_OUT_OF_MEMORY:
+      return ina_rpc_error(message, INA_RPC_RESOURCE_EXHAUSTED, "placement: %s", detail);
+    case INA_ERR_UNSUPPORTED:
+      return ina_rpc_error(message, INA_RPC_FAILED_PRECONDITION, "placement: %s", detail);
+    default:
+      return ina_rpc_error(message, INA_RPC_INTERNAL, "placement: %s (%s)", detail,
+                           ina_status_string(st));
+  }
+}
+
+/* Checks and runs one request; apply_mu held. */
+static ina_rpc_code_t apply_locked(ina_agent_t *agent, const Ina__V1__ApplyPlacementRequest *req,
+                                   ina_rpc_reply_t *reply) {
   ina_rpc_code_t code = INA_RPC_OK;
-  if (!layers || !layer_ptrs || !slots || !slot_ptrs) {
+  ina_expert_placement_t p = {0};
+  uint8_t *command = NULL;
+  size_t command_size = 0;
+  char detail[INA_RPC_MESSAGE_MAX] = "";
+  pthread_mutex_lock(&agent->lock);
+  const uint64_t generation = agent->placement_generation;
+  const agent_state_t state = agent->state;
+  pthread_mutex_unlock(&agent->lock);
+  if (state != AGENT_SERVING && state != AGENT_STARTING)
+    return ina_rpc_error(reply->message, INA_RPC_UNAVAILABLE, "the agent is stopping");
+  if (req->expected_generation != generation)
+    return ina_rpc_error(reply->message, INA_RPC_FAILED_PRECONDITION,
+                         "expected_generation: %llu, but generation %llu is in force (another "
+                         "placement was applied since; GetPlacement shows it)",
+                         (unsigned long long)req->expected_generation, (unsigned long long)generation);
+  const placement_shape_t shape = job_shape(agent);
+  code = placement_from_proto(req->placement, &shape, &p, reply->message);
+  if (code != INA_RPC_OK) return code;
+  if (placement_command_encode(&p, req->dry_run, &command, &command_size) != INA_OK) {
     code = ina_rpc_error(reply->message, INA_RPC_RESOURCE_EXHAUSTED, "out of memory");
     goto done;
   }
-  /* Every layer holds the same map, so they share the slot array. */
-  for (size_t e = 0; e < n_experts; e++) {
-    Ina__V1__ExpertSlot s = INA__V1__EXPERT_SLOT__INIT;
-    s.ep_rank = (uint32_t)(e / per_rank);
-    s.slot = (uint32_t)(e % per_rank);
-    s.logical_expert = (uint32_t)e;
-    slots[e] = s;
-    slot_ptrs[e] = &slots[e];
+  const double t0 = agent_now_seconds();
+  agent->placement_bytes_moved = 0;
+  const ina_status_t st =
+      ina_scheduler_control(agent->scheduler, command, command_size, detail, sizeof detail);
+  const double seconds = agent_now_seconds() - t0;
+  if (st != INA_OK) {
+    code = apply_error(st, detail, reply->message);
+    goto done;
   }
-  for (size_t l = 0; l < n_layers; l++) {
-    Ina__V1__LayerPlacement lp = INA__V1__LAYER_PLACEMENT__INIT;
-    lp.moe_layer = (uint32_t)l;
-    lp.n_slots = n_experts;
-    lp.slots = slot_ptrs;
-    layers[l] = lp;
-    layer_ptrs[l] = &layers[l];
+  uint64_t now = generation;
+  if (!req->dry_run) {
+    pthread_mutex_lock(&agent->lock);
+    ina_expert_placement_t old = agent->placement;
+    agent->placement = p;
+    p = old;
+    now = ++agent->placement_generation;
+    pthread_mutex_unlock(&agent->lock);
+    INA_LOG_I(INA_LOG_SUBSYS, "placement generation %llu applied in %.1f ms, %lld bytes of experts moved",
+              (unsigned long long)now, seconds * 1e3, (long long)agent->placement_bytes_moved);
   }
-  Ina__V1__Layout layout = INA__V1__LAYOUT__INIT;
-  layout.tp = (uint32_t)agent->tp;
-  layout.dp = (uint32_t)agent->dp;
-  layout.ep = (uint32_t)agent->ep;
-  Ina__V1__ExpertPlacement placement = INA__V1__EXPERT_PLACEMENT__INIT;
-  placement.layout = &layout;
-  placement.slots_per_rank = (uint32_t)per_rank;
-  placement.n_layers = n_layers;
-  placement.layers = layer_ptrs;
-  placement.generation = 1; /* the placement loaded at start-up; never changes here */
-  Ina__V1__GetPlacementResponse resp = INA__V1__GET_PLACEMENT_RESPONSE__INIT;
-  resp.placement = &placement;
+  Ina__V1__ApplyPlacementResponse resp = INA__V1__APPLY_PLACEMENT_RESPONSE__INIT;
+  resp.generation = now;
+  resp.apply_ms = (uint64_t)(seconds * 1e3 + 0.5);
+  resp.bytes_moved = (uint64_t)agent->placement_bytes_moved;
   if (ina_rpc_pack(&resp.base, &reply->bytes, &reply->size) != INA_OK)
     code = ina_rpc_error(reply->message, INA_RPC_INTERNAL, "cannot pack the response");
 done:
-  free(layers);
-  free(layer_ptrs);
-  free(slots);
-  free(slot_ptrs);
+  free(command);
+  ina_expert_placement_free(&p);
   return code;
 }
 
 static ina_rpc_code_t apply_placement(void *ctx, const ina_rpc_request_t *request,
                                       ina_rpc_reply_t *reply) {
+  ina_agent_t *agent = ctx;
   Ina__V1__ApplyPlacementRequest *req =
       ina__v1__apply_placement_request__unpack(NULL, request->size, request->bytes);
   if (!req)
     return ina_rpc_error(reply->message, INA_RPC_INVALID_ARGUMENT,
                          "request: %zu bytes are not an ina.v1.ApplyPlacementRequest", request->size);
+  pthread_mutex_lock(&agent->apply_mu);
+  const ina_rpc_code_t code = apply_locked(agent, req, reply);
+  pthread_mutex_unlock(&agent->apply_mu);
   ina__v1__apply_placement_request__free_unpacked(req, NULL);
-  return ina_rpc_error(reply->message, INA_RPC_FAILED_PRECONDITION,
-                       "the placement cannot change in this version (it stays at generation 1)");
+  return code;
 }
 
 ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *admin_token) {

@@ -4,6 +4,8 @@
 #      streams of `ina generate --server` equal `ina generate` on one rank; health is
 #      SERVING; node info lists every rank; SIGTERM to rank 0 drains, every rank exits
 #      and mpirun returns 0.
+#      While streams run, two random placements with redundant experts move experts
+#      between the ranks (ina place): the streams still equal one rank's.
 #   2. A rank that stops answering (SIGSTOP), follower or leader: the job ends non-zero
 #      within INA_COMM_TIMEOUT_S (3 s here) plus a few seconds, not hanging.
 # usage: test_agent_mpi.sh MPIEXEC INA_AGENT INA FIXTURE_DIR
@@ -11,6 +13,8 @@ set -u
 mpiexec=$1 agent=$2 ina=$3 fixture=$4
 tmp=$(mktemp -d)
 trap 'pkill -KILL -f "$agent --" 2>/dev/null; rm -rf "$tmp"' EXIT
+here=$(cd "$(dirname "$0")" && pwd)
+echo "admin-$RANDOM" >"$tmp/token"
 failed=0
 fail() { echo "FAIL: $*"; [ -f "$tmp/log" ] && grep -v -i -e pmix -e Perhaps "$tmp/log" | tail -20; failed=1; }
 
@@ -18,7 +22,7 @@ fail() { echo "FAIL: $*"; [ -f "$tmp/log" ] && grep -v -i -e pmix -e Perhaps "$t
 start() {
   local np=$1; shift
   rm -f "$tmp/log"
-  ("$mpiexec" --oversubscribe -np "$np" "$agent" "$@" >"$tmp/log" 2>&1; echo "mpirun rc=$?" >>"$tmp/log") &
+  ("$mpiexec" --oversubscribe -np "$np" "$agent" --admin-token-file "$tmp/token" "$@" >"$tmp/log" 2>&1; echo "mpirun rc=$?" >>"$tmp/log") &
   for _ in $(seq 300); do grep -q -e "serving$" -e "mpirun rc" "$tmp/log" 2>/dev/null && break; sleep 0.1; done
   port=$(grep -o "listening on 127.0.0.1:[0-9]*" "$tmp/log" | grep -o "[0-9]*$")
   pid0=$(grep -o "rank 0 of .*(pid [0-9]*)" "$tmp/log" | grep -o "[0-9]*)" | tr -d ')')
@@ -30,6 +34,35 @@ start() {
 ended() {
   for _ in $(seq $(($1 * 10))); do grep -q "mpirun rc" "$tmp/log" && break; sleep 0.1; done
   grep -o "mpirun rc=[0-9]*" "$tmp/log" | grep -o "[0-9]*$"
+}
+
+# moved_under_load NP MODEL: applies two random placements (redundant replicas, experts
+# moving between ranks) while streams run; every stream must equal one rank's.
+moved_under_load() {
+  local np=$1 model=$2 server=127.0.0.1:$port
+  local args=(--prompt-ids 3,1,4,1,5 --prompt-ids 9,2,6 --max-new-tokens 40 --ignore-eos)
+  local want; want=$("$ina" generate --model "$model" --device cpu "${args[@]}" | grep '^prompt ')
+  for round in 1 2; do
+    "$ina" generate --server "$server" "${args[@]}" >"$tmp/stream$round" 2>&1 &
+    local gen=$!
+    "$ina" place --server "$server" --show >"$tmp/shown.json" 2>&1
+    python3 "$here/random_placement.py" "$tmp/shown.json" "$tmp/new.json" "$RANDOM" ||
+      { fail "cannot make a random placement"; wait "$gen"; return; }
+    if "$ina" place --server "$server" --file "$tmp/new.json" --admin-token-file "$tmp/token" \
+        >"$tmp/placed" 2>&1 && grep -q "generation $round -> $((round + 1))" "$tmp/placed" &&
+        ! grep -q " 0 bytes of expert weights moved" "$tmp/placed"; then
+      echo "ok: $np ranks: placement $((round + 1)) under load: $(cat "$tmp/placed")"
+    else
+      fail "$np ranks: placement $((round + 1)) under load: $(cat "$tmp/placed")"
+    fi
+    wait "$gen"
+    if [ "$(grep '^prompt ' "$tmp/stream$round")" != "$want" ]; then
+      fail "$np ranks: streams across placement $((round + 1)) differ from one rank's"
+      cat "$tmp/stream$round"; echo "want:"; echo "$want"
+    else
+      echo "ok: $np ranks: streams across placement $((round + 1)) equal one rank's"
+    fi
+  done
 }
 
 serve_and_stop() { # MODEL NP FLAGS...
@@ -44,6 +77,7 @@ serve_and_stop() { # MODEL NP FLAGS...
   else
     echo "ok: $np ranks $* $(basename "$model"): streams equal one rank's"
   fi
+  moved_under_load "$np" "$model"
   "$ina" health --server "127.0.0.1:$port" | grep -q SERVING || fail "health is not SERVING"
   local info; info=$("$ina" info --server "127.0.0.1:$port")
   grep -q "ranks: $np of world size $np" <<<"$info" || fail "ina info does not list $np ranks: $info"

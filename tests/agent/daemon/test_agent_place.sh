@@ -5,11 +5,15 @@
 #      (3 + 5 - 1) x n_experts_per_token (the last token is sampled, never fed back);
 #      --reset, then a second call reads zeros.
 #   2. place --show: JSON that parses (stdout and --out alike) and maps every logical
-#      expert once per MoE layer. Fed back with --file: with the admin token the
-#      single-rank agent refuses (FAILED_PRECONDITION), without it or with a wrong one
-#      UNAUTHENTICATED, both exit 1. Malformed files (wrong type, unknown key, missing key,
-#      not JSON) exit 2 naming the key path, before any call (even with no agent at the
-#      address); the agent still serves afterwards.
+#      expert once per MoE layer. Fed back with --file: without the admin token or with a
+#      wrong one UNAUTHENTICATED (exit 1); --dry-run changes nothing; with the token the
+#      placement applies (generation 2), and a shuffled one too (generation 3), after
+#      which --show reports it and a greedy generation gives the same tokens as before;
+#      a stale --expected-generation is FAILED_PRECONDITION, an expert left without a
+#      slot INVALID_ARGUMENT naming the layer, another layout FAILED_PRECONDITION.
+#      Malformed files (wrong type, unknown key, missing key, not JSON) exit 2 naming the
+#      key path, before any call (even with no agent at the address); the agent still
+#      serves afterwards.
 #   3. SIGTERM: the agent drains, exits 0 and leaves no process behind.
 # Prompt, model seed and token are random: TEST_SEED=N replays a run.
 # usage: test_agent_place.sh INA_AGENT INA
@@ -159,15 +163,62 @@ for l in d["layers"]:
 generation=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["generation"])' \
   "$tmp/placement.json")
 
-check "place --file with the admin token file: refused" 1 "ApplyPlacement: FAILED_PRECONDITION" \
-  "$ina" place --server "$server" --file "$tmp/placement.json" --admin-token-file "$tmp/token"
-check "place --file --admin-token --expected-generation $generation: refused" 1 \
-  "ApplyPlacement: FAILED_PRECONDITION" "$ina" place --server "$server" --file "$tmp/placement.json" \
-  --admin-token "$token" --expected-generation "$generation"
 check "place --file without a token" 1 "ApplyPlacement: UNAUTHENTICATED" \
   "$ina" place --server "$server" --file "$tmp/placement.json"
 check "place --file with a wrong token" 1 "ApplyPlacement: UNAUTHENTICATED" \
   "$ina" place --server "$server" --file "$tmp/placement.json" --admin-token "x$token"
+
+# The token ids of one greedy generation, to compare across placement changes.
+greedy() {
+  "$ina" generate --server "$server" --prompt-ids "$prompt" --max-new-tokens 8 --ignore-eos 2>&1 |
+    grep '^prompt '
+}
+before=$(greedy)
+check "place --file --dry-run" 0 "dry run" "$ina" place --server "$server" --file "$tmp/placement.json" \
+  --admin-token-file "$tmp/token" --dry-run
+check "place --file with the admin token file: applied" 0 "generation $generation -> $((generation + 1))" \
+  "$ina" place --server "$server" --file "$tmp/placement.json" --admin-token-file "$tmp/token"
+check "place --file --expected-generation $generation: stale" 1 "ApplyPlacement: FAILED_PRECONDITION" \
+  "$ina" place --server "$server" --file "$tmp/placement.json" --admin-token "$token" \
+  --expected-generation "$generation"
+"$python" - "$tmp" "$RANDOM" <<'EOF'
+import json, random, sys
+tmp = sys.argv[1]
+random.seed(int(sys.argv[2]))
+d = json.load(open(tmp + "/placement.json"))
+for layer in d["layers"]:  # every layer's experts in a new order over the slots
+    experts = [s["logical_expert"] for s in layer["slots"]]
+    random.shuffle(experts)
+    for s, x in zip(layer["slots"], experts):
+        s["logical_expert"] = x
+json.dump(d, open(tmp + "/shuffled.json", "w"))
+d["layers"][-1]["slots"] = [s for s in d["layers"][-1]["slots"] if s["logical_expert"] != 0]
+json.dump(d, open(tmp + "/lost.json", "w"))
+d = json.load(open(tmp + "/shuffled.json"))
+d["layout"]["ep"] = 2
+json.dump(d, open(tmp + "/layout.json", "w"))
+EOF
+check "place --file shuffled: applied" 0 "generation $((generation + 1)) -> $((generation + 2))" \
+  "$ina" place --server "$server" --file "$tmp/shuffled.json" --admin-token "$token"
+"$ina" place --server "$server" --show >"$tmp/now.json" 2>&1
+json "place --show after: the shuffled placement at generation $((generation + 2))" '
+import json, sys
+now, want = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert now["generation"] == int(sys.argv[3]), now["generation"]
+key = lambda l: sorted((s["ep_rank"], s["slot"], s["logical_expert"]) for s in l["slots"])
+assert [key(l) for l in now["layers"]] == [key(l) for l in want["layers"]], "slots differ"' \
+  "$tmp/now.json" "$tmp/shuffled.json" "$((generation + 2))"
+after=$(greedy)
+if [ -n "$before" ] && [ "$before" = "$after" ]; then
+  echo "ok: greedy tokens unchanged by the placement changes: $after"
+else
+  fail "greedy tokens changed with the placement: '$before' then '$after'"
+fi
+check "place --file: an expert without a slot" 1 \
+  "INVALID_ARGUMENT: placement.layers[$((moe_layers - 1))]: logical expert 0 has no slot" \
+  "$ina" place --server "$server" --file "$tmp/lost.json" --admin-token "$token"
+check "place --file: another layout" 1 "FAILED_PRECONDITION: placement.layout" \
+  "$ina" place --server "$server" --file "$tmp/layout.json" --admin-token "$token"
 
 # Malformed copies of the placement, each broken at a random layer and slot.
 layer=$((RANDOM % moe_layers)) slot=$((RANDOM % experts))

@@ -499,9 +499,15 @@ static void test_load_and_placement(ina_rpc_client_t *c, ina_rpc_client_t *admin
   areq.expected_generation = 1;
   CHECK(at_unary(c, "/ina.v1.Placement/ApplyPlacement", &areq.base, &resp, &n, &status) ==
         INA_RPC_UNAUTHENTICATED);
+  /* No placement in the request; then a stale generation. (Real changes: test_agent_place
+   * and the Python end-to-end test.) */
+  CHECK(at_unary(admin, "/ina.v1.Placement/ApplyPlacement", &areq.base, &resp, &n, &status) ==
+        INA_RPC_INVALID_ARGUMENT);
+  CHECK(strstr(status.message, "placement: missing") != NULL);
+  areq.expected_generation = 7;
   CHECK(at_unary(admin, "/ina.v1.Placement/ApplyPlacement", &areq.base, &resp, &n, &status) ==
         INA_RPC_FAILED_PRECONDITION);
-  CHECK(strstr(status.message, "cannot change") != NULL);
+  CHECK(strstr(status.message, "generation 1 is in force") != NULL);
 }
 
 int main(void) {

@@ -13,7 +13,8 @@ SERVING -> NOT_SERVING on SIGTERM, unknown services), ina.v1.Node GetNodeInfo /
 GetHealth / GetLoad, ina.v1.Inference Generate (greedy, streamed, token for token
 equal to a local `ina generate`; stop ids) and its refusals, Cancel (unknown,
 running and finished ids; a client that goes away),
-ina.v1.Placement GetPlacement and ApplyPlacement (admin token, refusal: placements cannot change yet),
+ina.v1.Placement GetPlacement and ApplyPlacement (admin token, stale generations,
+malformed placements named by field path, a dry run, changes that keep outputs equal),
 undecodable request bytes, a scrape of Prometheus /metrics (--metrics-listen) after
 the generations, and a clean exit on SIGTERM.
 
@@ -454,8 +455,12 @@ def check_generate(c, client, pb, ina, info, rng):
     c.equal(r.cancelled, False, "Cancel of a finished request_id")
 
 
-def check_placement(c, client, pb, info):
-    plc = pb["placement"]
+def check_placement(c, client, pb, info, rng):
+    """GetPlacement at start-up; ApplyPlacement refusals (tokens, stale generation,
+    malformed placements naming the field, another layout), a dry run, and real changes
+    (the experts in a new order, then back) that leave greedy outputs unchanged."""
+    plc, inf = pb["placement"], pb["inference"]
+    admin = [("authorization", f"Bearer {ADMIN_TOKEN}")]
     got = client.get_placement(plc.GetPlacementRequest(), timeout=RPC_TIMEOUT_S).placement
     m = info.model
     c.equal((got.layout.tp, got.layout.dp, got.layout.ep), (1, 1, 1), "GetPlacement layout tp/dp/ep")
@@ -468,18 +473,70 @@ def check_placement(c, client, pb, info):
         slots = sorted((s.ep_rank, s.slot, s.logical_expert) for s in layer.slots)
         c.equal(slots, identity, f"GetPlacement layer {layer.moe_layer}: slots (ep_rank, slot, expert)")
 
-    request = plc.ApplyPlacementRequest(placement=got, expected_generation=got.generation)
-    c.rpc_error(lambda: client.apply_placement(request, timeout=RPC_TIMEOUT_S),
-                grpc.StatusCode.UNAUTHENTICATED, "ApplyPlacement without a token")
-    c.rpc_error(lambda: client.apply_placement(request, timeout=RPC_TIMEOUT_S,
-                                               metadata=[("authorization", "Bearer wrong-token")]),
+    def apply(placement, generation, dry_run=False, metadata=admin):
+        request = plc.ApplyPlacementRequest(placement=placement, expected_generation=generation,
+                                            dry_run=dry_run)
+        return lambda: client.apply_placement(request, timeout=RPC_TIMEOUT_S, metadata=metadata)
+
+    c.rpc_error(apply(got, 1, metadata=None), grpc.StatusCode.UNAUTHENTICATED, "ApplyPlacement without a token")
+    c.rpc_error(apply(got, 1, metadata=[("authorization", "Bearer wrong-token")]),
                 grpc.StatusCode.UNAUTHENTICATED, "ApplyPlacement with a wrong token")
-    c.rpc_error(lambda: client.apply_placement(request, timeout=RPC_TIMEOUT_S,
-                                               metadata=[("authorization", f"Bearer {ADMIN_TOKEN}")]),
-                grpc.StatusCode.FAILED_PRECONDITION, "ApplyPlacement with the admin token",
-                ["cannot change"])
-    after = client.get_placement(plc.GetPlacementRequest(), timeout=RPC_TIMEOUT_S).placement
-    c.equal(after.generation, 1, "GetPlacement generation after the refused ApplyPlacement")
+    c.rpc_error(apply(got, 0), grpc.StatusCode.FAILED_PRECONDITION, "ApplyPlacement without expected_generation",
+                ["expected_generation"])
+    # Broken copies, each refused with the field path.
+    layer = rng.randrange(m.n_moe_layers)
+    def broken(edit):
+        p = plc.ExpertPlacement()
+        p.CopyFrom(got)
+        edit(p)
+        return p
+    cases = [
+        ("an expert out of range", lambda p: setattr(p.layers[layer].slots[0], "logical_expert", m.n_routed_experts),
+         grpc.StatusCode.INVALID_ARGUMENT, f"placement.layers[{layer}].slots[0].logical_expert"),
+        ("an expert without a slot", lambda p: p.layers[layer].slots.pop(),
+         grpc.StatusCode.INVALID_ARGUMENT, f"placement.layers[{layer}]: logical expert"),
+        ("a rank outside ep", lambda p: setattr(p.layers[layer].slots[1], "ep_rank", 1),
+         grpc.StatusCode.INVALID_ARGUMENT, f"placement.layers[{layer}].slots[1].ep_rank"),
+        ("a layer twice", lambda p: setattr(p.layers[layer], "moe_layer", (layer + 1) % m.n_moe_layers),
+         grpc.StatusCode.INVALID_ARGUMENT, "appears twice"),
+        ("no slots per rank", lambda p: setattr(p, "slots_per_rank", 0),
+         grpc.StatusCode.INVALID_ARGUMENT, "placement.slots_per_rank"),
+        ("another layout", lambda p: setattr(p.layout, "ep", 2),
+         grpc.StatusCode.FAILED_PRECONDITION, "placement.layout"),
+    ]
+    if m.n_moe_layers == 1:
+        cases = [k for k in cases if k[0] != "a layer twice"]
+    for what, edit, code, words in cases:
+        c.rpc_error(apply(broken(edit), 1), code, f"ApplyPlacement with {what}", [words])
+
+    prompt = [rng.randrange(4, m.vocab_size) for _ in range(4)]
+    def greedy(tag):
+        ids, _ = run_generate(c, client, pb, f"Generate {tag}",
+                              inf.GenerateRequest(request_id=f"e2e-place-{tag}", prompt_token_ids=prompt,
+                                                  max_tokens=8, ignore_eos=True))
+        return ids
+    before = greedy("before")
+    dry = apply(got, 1, dry_run=True)()
+    c.equal(dry.generation, 1, "ApplyPlacement dry_run: the generation stays")
+    # The experts of every layer in a new order over the slots, then the original back.
+    shuffled = plc.ExpertPlacement()
+    shuffled.CopyFrom(got)
+    for lp in shuffled.layers:
+        experts = [s.logical_expert for s in lp.slots]
+        rng.shuffle(experts)
+        for s, x in zip(lp.slots, experts):
+            s.logical_expert = x
+    for step, (placement, generation) in enumerate([(shuffled, 1), (got, 2)]):
+        resp = apply(placement, generation)()
+        c.equal(resp.generation, generation + 1, f"ApplyPlacement {step + 1}: the new generation")
+        now = client.get_placement(plc.GetPlacementRequest(), timeout=RPC_TIMEOUT_S).placement
+        c.equal(now.generation, generation + 1, f"GetPlacement after ApplyPlacement {step + 1}")
+        c.equal([sorted((s.ep_rank, s.slot, s.logical_expert) for s in lp.slots) for lp in now.layers],
+                [sorted((s.ep_rank, s.slot, s.logical_expert) for s in lp.slots) for lp in placement.layers],
+                f"GetPlacement after ApplyPlacement {step + 1}: the slots applied")
+        c.equal(greedy(f"after-{step + 1}"), before, f"greedy tokens after ApplyPlacement {step + 1}")
+    c.rpc_error(apply(got, 1), grpc.StatusCode.FAILED_PRECONDITION, "ApplyPlacement with a stale generation",
+                ["generation 3 is in force"])
 
 
 def check_garbage(c, client, pb):
@@ -615,7 +672,7 @@ def main():
                 info = check_node(c, client, pb, agent.proc.pid)
                 check_generate(c, client, pb, args.ina, info, rng)
                 check_expert_load(c, client, pb, info)
-                check_placement(c, client, pb, info)
+                check_placement(c, client, pb, info, rng)
                 check_garbage(c, client, pb)
                 check_metrics(c, metrics_address)
                 check_sigterm(c, client, pb, agent)
