@@ -16,6 +16,7 @@
  *   P        64 x 64 bf16 probabilities of the current block   8 KB
  *   alpha, inv_l [64] f32: per-row rescale of the block, 1 / softmax sum at a group's end
  *   full[2], q_full: mbarriers completed by the cp.async copies of a stage / of Q
+ *   p_free: mbarrier completed by WG1 when it is done with P and alpha (see P_FREE)
  *
  * Two warpgroups (warp w of each owns rows 16w .. 16w + 15, which is row tile w of the
  * group, so each warp writes one schedule item's rows):
@@ -36,10 +37,14 @@
  * with two stages a block's copies are issued only one block ahead, so load latency
  * shows whenever a block computes faster than it loads.
  *
- * Hand-offs between the warpgroups are named barriers, each used strictly alternately:
+ * Hand-offs between the warpgroups, each used strictly alternately:
  *   P_READY   WG0 arrives after writing P and alpha of block n; WG1 waits.
- *   P_FREE    WG1 arrives when its P V of block n is done; WG0 waits before writing P
- *             of block n + 1.
+ *   P_FREE    an mbarrier (phase n for block n): WG1's threads arrive when their P V of
+ *             block n is done; WG0 waits on it before writing P and alpha of block n + 1.
+ *             An mbarrier, not a named-barrier arrive, because compute-sanitizer's
+ *             racecheck models mbarrier release/acquire but not bar.arrive (it reported
+ *             WG1's alpha reads against WG0's next writes); a bar.sync on both sides
+ *             would also satisfy it but made WG0 wait for WG1's load issue (-6%).
  *   STAGE_FREE[s]  WG0 arrives when it no longer reads stage s (and, at a group's last
  *             block, Q); WG1 waits before loading block n + 2 (or the next group's Q)
  *             into it. One barrier per stage: WG0 cannot reach block n + 2 before WG1 has
@@ -83,11 +88,11 @@ static_assert(INA_MLA_KV_BLOCK % kBlock == 0, "schedule cuts fall on block bound
 [[maybe_unused]] constexpr int kSmemP = 3 * kTileBytes;
 [[maybe_unused]] constexpr int kSmemAlpha = kSmemP + kRows * wg::kSwizzleRowBytes;
 [[maybe_unused]] constexpr int kSmemInvL = kSmemAlpha + kRows * 4;
-[[maybe_unused]] constexpr int kSmemBars = kSmemInvL + kRows * 4; /* full[0], full[1], q_full */
-[[maybe_unused]] constexpr int kSmemUsed = kSmemBars + 3 * 8;
+[[maybe_unused]] constexpr int kSmemBars = kSmemInvL + kRows * 4; /* full[0], full[1], q_full, p_free */
+[[maybe_unused]] constexpr int kSmemUsed = kSmemBars + 4 * 8;
 [[maybe_unused]] constexpr int kSmemBytes = kSmemUsed + 1024; /* room to align the base to 1024 bytes */
 
-enum : int { kBarPReady = 1, kBarPFree = 2, kBarStageFree = 3 /* + stage */ };
+enum : int { kBarPReady = 1, kBarStageFree = 3 /* + stage */ };
 
 #if INA_MLA_WGMMA_CODE
 /* A group's chunk: schedule items [lead, lead + count), rows of tiles tile0 .. tile0 + 3. */
@@ -129,6 +134,7 @@ struct Smem {
   __device__ uint32_t p() const { return addr + kSmemP; }
   __device__ uint32_t full(int stage) const { return addr + kSmemBars + 8 * stage; }
   __device__ uint32_t q_full() const { return addr + kSmemBars + 16; }
+  __device__ uint32_t p_free() const { return addr + kSmemBars + 24; }
   __device__ float *alpha() const { return reinterpret_cast<float *>(base + kSmemAlpha); }
   __device__ float *inv_l() const { return reinterpret_cast<float *>(base + kSmemInvL); }
 };
@@ -349,7 +355,7 @@ __device__ __forceinline__ void run_scores(const Args &a, const Smem &sm, int it
         pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
         pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
       }
-      if (n > 0) wg::bar_sync(kBarPFree, kThreads); /* WG1 is done with the previous P */
+      if (n > 0) wg::mbar_wait(sm.p_free(), (n - 1) & 1); /* WG1 is done with the previous P */
       const int row0 = 16 * w + gq, row1 = row0 + 8;
 #pragma unroll
       for (int j = 0; j < 8; j++) {
@@ -460,7 +466,7 @@ __device__ __forceinline__ void run_values(const Args &a, const Smem &sm, int it
       wg::wgmma_commit();
       wg::wgmma_wait<0>();
       wg::fence_regs(o);
-      if (n + 1 < total) wg::bar_arrive(kBarPFree, kThreads);
+      if (n + 1 < total) wg::mbar_arrive(sm.p_free()); /* done with P and alpha of block n */
       if (n + 2 < total || (last && has_next)) {
         wg::bar_sync(kBarStageFree + stage, kThreads); /* WG0 is done with the stage (and Q) */
         if (n + 2 < total) issue_block(a, ld, sm.kv(stage), sm.full(stage), ltid);
@@ -494,6 +500,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const Args a, in
     wg::mbar_init(sm.full(0), kWgThreads);
     wg::mbar_init(sm.full(1), kWgThreads);
     wg::mbar_init(sm.q_full(), kWgThreads);
+    wg::mbar_init(sm.p_free(), kWgThreads);
   }
   __syncthreads();
   if (threadIdx.x < kWgThreads) run_scores(a, sm, it_begin, it_end, total);
