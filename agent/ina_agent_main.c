@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
+#include "core/cuda.h"
 #include "core/log.h"
 #include "model/parallel_job.h"
 #include "agent/agent.h"
@@ -41,9 +42,11 @@ static void usage(FILE *f) {
           "                       does not show in the process list\n"
           "  --drain-grace-ms N   how long running generations may finish at shutdown\n"
           "                       (default 30000)\n"
-          "  --tp T               under mpirun (CPU engine): tensor parallelism over T ranks\n"
-          "  --ep                 under mpirun (CPU engine): the ranks, or with --tp the groups\n"
-          "                       of T ranks, split the routed experts. Rank 0 serves; the\n"
+          "  --tp T               under mpirun: tensor parallelism over T ranks\n"
+          "  --ep                 under mpirun: the ranks, or with --tp the groups of T\n"
+          "                       ranks, split the routed experts. Each rank runs on the GPU\n"
+          "                       of its local rank (NCCL between them) or, with --device cpu\n"
+          "                       or without GPUs, on the CPU. Rank 0 serves; the\n"
           "                       others follow its steps and exit when it stops: signal rank 0\n"
           "                       (its pid is printed) to drain; mpirun's own SIGTERM kills the\n"
           "                       ranks after a few seconds. A rank that stops answering fails\n"
@@ -143,8 +146,9 @@ static void print_address(const char *what, const char *listen, int port) {
  * scheduler over the job's world communicator. */
 #define AGENT_COMM_TIMEOUT_S 20.0
 
-static int job_start(int tp_size, int ep, ina_parallel_job_t *job) {
-  if (ina_parallel_job_start(tp_size, ep, job) != INA_OK) {
+static int job_start(int tp_size, int ep, int on_gpu, ina_parallel_job_t *job) {
+  if (ina_parallel_job_start(tp_size, ep, on_gpu ? INA_COMM_BACKEND_NCCL : INA_COMM_BACKEND_MPI, job) !=
+      INA_OK) {
     if (job->rank == 0) fprintf(stderr, "ina-agent: %s\n", ina_last_error());
     return 2;
   }
@@ -207,7 +211,7 @@ static int follow(const ina_agent_options_t *o, const ina_parallel_job_t *job) {
   eo.page_size = o->page_size > 0 ? o->page_size : 16;
   eo.max_tokens = o->max_tokens > 0 ? o->max_tokens : 65536;
   eo.num_threads = o->num_threads;
-  eo.device = -1;
+  eo.device = o->device;
   eo.tp_comm = o->tp_comm;
   eo.ep_comm = o->ep_comm;
   ina_model_t *model = NULL;
@@ -269,7 +273,7 @@ int main(int argc, char **argv) {
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512];
   long long v = 0, tp_size = 1;
-  int c, ep = 0, device_given = 0;
+  int c, ep = 0;
   ina_log_set_quiet_errors(1); /* the last error is printed once, below, with context */
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
@@ -278,7 +282,7 @@ int main(int argc, char **argv) {
     case O_DTYPE: if (parse_dtype(optarg, &o.model_dtype)) return 2; break;
     case O_LISTEN: o.listen_address = optarg; break;
     case O_METRICS: o.metrics_listen = optarg; break;
-    case O_DEVICE: if (parse_device(optarg, &o.device)) return 2; device_given = 1; break;
+    case O_DEVICE: if (parse_device(optarg, &o.device)) return 2; break;
     case O_TP: if (parse_int("--tp", optarg, 1, 1024, &tp_size)) return 2; break;
     case O_EP: ep = 1; break;
     case O_PAGE: if (parse_int("--page-size", optarg, 1, 1 << 20, &v)) return 2; o.page_size = (int32_t)v; break;
@@ -309,12 +313,10 @@ int main(int argc, char **argv) {
   ina_parallel_job_t job;
   memset(&job, 0, sizeof job);
   if (ep || tp_size > 1) {
-    if (device_given && o.device >= 0) {
-      fprintf(stderr, "ina-agent: --tp and --ep run on the CPU engine so far (--device cpu)\n");
-      return 2;
-    }
-    o.device = -1;
-    int rc = job_start((int)tp_size, ep, &job);
+    /* Each rank takes the GPU of its local rank (NCCL between them), or the CPU. */
+    const int on_gpu = o.device >= 0 || (o.device == INA_AGENT_DEVICE_AUTO && ina_cuda_device_count() > 0);
+    int rc = job_start((int)tp_size, ep, on_gpu, &job);
+    o.device = on_gpu ? ina_parallel_job_device(&job) : -1;
     if (rc == 0) rc = job_shard(&job, o.model, &o.shard);
     ina_agent_rank_t *ranks = rc == 0 ? calloc((size_t)job.size, sizeof *ranks) : NULL;
     if (rc == 0) rc = ranks ? job_describe(&job, &o.shard, ranks) : 1;

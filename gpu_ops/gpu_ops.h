@@ -206,10 +206,13 @@ ina_status_t ina_gpu_router(const ina_router_config_t *cfg, const float *logits,
  * another rank mapped to -1); ids >= num_experts are dropped too and set
  * INA_GPU_OPS_FLAG_EXPERT_ID. Needs a caller-owned device workspace of
  * ina_gpu_moe_permute_workspace_size() bytes (256-byte aligned; its contents on entry do
- * not matter). With tokens == 0 the counts and offsets are still written (zeros). */
+ * not matter). With tokens == 0 the counts and offsets are still written (zeros).
+ * Expert parallelism (version 2): a rank holding experts [first_expert, first_expert +
+ * num_experts) of total_experts keeps the entries of those as expert id - first_expert
+ * and drops the others; only ids >= total_experts set the flag. */
 typedef struct ina_gpu_moe_permute_params {
   size_t struct_size; /* sizeof(ina_gpu_moe_permute_params_t), set by the INIT macro */
-  uint32_t version;   /* 1 */
+  uint32_t version;   /* 2 */
   int64_t tokens;     /* >= 0; tokens * top_k < 2^31 */
   int32_t top_k;      /* >= 1 */
   int32_t num_experts; /* 1 .. 1024 */
@@ -221,11 +224,14 @@ typedef struct ina_gpu_moe_permute_params {
   void *workspace;
   size_t workspace_bytes;
   uint32_t *error_flags; /* NULL = no reporting */
+  /* Version 2. */
+  int32_t first_expert;  /* 0 unless expert-parallel */
+  int32_t total_experts; /* 0: num_experts (every expert is this rank's) */
 } ina_gpu_moe_permute_params_t;
 
 #define INA_GPU_MOE_PERMUTE_PARAMS_INIT                                                  \
-  {sizeof(ina_gpu_moe_permute_params_t), 1, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, \
-   0, NULL}
+  {sizeof(ina_gpu_moe_permute_params_t), 2, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, \
+   0, NULL, 0, 0}
 
 /* Workspace bytes for a permutation of this shape (0 when tokens * top_k == 0). */
 size_t ina_gpu_moe_permute_workspace_size(int64_t tokens, int32_t top_k, int32_t num_experts);

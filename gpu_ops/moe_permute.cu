@@ -38,20 +38,24 @@ static_assert(kMaxExperts == INA_GPU_MOE_PERMUTE_MAX_EXPERTS, "workspace layout"
 /* Bytes of the version-1 params: everything up to and including error_flags. */
 constexpr size_t kParamsV1Size =
     offsetof(ina_gpu_moe_permute_params_t, error_flags) + sizeof(uint32_t *);
+/* Version 2 adds first_expert and total_experts. */
+constexpr size_t kParamsV2Size = offsetof(ina_gpu_moe_permute_params_t, total_experts) + sizeof(int32_t);
 
 struct PermuteArgs {
   int64_t entries; /* tokens * top_k */
   int32_t top_k, experts;
+  int32_t first_expert, all_experts; /* an expert-parallel rank's range (params v2) */
   const int32_t *ids;
   int32_t *counts, *offsets, *sorted_token, *slot_of;
   int32_t *chunk_base; /* workspace [chunks][experts] */
   uint32_t *error_flags;
 };
 
-/* The expert of entry i, or -1 when it is dropped (past the end, negative, too large). */
+/* The expert of entry i among those kept (its id - first_expert), or -1 when it is
+ * dropped (past the end, negative, another rank's, too large). */
 __device__ __forceinline__ int32_t entry_expert(const PermuteArgs &a, int64_t i) {
   if (i >= a.entries) return -1;
-  const int32_t id = a.ids[i];
+  const int32_t id = a.ids[i] - a.first_expert;
   return id >= 0 && id < a.experts ? id : -1;
 }
 
@@ -64,10 +68,10 @@ __global__ void __launch_bounds__(kChunkThreads) count_kernel(const PermuteArgs 
   for (int k = threadIdx.x; k < kChunkEntries; k += blockDim.x) {
     const int64_t i = begin + k;
     if (i >= a.entries) break;
-    const int32_t id = a.ids[i];
+    const int32_t id = a.ids[i] - a.first_expert;
     if (id >= 0 && id < a.experts)
       atomicAdd(&hist[id], 1);
-    else if (id >= a.experts)
+    else if (a.ids[i] >= a.all_experts)
       bad = true;
   }
   if (bad) raise_flag(a.error_flags, INA_GPU_OPS_FLAG_EXPERT_ID);
@@ -159,6 +163,12 @@ ina_status_t check_params(const ina_gpu_moe_permute_params_t *p) {
   INA_REQUIRE(p->num_experts >= 1 && p->num_experts <= kMaxExperts, INA_ERR_INVALID_ARGUMENT,
               "ina_gpu_moe_permute: num_experts %d must be in [1, %d]", (int)p->num_experts,
               kMaxExperts);
+  if (p->struct_size >= kParamsV2Size)
+    INA_REQUIRE(p->first_expert >= 0 &&
+                    (p->total_experts == 0 || p->first_expert + p->num_experts <= p->total_experts),
+                INA_ERR_INVALID_ARGUMENT,
+                "ina_gpu_moe_permute: experts [%d, %d) are not a range of the %d experts",
+                (int)p->first_expert, (int)(p->first_expert + p->num_experts), (int)p->total_experts);
   INA_REQUIRE(p->expert_counts && p->expert_offsets, INA_ERR_INVALID_ARGUMENT,
               "ina_gpu_moe_permute: expert_counts and expert_offsets must not be NULL");
   INA_REQUIRE(p->tokens == 0 || (p->ids && p->sorted_token && p->slot_of && p->workspace),
@@ -193,6 +203,12 @@ extern "C" ina_status_t ina_gpu_moe_permute(const ina_gpu_moe_permute_params_t *
   a.entries = p->tokens * p->top_k;
   a.top_k = p->top_k;
   a.experts = p->num_experts;
+  a.first_expert = 0;
+  a.all_experts = p->num_experts;
+  if (p->struct_size >= kParamsV2Size) {
+    a.first_expert = p->first_expert;
+    a.all_experts = p->total_experts > 0 ? p->total_experts : p->num_experts;
+  }
   a.ids = p->ids;
   a.counts = p->expert_counts;
   a.offsets = p->expert_offsets;

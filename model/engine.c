@@ -31,11 +31,6 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
   const int32_t device = requested_device(options);
   INA_REQUIRE(device >= -1, INA_ERR_INVALID_ARGUMENT,
               "engine: device %d is invalid (-1 for the CPU, >= 0 for a CUDA device)", device);
-  INA_REQUIRE(device < 0 || (ina_engine_options_ep_comm(options) == NULL &&
-                              ina_engine_options_tp_comm(options) == NULL),
-              INA_ERR_UNSUPPORTED,
-              "engine: expert and tensor parallelism (ep_comm, tp_comm) run on the CPU backend "
-              "only so far; device %d requested", device);
   e = calloc(1, sizeof *e);
   INA_CHECK_ALLOC(e);
   if (device < 0)
@@ -79,12 +74,7 @@ fail:
 ina_status_t ina_engine_get_placement(ina_engine_t *e, ina_expert_placement_t *out) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(e != NULL && out != NULL, INA_ERR_INVALID_ARGUMENT, "placement: NULL argument");
-  if (e->cpu) return ina_engine_cpu_get_placement(e->cpu, out);
-  /* The CUDA engine holds every expert, in order. */
-  const ina_model_config_t *c = ina_engine_gpu_config(e->gpu);
-  int32_t moe_layers = 0;
-  for (int32_t l = 0; l < c->num_layers; l++) moe_layers += ina_cfg_layer_is_moe(c, l);
-  INA_CHECK(ina_expert_placement_init_contiguous(1, moe_layers, c->n_routed_experts, out));
+  return e->cpu ? ina_engine_cpu_get_placement(e->cpu, out) : ina_engine_gpu_get_placement(e->gpu, out);
 fail:
   return st;
 }
@@ -99,8 +89,8 @@ ina_status_t ina_engine_apply_placement(ina_engine_t *e, const ina_expert_placem
   if (e->cpu) return ina_engine_cpu_apply_placement(e->cpu, p, dry_run, bytes_moved);
   INA_CHECK(ina_engine_get_placement(e, &now));
   INA_REQUIRE(ina_expert_placement_equal(&now, p), INA_ERR_UNSUPPORTED,
-              "placement: the CUDA engine holds every expert once, in order, and cannot change "
-              "that yet");
+              "placement: the CUDA engine keeps the expert ranges it started with and cannot "
+              "move experts yet");
 fail:
   ina_expert_placement_free(&now);
   return st;

@@ -27,6 +27,17 @@
  * graph lives; growing one drops the graphs, which are captured again when next needed.
  * Prefill and mixed steps run eagerly.
  *
+ * Parallelism (engine options tp_comm, ep_comm; NCCL communicators of this device): as
+ * the CPU engine, every rank runs the same batch. With tensor parallelism a rank holds
+ * its slice of the heads and of every MLP's intermediates, and the partial outputs of
+ * o_proj, of each dense MLP and of each MoE block are summed by an all-reduce on the
+ * step's stream. With expert parallelism a rank holds a range of the routed experts:
+ * entries routed elsewhere are mapped to -1 before the permutation (dropped), its
+ * grouped GEMM covers its own experts only, the shared experts run on expert-parallel
+ * rank 0 alone, and the MoE block's partial sums are all-reduced over the EP group
+ * too. Sums in a different order than one GPU's, so logits agree to rounding, not bit
+ * for bit. Steps with communicators run eagerly (no CUDA graphs yet).
+ *
  * Device memory: weights (engine_gpu_weights.c), the latent cache [layers][num_pages]
  * [page_size][kv_lora_rank + rope] bf16, and step buffers sized for the largest step
  * seen so far (grown, never shrunk). The page pool keeps only the bookkeeping
@@ -110,6 +121,13 @@ struct ina_engine_gpu {
   float *inv_freq;        /* device [rope / 2] */
   float attention_factor, softmax_scale;
   ina_router_config_t router;
+  int32_t heads;          /* attention heads of this rank (num_heads / tp) */
+  ina_comm_t *tp_comm;    /* NULL: one rank */
+  ina_comm_t *ep_comm;    /* NULL: this rank holds every routed expert */
+  int32_t ep_rank;
+  int32_t local_experts;  /* routed experts held: w.expert_end - w.expert_begin */
+  int32_t ep_size;
+  int32_t *ep_ranges;     /* [2 * ep_size]: every expert-parallel rank's [begin, end) */
   gpu_step_t s;
   /* host inputs of a step: pinned staging and its device mirror (int32 values) */
   int32_t *stage_host, *stage_dev;
@@ -166,6 +184,65 @@ static ina_router_config_t router_config(const ina_model_config_t *c) {
   return rc;
 }
 
+/* The engine's place in tensor and expert parallelism, checked against the shard the
+ * model holds (the same rules as the CPU engine). */
+static ina_status_t take_comms(ina_engine_gpu_t *e, const ina_weights_t *w, const ina_engine_options_t *o) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  e->tp_comm = ina_engine_options_tp_comm(o);
+  e->ep_comm = ina_engine_options_ep_comm(o);
+  INA_REQUIRE((!e->tp_comm || ina_comm_backend(e->tp_comm) == INA_COMM_BACKEND_NCCL) &&
+                  (!e->ep_comm || ina_comm_backend(e->ep_comm) == INA_COMM_BACKEND_NCCL),
+              INA_ERR_INVALID_ARGUMENT,
+              "gpu engine: tp_comm and ep_comm must be NCCL communicators (their all-reduce "
+              "runs on the device's memory)");
+  const int32_t tp_size = e->tp_comm ? ina_comm_size(e->tp_comm) : 1;
+  const int32_t tp_rank = e->tp_comm ? ina_comm_rank(e->tp_comm) : 0;
+  INA_REQUIRE(w->tp_size == tp_size && w->tp_rank == tp_rank, INA_ERR_INVALID_ARGUMENT,
+              "gpu engine: the model holds tensor-parallel slice %d of %d, but this rank is %d of %d in "
+              "tp_comm%s",
+              w->tp_rank, w->tp_size, tp_rank, tp_size, e->tp_comm ? "" : " (none given: one rank)");
+  e->heads = c->num_heads / tp_size;
+  INA_REQUIRE(e->ep_comm || (w->expert_begin == 0 && w->expert_end == c->n_routed_experts),
+              INA_ERR_UNSUPPORTED,
+              "gpu engine: this model holds experts [%d, %d) of %d; without an expert-parallel "
+              "communicator (ep_comm) the engine needs all of them",
+              w->expert_begin, w->expert_end, c->n_routed_experts);
+  e->ep_rank = e->ep_comm ? ina_comm_rank(e->ep_comm) : 0;
+  e->local_experts = w->expert_end - w->expert_begin;
+  if (e->ep_comm) {
+    /* The ranks' ranges must tile the experts, in rank order: gathered, checked alike
+     * everywhere. */
+    const int32_t n = ina_comm_size(e->ep_comm), mine[2] = {w->expert_begin, w->expert_end};
+    int32_t *all = e->ep_ranges = malloc(2 * (size_t)n * sizeof *all), *dev = NULL;
+    INA_CHECK_ALLOC(all);
+    e->ep_size = n;
+    /* The communicator works on device memory (NCCL). */
+    INA_CUDA_CHECK(cudaMalloc((void **)&dev, (2 + 2 * (size_t)n) * sizeof *dev));
+    st = cudaMemcpy(dev, mine, sizeof mine, cudaMemcpyHostToDevice) == cudaSuccess
+             ? ina_comm_all_gather(e->ep_comm, dev, dev + 2, 2, INA_DTYPE_I32, e->stream)
+             : INA_ERR_CUDA;
+    if (st == INA_OK && cudaMemcpyAsync(all, dev + 2, 2 * (size_t)n * sizeof *all, cudaMemcpyDeviceToHost,
+                                        e->stream) != cudaSuccess)
+      st = INA_ERR_CUDA;
+    if (cudaStreamSynchronize(e->stream) != cudaSuccess && st == INA_OK) st = INA_ERR_CUDA;
+    cudaFree(dev);
+    int32_t next = 0, bad = -1;
+    for (int32_t r = 0; r < n && st == INA_OK; r++) {
+      if (all[2 * r] != next && bad < 0) bad = r;
+      next = all[2 * r + 1];
+    }
+    if (next != c->n_routed_experts && bad < 0) bad = n - 1;
+    INA_CHECK(st);
+    INA_REQUIRE(bad < 0, INA_ERR_INVALID_ARGUMENT,
+                "gpu engine: the expert ranges of the %d expert-parallel ranks do not tile the %d "
+                "experts in rank order (rank %d)",
+                n, c->n_routed_experts, bad);
+  }
+fail:
+  return st;
+}
+
 static ina_status_t create_absorb(ina_engine_gpu_t *e, int32_t max_tokens) {
   ina_status_t st = INA_OK;
   ina_mla_absorb_dims_t d = INA_MLA_ABSORB_DIMS_INIT;
@@ -173,7 +250,7 @@ static ina_status_t create_absorb(ina_engine_gpu_t *e, int32_t max_tokens) {
   ina_mla_absorb_destroy(e->absorb);
   e->absorb = NULL;
   e->absorb_max_tokens = 0;
-  d.num_heads = e->cfg->num_heads;
+  d.num_heads = e->heads;
   d.qk_nope_head_dim = e->cfg->qk_nope_head_dim;
   d.v_head_dim = e->cfg->v_head_dim;
   d.kv_lora_rank = e->cfg->kv_lora_rank;
@@ -207,18 +284,22 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   e->device = device;
   const ina_model_config_t *c = e->cfg;
   const ina_weights_t *w = ina_model_weights(model);
-  INA_REQUIRE(w->expert_begin == 0 && w->expert_end == c->n_routed_experts, INA_ERR_UNSUPPORTED,
-              "engine: this model holds experts [%d, %d) of %d; a single-rank engine needs all",
-              w->expert_begin, w->expert_end, c->n_routed_experts);
   INA_CHECK(check_shapes(c));
   INA_CUDA_CHECK(cudaSetDevice(device));
   INA_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
+  INA_CHECK(take_comms(e, w, options));
   {
     uint64_t seed = 0;
     ina_dtype_t dtype = INA_DTYPE_BF16;
-    if (ina_model_random_on_device(model, &seed, &dtype))
-      INA_CHECK(ina_gpu_weights_random(c, seed, dtype, e->stream, &e->w));
-    else
+    if (ina_model_random_on_device(model, &seed, &dtype)) {
+      /* The shard the model was made for: w is its shell, without tensor data. */
+      ina_shard_t shard = INA_SHARD_INIT;
+      shard.tp_rank = w->tp_rank;
+      shard.tp_size = w->tp_size;
+      shard.expert_begin = w->expert_begin;
+      shard.expert_end = w->expert_end;
+      INA_CHECK(ina_gpu_weights_random(c, &shard, seed, dtype, e->stream, &e->w));
+    } else
       INA_CHECK(ina_gpu_weights_upload(w, c, e->stream, &e->w));
   }
   INA_CHECK(ina_gemm_create(NULL, &e->gemm));
@@ -249,7 +330,7 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
                             cudaMemcpyHostToDevice));
   e->softmax_scale = (float)ina_cfg_softmax_scale(c);
   e->router = router_config(c);
-  e->use_graphs = ina_engine_options_cuda_graphs(options);
+  e->use_graphs = ina_engine_options_cuda_graphs(options) && !e->tp_comm && !e->ep_comm;
   for (int32_t l = 0; l < c->num_layers; l++)
     if (e->w.layers[l].is_moe && !e->w.layers[l].grouped_w[0]) e->use_graphs = 0;
   if (c->n_routed_experts > 0)
@@ -258,9 +339,10 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   INA_LOG_I(INA_LOG_SUBSYS, "gpu engine on %s: %.1f MiB of weights, %.1f MiB of latent cache, decode steps %s",
             ina_cuda_device_name(device, name, sizeof name), (double)e->w.device_bytes / (1 << 20),
             (double)(e->cache_layer_bytes * (size_t)c->num_layers) / (1 << 20),
-            e->use_graphs ? "replayed from CUDA graphs"
-            : ina_engine_options_cuda_graphs(options) ? "eager (a MoE layer's experts do not fit the grouped GEMM)"
-                                                     : "eager (CUDA graphs off)");
+            e->use_graphs                             ? "replayed from CUDA graphs"
+            : !ina_engine_options_cuda_graphs(options) ? "eager (CUDA graphs off)"
+            : e->tp_comm || e->ep_comm                 ? "eager (with tensor or expert parallelism)"
+                                                       : "eager (a MoE layer's experts do not fit the grouped GEMM)");
   free(inv_freq);
   *out = e;
   return INA_OK;
@@ -281,6 +363,7 @@ void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
   drop_graphs(e);
   step_free(&e->s);
   ina_gpu_weights_free(&e->w);
+  free(e->ep_ranges);
   ina_gemm_destroy(e->gemm);
   ina_mla_absorb_destroy(e->absorb);
   ina_page_pool_destroy(e->kv);
@@ -302,6 +385,24 @@ void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
 }
 
 ina_page_pool_t *ina_engine_gpu_page_pool(ina_engine_gpu_t *e) { return e->kv; }
+
+ina_status_t ina_engine_gpu_get_placement(ina_engine_gpu_t *e, ina_expert_placement_t *out) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  int32_t moe_layers = 0, slots = 1;
+  for (int32_t l = 0; l < c->num_layers; l++) moe_layers += ina_cfg_layer_is_moe(c, l);
+  if (!e->ep_ranges) return ina_expert_placement_init_contiguous(1, moe_layers, c->n_routed_experts, out);
+  /* Each rank holds its range, in order, in its first slots. */
+  for (int32_t r = 0; r < e->ep_size; r++)
+    if (e->ep_ranges[2 * r + 1] - e->ep_ranges[2 * r] > slots) slots = e->ep_ranges[2 * r + 1] - e->ep_ranges[2 * r];
+  INA_CHECK(ina_expert_placement_init(e->ep_size, slots, moe_layers, c->n_routed_experts, out));
+  for (int32_t m = 0; m < moe_layers; m++)
+    for (int32_t r = 0; r < e->ep_size; r++)
+      for (int32_t x = e->ep_ranges[2 * r]; x < e->ep_ranges[2 * r + 1]; x++)
+        out->slot_expert[ina_expert_placement_index(out, m, r, x - e->ep_ranges[2 * r])] = x;
+fail:
+  return st;
+}
 const ina_model_config_t *ina_engine_gpu_config(const ina_engine_gpu_t *e) { return e->cfg; }
 
 /* ---- buffers ------------------------------------------------------------------------ */
@@ -310,7 +411,7 @@ static ina_status_t step_alloc(ina_engine_gpu_t *e, int64_t cap) {
   ina_status_t st = INA_OK;
   const ina_model_config_t *c = e->cfg;
   gpu_step_t *s = &e->s;
-  const int64_t Hd = c->hidden_size, H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
+  const int64_t Hd = c->hidden_size, H = e->heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
   const int64_t E = c->n_routed_experts, K = E > 0 ? c->num_experts_per_tok : 1;
   const int64_t inter = e->w.max_expert_inter > 0 ? e->w.max_expert_inter : 1;
   const int64_t rows = cap * K, fp8_k = e->w.fp8_max_k;
@@ -521,7 +622,7 @@ static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, in
   p.max_q_len = max_q;
   p.qo_indptr = b->qo_indptr;
   p.kv_len = e->kv_len;
-  p.num_heads = c->num_heads;
+  p.num_heads = e->heads;
   p.kv_lora_rank = c->kv_lora_rank;
   p.rope_dim = c->qk_rope_head_dim;
   p.page_size = ina_page_pool_page_size(e->kv);
@@ -607,6 +708,12 @@ fail:
   return st;
 }
 
+/* x[n] summed over comm's ranks in place, on the step's stream (a no-op without one). */
+static ina_status_t sum_over(ina_comm_t *comm, uint16_t *x, int64_t n, cudaStream_t stream) {
+  if (!comm || ina_comm_size(comm) == 1 || n == 0) return INA_OK;
+  return ina_comm_all_reduce(comm, x, x, (size_t)n, INA_DTYPE_BF16, stream);
+}
+
 /* ---- one layer ---------------------------------------------------------------------- */
 
 typedef struct step_inputs {
@@ -620,7 +727,7 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
   const ina_model_config_t *c = e->cfg;
   const gpu_layer_t *L = &e->w.layers[l];
   gpu_step_t *s = &e->s;
-  const int64_t H = c->num_heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim, V = c->v_head_dim;
+  const int64_t H = e->heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim, V = c->v_head_dim;
   const int64_t nope = c->qk_nope_head_dim, QK = nope + R;
   const ina_mla_cache_t cache = ina_mla_cache_interleaved(
       INA_MLA_CACHE_BF16, (char *)e->cache + (size_t)l * e->cache_layer_bytes, ina_page_pool_page_size(e->kv),
@@ -688,6 +795,7 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
   }
   INA_CHECK(ina_mla_absorb_v(e->absorb, L->kv_b, (int32_t)T, s->o_lat, H * C, C, s->attn, H * V, V, e->stream));
   INA_CHECK(linear(e, &L->o_proj, s->attn, T, s->delta, INA_DTYPE_BF16, NULL));
+  INA_CHECK(sum_over(e->tp_comm, s->delta, T * c->hidden_size, e->stream));
 fail:
   return st;
 }
@@ -700,7 +808,7 @@ static ina_status_t grouped_linear(ina_engine_gpu_t *e, const gpu_layer_t *L, in
   ina_status_t st = INA_OK;
   ina_gemm_grouped_args_t a = INA_GEMM_GROUPED_ARGS_INIT;
   a.mode = L->grouped_fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16;
-  a.num_groups = e->cfg->n_routed_experts;
+  a.num_groups = e->local_experts;
   a.max_rows = rows;
   a.n = n;
   a.k = k;
@@ -742,13 +850,13 @@ static ina_status_t experts_one_by_one(ina_engine_gpu_t *e, int32_t l, int64_t r
   const gpu_layer_t *L = &e->w.layers[l];
   gpu_step_t *s = &e->s;
   const int64_t Hd = e->cfg->hidden_size;
-  const int32_t E = e->cfg->n_routed_experts;
+  const int32_t E = e->local_experts;
   INA_CUDA_CHECK(cudaMemcpyAsync(e->offsets_host, s->expert_offsets, (size_t)(E + 1) * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, e->stream));
   INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
   const int32_t *off = e->offsets_host;
-  INA_REQUIRE(off[E] == rows, INA_ERR_INTERNAL, "gpu engine: layer %d routed %d rows, expected %lld", l, off[E],
-              (long long)rows);
+  INA_REQUIRE(off[E] <= rows && (e->ep_comm || off[E] == rows), INA_ERR_INTERNAL,
+              "gpu engine: layer %d routed %d rows, expected %lld", l, off[E], (long long)rows);
   int64_t inter = 0;
   for (int32_t x = 0; x < E; x++) {
     const int64_t n = off[x + 1] - off[x];
@@ -785,7 +893,9 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
     ina_gpu_moe_permute_params_t p = INA_GPU_MOE_PERMUTE_PARAMS_INIT;
     p.tokens = T;
     p.top_k = K;
-    p.num_experts = E;
+    p.num_experts = e->local_experts;
+    p.first_expert = e->w.expert_begin;
+    p.total_experts = E;
     p.ids = s->topk_ids;
     p.expert_counts = s->expert_counts;
     p.expert_offsets = s->expert_offsets;
@@ -802,11 +912,15 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
   INA_CHECK(ina_gpu_embedding(s->sorted_token, rows, s->h, INA_DTYPE_BF16, T, Hd, s->xe, NULL, e->stream));
   if (L->grouped_w[0])
     INA_CHECK(experts_grouped(e, L, rows));
-  else
+  else if (e->local_experts > 0)
     INA_CHECK(experts_one_by_one(e, l, rows));
-  if (L->has_shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
-  INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights,
-                                L->has_shared ? s->shared : NULL, s->delta, e->stream));
+  /* The shared experts count once over the expert-parallel group. */
+  const int shared = L->has_shared && e->ep_rank == 0;
+  if (shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
+  INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights, shared ? s->shared : NULL,
+                                s->delta, e->stream));
+  INA_CHECK(sum_over(e->tp_comm, s->delta, T * Hd, e->stream));
+  INA_CHECK(sum_over(e->ep_comm, s->delta, T * Hd, e->stream));
 fail:
   return st;
 }
@@ -833,10 +947,12 @@ static ina_status_t enqueue_forward(ina_engine_gpu_t *e, int64_t T, int64_t out_
       INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, L->input_norm, eps, s->h));
     INA_CHECK(attention_block(e, l, T, in));
     INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, L->post_attention_norm, eps, s->h));
-    if (L->is_moe)
+    if (L->is_moe) {
       INA_CHECK(moe_block(e, l, T));
-    else
+    } else {
       INA_CHECK(mlp(e, &L->mlp, s->h, T, s->delta));
+      INA_CHECK(sum_over(e->tp_comm, s->delta, T * Hd, e->stream));
+    }
   }
   INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, e->w.final_norm, eps, s->h));
   {

@@ -49,9 +49,11 @@ typedef struct gpu_layer {
   uint16_t *router_hi; /* bf16 [experts, hidden] */
   uint16_t *router_lo; /* bf16 [experts, hidden]: the f32 router's remainder; NULL if none */
   float *router_bias;  /* f32 [experts] or NULL */
-  gpu_mlp_t *experts;  /* [experts] (host array of device weights) */
-  /* The routed experts as the grouped GEMM (gemm/gemm_grouped.h) reads them: device
-   * arrays [experts] of weight and scale pointers for gate, up and down; NULL when the
+  /* [expert_end - expert_begin] (gpu_weights_t): the routed experts this rank holds, in
+   * order (host array of device weights). */
+  gpu_mlp_t *experts;
+  /* Those experts as the grouped GEMM (gemm/gemm_grouped.h) reads them: device arrays
+   * [held experts] of weight and scale pointers for gate, up and down; NULL when the
    * experts cannot run grouped (mixed FP8 and bf16, or dims it does not take). */
   const void **grouped_w[3];
   const float **grouped_scale[3];
@@ -59,6 +61,10 @@ typedef struct gpu_layer {
 } gpu_layer_t;
 
 typedef struct gpu_weights {
+  /* The shard held (model/weights.h): routed experts [expert_begin, expert_end), and
+   * tensor-parallel slice tp_rank of tp_size (heads and intermediates sliced). */
+  int32_t expert_begin, expert_end;
+  int32_t tp_rank, tp_size;
   uint16_t *embed;     /* bf16 [vocab, hidden] */
   float *final_norm;   /* f32 [hidden] */
   gpu_linear_t lm_head;
@@ -71,18 +77,22 @@ typedef struct gpu_weights {
   int64_t num_allocs, cap_allocs;
 } gpu_weights_t;
 
-/* Upload w for cfg onto the current device (synchronously, through `stream`). On
- * failure everything allocated is freed and *out is zeroed. */
+/* Upload w for cfg onto the current device (synchronously, through `stream`), with the
+ * shard w holds. On failure everything allocated is freed and *out is zeroed. */
 ina_status_t ina_gpu_weights_upload(const ina_weights_t *w, const ina_model_config_t *cfg,
                                     cudaStream_t stream, gpu_weights_t *out);
 /* Seeded random weights made on the current device: bit for bit what
  * ina_gpu_weights_upload(w, cfg, ...) makes of w = ina_weights_random(cfg, seed, dtype,
- * NULL shard), without host tensors (engine_gpu_random.c). Same ownership and failure
- * behaviour as ina_gpu_weights_upload (the same statuses: dtype not f32, bf16 or
- * fp8_e4m3 and invalid configs as ina_weights_random, linear biases and FP8 blocks other
- * than 128x128 INA_ERR_UNSUPPORTED); synchronous through `stream`. */
-ina_status_t ina_gpu_weights_random(const ina_model_config_t *cfg, uint64_t seed, ina_dtype_t dtype,
-                                    cudaStream_t stream, gpu_weights_t *out);
+ * shard), without host tensors (engine_gpu_random.c). shard may be NULL (all experts,
+ * whole tensors); otherwise each tensor is generated as the shard's slice of the whole
+ * tensor's values, and only the experts [expert_begin, expert_end) are made. Same
+ * ownership and failure behaviour as ina_gpu_weights_upload, with the host path's
+ * statuses: a dtype other than f32, bf16 or fp8_e4m3, invalid configs and invalid shards
+ * as ina_weights_random; an FP8 slice off the 128x128 block grid, linear biases and FP8
+ * blocks other than 128x128 INA_ERR_UNSUPPORTED, naming the tensor. Synchronous through
+ * `stream`. */
+ina_status_t ina_gpu_weights_random(const ina_model_config_t *cfg, const ina_shard_t *shard /* NULL: whole */,
+                                    uint64_t seed, ina_dtype_t dtype, cudaStream_t stream, gpu_weights_t *out);
 /* Free every device buffer; *g becomes zeroed. NULL is a no-op. */
 void ina_gpu_weights_free(gpu_weights_t *g);
 

@@ -27,3 +27,12 @@ ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *engine, const ina_batch_t 
 fail:
   return st;
 }
+
+ina_status_t ina_engine_gpu_get_placement(ina_engine_gpu_t *engine, ina_expert_placement_t *out) {
+  ina_status_t st = INA_OK;
+  (void)engine;
+  (void)out;
+  INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "gpu engine: this build has no CUDA");
+fail:
+  return st;
+}

@@ -3,7 +3,11 @@
  *
  * The walk goes over the spec list of ina_weights_random_shell's weights (the config,
  * layer arrays and spec list ina_weights_random fills, with no tensor data), so names,
- * shapes, roles and order are the host's by construction. A spec's place in
+ * shapes, roles, order and the shard (held experts, tensor-parallel slices) are the
+ * host's by construction. Each spec is generated as its window of the whole tensor
+ * (full_shape, slice_dim, slice_begin), the values the host keeps of it; an FP8 slice is
+ * whole 128x128 blocks of the whole tensor, so its bytes and scales are the whole
+ * tensor's, as the host's slice quantizes them. A spec's place in
  * gpu_weights_t is found from the address of its (empty) host tensor in the shell. What
  * the host would store (make_random in weights.c: fp8 for LINEAR under fp8_e4m3, bf16
  * for the other roles then, the router bias always f32) and what the upload makes of
@@ -72,13 +76,14 @@ static uint64_t name_hash(const char *s) {
   return h;
 }
 
-/* fill_random's distribution of the spec: uniform on [offset - a, offset + a]. */
+/* fill_random's distribution of the spec: uniform on [offset - a, offset + a], with the
+ * whole tensor's fan-in for linears (a column slice has fewer inputs than its layer). */
 static ina_random_dist_t spec_dist(const ina_weight_spec_t *s, uint64_t seed) {
   ina_random_dist_t d = {ina_random_mix64(seed ^ name_hash(s->name)), 1.0, 0.0};
   switch (s->role) {
   case INA_WEIGHT_LINEAR:
   case INA_WEIGHT_LINEAR_BF16:
-  case INA_WEIGHT_ROUTER: d.scale = sqrt(3.0 / (double)s->shape[1]); break;
+  case INA_WEIGHT_ROUTER: d.scale = sqrt(3.0 / (double)s->full_shape[1]); break;
   case INA_WEIGHT_EMBEDDING: d.scale = sqrt(3.0); break;
   case INA_WEIGHT_NORM:
     d.scale = 0.2;
@@ -99,6 +104,19 @@ static ina_dtype_t host_dtype(const ina_weight_spec_t *s, ina_dtype_t dtype) {
 
 static int64_t spec_numel(const ina_weight_spec_t *s) {
   return s->ndim == 2 ? s->shape[0] * s->shape[1] : s->shape[0];
+}
+
+/* The part of its whole tensor the spec holds, indexed as fill_random indexes it (a
+ * vector of n is [n, 1]). */
+static ina_random_window_t spec_window(const ina_weight_spec_t *s) {
+  ina_random_window_t w;
+  w.full_rows = s->full_shape[0];
+  w.full_cols = s->ndim == 2 ? s->full_shape[1] : 1;
+  w.row0 = s->slice_dim == 0 ? s->slice_begin : 0;
+  w.col0 = s->slice_dim == 1 ? s->slice_begin : 0;
+  w.rows = s->shape[0];
+  w.cols = s->ndim == 2 ? s->shape[1] : 1;
+  return w;
 }
 
 /* ---- spec -> place in gpu_weights_t --------------------------------------------------- */
@@ -214,15 +232,16 @@ fail:
 
 /* An FP8 linear the GEMM does not take (or kv_b_proj): quantized into the scratch exactly
  * as on the host, then dequantized by the upload's kernel. */
-static ina_status_t make_dequantized(random_ctx_t *x, const ina_random_dist_t *d, int64_t n, int64_t k,
+static ina_status_t make_dequantized(random_ctx_t *x, const ina_random_dist_t *d, const ina_random_window_t *win,
                                      uint16_t **out) {
   ina_status_t st = INA_OK;
+  const int64_t n = win->rows, k = win->cols;
   const int64_t nbr = (n + INA_GEMM_BLOCK - 1) / INA_GEMM_BLOCK, nbc = (k + INA_GEMM_BLOCK - 1) / INA_GEMM_BLOCK;
   const size_t q_bytes = ((size_t)(n * k) + 15) & ~(size_t)15;
   INA_CHECK(ensure_scratch(x, q_bytes + (size_t)(nbr * nbc) * sizeof(float)));
   uint8_t *q = x->scratch;
   float *scale_inv = (float *)((char *)x->scratch + q_bytes);
-  INA_CHECK(ina_gpu_random_fp8_blocks(d, n, k, q, scale_inv, nbc, x->stream));
+  INA_CHECK(ina_gpu_random_fp8_blocks(d, win, q, scale_inv, nbc, x->stream));
   INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)(n * k) * sizeof(uint16_t), (void **)out));
   INA_CHECK(ina_mla_absorb_dequantize_weight(q, scale_inv, n, k, *out, x->stream));
 fail:
@@ -231,7 +250,8 @@ fail:
 
 /* An FP8 linear kept FP8: e4m3 values and the scales in ina_gemm_pack_w_scales' layout
  * (rows of ceil(k/128) scales padded with zeros to the packed row length). */
-static ina_status_t make_fp8(random_ctx_t *x, const ina_random_dist_t *d, const char *name, gpu_linear_t *out) {
+static ina_status_t make_fp8(random_ctx_t *x, const ina_random_dist_t *d, const ina_random_window_t *win,
+                             const char *name, gpu_linear_t *out) {
   ina_status_t st = INA_OK;
   const int64_t n = out->n, k = out->k, count = ina_gemm_w_scale_count(n, k);
   const int64_t nbr = (n + INA_GEMM_BLOCK - 1) / INA_GEMM_BLOCK, nbc = (k + INA_GEMM_BLOCK - 1) / INA_GEMM_BLOCK;
@@ -242,7 +262,7 @@ static ina_status_t make_fp8(random_ctx_t *x, const ina_random_dist_t *d, const 
   INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)(n * k), &out->w));
   INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)count * sizeof(float), (void **)&out->w_scale));
   if (stride > nbc) INA_CUDA_CHECK(cudaMemsetAsync(out->w_scale, 0, (size_t)count * sizeof(float), x->stream));
-  INA_CHECK(ina_gpu_random_fp8_blocks(d, n, k, out->w, out->w_scale, stride, x->stream));
+  INA_CHECK(ina_gpu_random_fp8_blocks(d, win, out->w, out->w_scale, stride, x->stream));
   out->fp8 = 1;
   if (k > x->g->fp8_max_k) x->g->fp8_max_k = k;
 fail:
@@ -250,22 +270,22 @@ fail:
 }
 
 static ina_status_t make_linear(random_ctx_t *x, const ina_weight_spec_t *s, const ina_random_dist_t *d,
-                                int allow_fp8, gpu_linear_t *out) {
+                                const ina_random_window_t *win, int allow_fp8, gpu_linear_t *out) {
   ina_status_t st = INA_OK;
   memset(out, 0, sizeof *out);
-  out->n = s->shape[0];
-  out->k = s->shape[1];
+  out->n = win->rows;
+  out->k = win->cols;
   if (host_dtype(s, x->dtype) != INA_DTYPE_FP8_E4M3) {
     INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)(out->n * out->k) * sizeof(uint16_t), &out->w));
-    INA_CHECK(ina_gpu_random_fill(d, out->n * out->k, INA_RANDOM_BF16, out->w, x->stream));
+    INA_CHECK(ina_gpu_random_fill(d, win, INA_RANDOM_BF16, out->w, x->stream));
   } else if (allow_fp8 && ina_gpu_weights_fp8_gemm_takes(out->n, out->k)) {
-    INA_CHECK(make_fp8(x, d, s->name, out));
+    INA_CHECK(make_fp8(x, d, win, s->name, out));
   } else {
     if (allow_fp8)
       INA_LOG_I(INA_LOG_SUBSYS,
                 "gpu random weights: FP8 linear %s [%lld, %lld] dequantized to bf16 (the FP8 GEMM needs N "
                 "and K multiples of 16)", s->name, (long long)out->n, (long long)out->k);
-    INA_CHECK(make_dequantized(x, d, out->n, out->k, (uint16_t **)&out->w));
+    INA_CHECK(make_dequantized(x, d, win, (uint16_t **)&out->w));
   }
 fail:
   return st;
@@ -275,6 +295,7 @@ static ina_status_t make_tensor(random_ctx_t *x, const ina_weights_t *shell, con
   ina_status_t st = INA_OK;
   target_t t;
   const ina_random_dist_t d = spec_dist(s, x->seed);
+  const ina_random_window_t win = spec_window(s);
   const int64_t n = spec_numel(s);
   const ina_dtype_t stored = host_dtype(s, x->dtype);
   INA_REQUIRE(n > 0, INA_ERR_INTERNAL, "gpu engine: tensor %s is empty", s->name);
@@ -282,29 +303,31 @@ static ina_status_t make_tensor(random_ctx_t *x, const ina_weights_t *shell, con
   switch (t.kind) {
   case TARGET_BF16:
     INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)n * sizeof(uint16_t), t.buffer));
-    INA_CHECK(ina_gpu_random_fill(&d, n, INA_RANDOM_BF16, *t.buffer, x->stream));
+    INA_CHECK(ina_gpu_random_fill(&d, &win, INA_RANDOM_BF16, *t.buffer, x->stream));
     break;
   case TARGET_F32:
     INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)n * sizeof(float), t.buffer));
-    INA_CHECK(ina_gpu_random_fill(&d, n, stored == INA_DTYPE_F32 ? INA_RANDOM_F32 : INA_RANDOM_F32_VIA_BF16,
+    INA_CHECK(ina_gpu_random_fill(&d, &win, stored == INA_DTYPE_F32 ? INA_RANDOM_F32 : INA_RANDOM_F32_VIA_BF16,
                                   *t.buffer, x->stream));
     break;
   case TARGET_ROUTER:
+    /* Replicated on every rank (model/weights.h): the hi + lo split takes whole tensors. */
+    INA_REQUIRE(s->slice_dim < 0, INA_ERR_INTERNAL, "gpu random weights: router %s is sliced", s->name);
     INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)n * sizeof(uint16_t), (void **)&t.layer->router_hi));
     if (stored == INA_DTYPE_BF16) {
-      INA_CHECK(ina_gpu_random_fill(&d, n, INA_RANDOM_BF16, t.layer->router_hi, x->stream));
+      INA_CHECK(ina_gpu_random_fill(&d, &win, INA_RANDOM_BF16, t.layer->router_hi, x->stream));
     } else {
       INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)n * sizeof(uint16_t), (void **)&t.layer->router_lo));
       INA_CHECK(ina_gpu_random_fill_hi_lo(&d, n, t.layer->router_hi, t.layer->router_lo, x->stream));
     }
     break;
   case TARGET_LINEAR:
-    INA_CHECK(make_linear(x, s, &d, 1, t.linear));
+    INA_CHECK(make_linear(x, s, &d, &win, 1, t.linear));
     if (t.is_gate && t.linear->n > x->g->max_expert_inter) x->g->max_expert_inter = t.linear->n;
     break;
   case TARGET_KV_B: {
     gpu_linear_t kv_b;
-    INA_CHECK(make_linear(x, s, &d, 0, &kv_b));
+    INA_CHECK(make_linear(x, s, &d, &win, 0, &kv_b));
     t.layer->kv_b = kv_b.w;
     break;
   }
@@ -329,6 +352,16 @@ static ina_status_t check_supported(const ina_model_config_t *cfg, ina_dtype_t d
                 INA_ERR_UNSUPPORTED,
                 "gpu engine: FP8 linear %s has %dx%d blocks; the GPU takes 128x128 blocks", s->name,
                 cfg->fp8_block_rows, cfg->fp8_block_cols);
+    if (host_dtype(s, dtype) == INA_DTYPE_FP8_E4M3 && s->slice_dim >= 0) {
+      /* Its blocks must be the whole tensor's (ina_weights_random refuses the others too). */
+      const int64_t begin = s->slice_begin, end = begin + s->shape[s->slice_dim];
+      const int64_t full = s->full_shape[s->slice_dim];
+      INA_REQUIRE(begin % INA_GEMM_BLOCK == 0 && (end % INA_GEMM_BLOCK == 0 || end == full), INA_ERR_UNSUPPORTED,
+                  "gpu random weights: FP8 linear %s: the tensor-parallel slice of its %s is [%lld, %lld) of "
+                  "%lld, not whole %d-wide scale blocks",
+                  s->name, s->slice_dim == 0 ? "rows" : "columns", (long long)begin, (long long)end,
+                  (long long)full, INA_GEMM_BLOCK);
+    }
   }
 fail:
   return st;
@@ -340,10 +373,11 @@ static double seconds_since(const struct timespec *t0) {
   return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
 }
 
-/* Layer arrays of g shaped like the shell's. */
+/* Layer arrays of g shaped like the shell's: experts[] holds the shard's experts. */
 static ina_status_t alloc_layers(const ina_weights_t *shell, gpu_weights_t *g) {
   ina_status_t st = INA_OK;
   const ina_model_config_t *c = &shell->config;
+  const int32_t held = shell->expert_end - shell->expert_begin;
   g->layers = calloc((size_t)c->num_layers, sizeof *g->layers);
   INA_CHECK_ALLOC(g->layers);
   g->num_layers = c->num_layers;
@@ -352,7 +386,7 @@ static ina_status_t alloc_layers(const ina_weights_t *shell, gpu_weights_t *g) {
     G->is_moe = shell->layers[l].is_moe;
     G->has_shared = shell->layers[l].has_shared;
     if (!G->is_moe) continue;
-    G->experts = calloc((size_t)c->n_routed_experts, sizeof *G->experts);
+    G->experts = calloc((size_t)held + 1, sizeof *G->experts); /* + 1: never calloc(0) */
     INA_CHECK_ALLOC(G->experts);
   }
 fail:
@@ -363,8 +397,8 @@ fail:
 static ina_status_t finish_layer(random_ctx_t *x, int32_t l, const struct timespec *t0) {
   ina_status_t st = INA_OK;
   gpu_layer_t *G = &x->g->layers[l];
-  if (G->is_moe && x->cfg->n_routed_experts > 0)
-    INA_CHECK(ina_gpu_weights_expert_tables(x->g, x->cfg->n_routed_experts, G));
+  const int32_t held = x->g->expert_end - x->g->expert_begin;
+  if (G->is_moe && held > 0) INA_CHECK(ina_gpu_weights_expert_tables(x->g, held, G));
   if ((l + 1) % LOG_EVERY_LAYERS == 0 || l + 1 == x->cfg->num_layers) {
     INA_CUDA_CHECK(cudaStreamSynchronize(x->stream));
     INA_LOG_I(INA_LOG_SUBSYS, "gpu random weights: %d / %d layers, %.2f GiB, %.2f s", l + 1, x->cfg->num_layers,
@@ -374,8 +408,8 @@ fail:
   return st;
 }
 
-ina_status_t ina_gpu_weights_random(const ina_model_config_t *cfg, uint64_t seed, ina_dtype_t dtype,
-                                    cudaStream_t stream, gpu_weights_t *out) {
+ina_status_t ina_gpu_weights_random(const ina_model_config_t *cfg, const ina_shard_t *shard, uint64_t seed,
+                                    ina_dtype_t dtype, cudaStream_t stream, gpu_weights_t *out) {
   ina_status_t st = INA_OK;
   ina_weights_t shell;
   ina_weight_spec_t *specs = NULL;
@@ -385,12 +419,19 @@ ina_status_t ina_gpu_weights_random(const ina_model_config_t *cfg, uint64_t seed
   clock_gettime(CLOCK_MONOTONIC, &t0);
   memset(out, 0, sizeof *out);
   memset(&shell, 0, sizeof shell);
-  INA_CHECK(ina_weights_random_shell(cfg, dtype, NULL, &shell));
+  INA_CHECK(ina_weights_random_shell(cfg, dtype, shard, &shell));
   INA_CHECK(ina_weight_specs(&shell, &specs, &count));
   x.cfg = &shell.config;
   INA_CHECK(check_supported(x.cfg, dtype, specs, count));
-  INA_LOG_I(INA_LOG_SUBSYS, "gpu random weights: %d tensors in %d layers, %s, seed %llu", count,
-            x.cfg->num_layers, ina_dtype_name(dtype), (unsigned long long)seed);
+  out->expert_begin = shell.expert_begin;
+  out->expert_end = shell.expert_end;
+  out->tp_rank = shell.tp_rank;
+  out->tp_size = shell.tp_size;
+  INA_LOG_I(INA_LOG_SUBSYS,
+            "gpu random weights: %d tensors in %d layers, %s, seed %llu, tensor-parallel slice %d of %d, experts "
+            "[%d, %d)",
+            count, x.cfg->num_layers, ina_dtype_name(dtype), (unsigned long long)seed, shell.tp_rank,
+            shell.tp_size, shell.expert_begin, shell.expert_end);
   INA_CHECK(alloc_layers(&shell, out));
   for (int32_t i = 0; i < count; i++) {
     INA_CHECK(make_tensor(&x, &shell, &specs[i]));

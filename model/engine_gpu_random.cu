@@ -12,7 +12,15 @@
  *     division x / scale_inv per value. The rule's reciprocal shortcut is proven for
  *     bf16 inputs only; these values are full f32, so they take its division path.
  *     The quotient is narrowed by cvt.rn.satfinite to e4m3 (nearest even, clamped to
- *     +-448), the reference's saturating conversion. */
+ *     +-448), the reference's saturating conversion.
+ *
+ * Windows (slices of a whole tensor): the generator's counter is key + (i + 1) * golden
+ * in wrapping 64-bit arithmetic, so the element `first + i` of a tensor is element i of
+ * the same tensor with key + first * golden. The launchers move a window's origin
+ * (row0 * full_cols + col0) into the key that way, and the kernels index from the
+ * window's first element, rows full_cols apart. A whole tensor (origin 0, full_cols ==
+ * cols) runs the contiguous fill kernel it always ran, and the FP8 kernel with its row
+ * length as the index stride, as before. */
 #define INA_LOG_SUBSYS "model"
 #include "model/engine_gpu_random.h"
 
@@ -44,15 +52,32 @@ __device__ __forceinline__ uint16_t to_bf16(float v) {
 __device__ __forceinline__ float from_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
 template <ina_random_store_t kStore>
+__device__ __forceinline__ void store_value(void *__restrict__ out, int64_t i, float v) {
+  if (kStore == INA_RANDOM_BF16) static_cast<uint16_t *>(out)[i] = to_bf16(v);
+  else if (kStore == INA_RANDOM_F32) static_cast<float *>(out)[i] = v;
+  else static_cast<float *>(out)[i] = from_bf16(to_bf16(v));
+}
+
+/* n consecutive elements from the (key-shifted) origin: whole tensors and row slices. */
+template <ina_random_store_t kStore>
 __global__ void __launch_bounds__(kThreads)
     fill_kernel(ina_random_dist_t d, int64_t n, void *__restrict__ out) {
   for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * kThreads) {
-    const float v = random_value(d, (uint64_t)i);
-    if (kStore == INA_RANDOM_BF16) static_cast<uint16_t *>(out)[i] = to_bf16(v);
-    else if (kStore == INA_RANDOM_F32) static_cast<float *>(out)[i] = v;
-    else static_cast<float *>(out)[i] = from_bf16(to_bf16(v));
-  }
+       i += (int64_t)gridDim.x * kThreads)
+    store_value<kStore>(out, i, random_value(d, (uint64_t)i));
+}
+
+/* A column window [rows, cols] whose rows lie `ld` (the whole tensor's row length)
+ * apart in the index space: CTA rows stride over the window's rows (blockIdx.y), and
+ * threads over its columns, so no thread divides to find its row. */
+template <ina_random_store_t kStore>
+__global__ void __launch_bounds__(kThreads)
+    fill_window_kernel(ina_random_dist_t d, int64_t rows, int64_t cols, int64_t ld,
+                       void *__restrict__ out) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = (int64_t)blockIdx.x * kThreads + threadIdx.x; c < cols;
+         c += (int64_t)gridDim.x * kThreads)
+      store_value<kStore>(out, r * cols + c, random_value(d, (uint64_t)(r * ld + c)));
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -83,8 +108,10 @@ __device__ __forceinline__ uint8_t to_e4m3(float x, float scale_inv) {
   return (uint8_t)__nv_cvt_float_to_fp8(quotient, __NV_SATFINITE, __NV_E4M3);
 }
 
+/* The window [rows, cols], its rows `ld` apart in the index space (ld == cols for a
+ * whole tensor). */
 __global__ void __launch_bounds__(kThreads)
-    fp8_blocks_kernel(ina_random_dist_t d, int64_t rows, int64_t cols, int64_t nbc,
+    fp8_blocks_kernel(ina_random_dist_t d, int64_t rows, int64_t cols, int64_t ld, int64_t nbc,
                       uint8_t *__restrict__ q, float *__restrict__ scale_inv,
                       int64_t scale_row_stride) {
   __shared__ float warp_amax[kThreads / 32];
@@ -101,7 +128,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kColsPerThread; j++) {
       const int64_t c = c0 + j;
       /* Outside the matrix: 0, which leaves the amax of the valid values unchanged. */
-      v[p][j] = r < rows && c < cols ? random_value(d, (uint64_t)(r * cols + c)) : 0.0f;
+      v[p][j] = r < rows && c < cols ? random_value(d, (uint64_t)(r * ld + c)) : 0.0f;
       amax = fmaxf(amax, fabsf(v[p][j]));
     }
   }
@@ -134,30 +161,62 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int64_t kMaxGridRows = 65535; /* gridDim.y limit */
+
 unsigned fill_blocks(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return (unsigned)(blocks < kMaxFillBlocks ? blocks : kMaxFillBlocks);
 }
 
+/* Whether win lies inside its whole tensor, whose index space fits int64 with room. */
+bool window_valid(const ina_random_window_t &w) {
+  return w.full_rows >= 0 && w.full_cols >= 0 &&
+         (w.full_cols == 0 || w.full_rows <= INT64_MAX / 2 / w.full_cols) && w.row0 >= 0 && w.rows >= 0 &&
+         w.row0 <= w.full_rows - w.rows && w.col0 >= 0 && w.cols >= 0 && w.col0 <= w.full_cols - w.cols;
+}
+
+/* d moved to the window's first element (see the top of this file). */
+ina_random_dist_t at_window_origin(const ina_random_dist_t &d, const ina_random_window_t &w) {
+  ina_random_dist_t moved = d;
+  moved.key += ((uint64_t)w.row0 * (uint64_t)w.full_cols + (uint64_t)w.col0) * kGolden;
+  return moved;
+}
+
+/* Whether [begin, begin + len) of a dimension of `full` is made of whole blocks (the
+ * last one may end at the tensor's edge). */
+bool whole_blocks(int64_t begin, int64_t len, int64_t full) {
+  return begin % kBlock == 0 && ((begin + len) % kBlock == 0 || begin + len == full);
+}
+
+template <ina_random_store_t kStore>
+void launch_fill(const ina_random_dist_t &d, const ina_random_window_t &w, void *out, cudaStream_t stream) {
+  if (w.cols == w.full_cols) {
+    fill_kernel<kStore><<<fill_blocks(w.rows * w.cols), kThreads, 0, stream>>>(d, w.rows * w.cols, out);
+  } else {
+    const dim3 grid(fill_blocks(w.cols), (unsigned)(w.rows < kMaxGridRows ? w.rows : kMaxGridRows));
+    fill_window_kernel<kStore><<<grid, kThreads, 0, stream>>>(d, w.rows, w.cols, w.full_cols, out);
+  }
+}
+
 }  // namespace
 
-extern "C" ina_status_t ina_gpu_random_fill(const ina_random_dist_t *dist, int64_t n,
+extern "C" ina_status_t ina_gpu_random_fill(const ina_random_dist_t *dist, const ina_random_window_t *win,
                                             ina_random_store_t store, void *out,
                                             cudaStream_t stream) {
   ina_status_t st = INA_OK;
-  INA_REQUIRE(n >= 0 && (n == 0 || out != NULL), INA_ERR_INVALID_ARGUMENT,
-              "ina_gpu_random_fill: %lld values into %p", (long long)n, out);
-  if (n == 0) return INA_OK;
+  ina_random_dist_t d;
+  INA_REQUIRE(window_valid(*win), INA_ERR_INVALID_ARGUMENT,
+              "ina_gpu_random_fill: window rows [%lld, +%lld) x columns [%lld, +%lld) of [%lld, %lld]",
+              (long long)win->row0, (long long)win->rows, (long long)win->col0, (long long)win->cols,
+              (long long)win->full_rows, (long long)win->full_cols);
+  if (win->rows == 0 || win->cols == 0) return INA_OK;
+  INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "ina_gpu_random_fill: %lld x %lld values into NULL",
+              (long long)win->rows, (long long)win->cols);
+  d = at_window_origin(*dist, *win);
   switch (store) {
-  case INA_RANDOM_BF16:
-    fill_kernel<INA_RANDOM_BF16><<<fill_blocks(n), kThreads, 0, stream>>>(*dist, n, out);
-    break;
-  case INA_RANDOM_F32:
-    fill_kernel<INA_RANDOM_F32><<<fill_blocks(n), kThreads, 0, stream>>>(*dist, n, out);
-    break;
-  case INA_RANDOM_F32_VIA_BF16:
-    fill_kernel<INA_RANDOM_F32_VIA_BF16><<<fill_blocks(n), kThreads, 0, stream>>>(*dist, n, out);
-    break;
+  case INA_RANDOM_BF16: launch_fill<INA_RANDOM_BF16>(d, *win, out, stream); break;
+  case INA_RANDOM_F32: launch_fill<INA_RANDOM_F32>(d, *win, out, stream); break;
+  case INA_RANDOM_F32_VIA_BF16: launch_fill<INA_RANDOM_F32_VIA_BF16>(d, *win, out, stream); break;
   default:
     INA_REQUIRE(0, INA_ERR_INVALID_ARGUMENT, "ina_gpu_random_fill: unknown store %d", (int)store);
   }
@@ -180,16 +239,24 @@ fail:
   return st;
 }
 
-extern "C" ina_status_t ina_gpu_random_fp8_blocks(const ina_random_dist_t *dist, int64_t rows,
-                                                  int64_t cols, uint8_t *q, float *scale_inv,
-                                                  int64_t scale_row_stride,
+extern "C" ina_status_t ina_gpu_random_fp8_blocks(const ina_random_dist_t *dist, const ina_random_window_t *win,
+                                                  uint8_t *q, float *scale_inv, int64_t scale_row_stride,
                                                   cudaStream_t stream) {
   ina_status_t st = INA_OK;
+  const int64_t rows = win->rows, cols = win->cols;
   int64_t nbc = 0, grid = 0;
-  INA_REQUIRE(rows >= 0 && cols >= 0 && (cols == 0 || rows <= INT64_MAX / 2 / cols),
-              INA_ERR_INVALID_ARGUMENT, "ina_gpu_random_fp8_blocks: bad shape [%lld, %lld]",
-              (long long)rows, (long long)cols);
+  ina_random_dist_t d;
+  INA_REQUIRE(window_valid(*win), INA_ERR_INVALID_ARGUMENT,
+              "ina_gpu_random_fp8_blocks: window rows [%lld, +%lld) x columns [%lld, +%lld) of [%lld, %lld]",
+              (long long)win->row0, (long long)rows, (long long)win->col0, (long long)cols,
+              (long long)win->full_rows, (long long)win->full_cols);
   if (rows == 0 || cols == 0) return INA_OK;
+  INA_REQUIRE(whole_blocks(win->row0, rows, win->full_rows) && whole_blocks(win->col0, cols, win->full_cols),
+              INA_ERR_UNSUPPORTED,
+              "ina_gpu_random_fp8_blocks: window rows [%lld, %lld) x columns [%lld, %lld) of [%lld, %lld] is "
+              "not made of whole %dx%d blocks",
+              (long long)win->row0, (long long)(win->row0 + rows), (long long)win->col0,
+              (long long)(win->col0 + cols), (long long)win->full_rows, (long long)win->full_cols, kBlock, kBlock);
   nbc = (cols + kBlock - 1) / kBlock;
   INA_REQUIRE(q != NULL && scale_inv != NULL && scale_row_stride >= nbc, INA_ERR_INVALID_ARGUMENT,
               "ina_gpu_random_fp8_blocks: [%lld, %lld] into q %p, scales %p with row stride %lld",
@@ -199,7 +266,8 @@ extern "C" ina_status_t ina_gpu_random_fp8_blocks(const ina_random_dist_t *dist,
   INA_REQUIRE(grid <= INT_MAX, INA_ERR_UNSUPPORTED,
               "ina_gpu_random_fp8_blocks: [%lld, %lld] needs %lld CTAs, over the grid limit",
               (long long)rows, (long long)cols, (long long)grid);
-  fp8_blocks_kernel<<<(unsigned)grid, kThreads, 0, stream>>>(*dist, rows, cols, nbc, q, scale_inv,
+  d = at_window_origin(*dist, *win);
+  fp8_blocks_kernel<<<(unsigned)grid, kThreads, 0, stream>>>(d, rows, cols, win->full_cols, nbc, q, scale_inv,
                                                              scale_row_stride);
   INA_CUDA_CHECK_LAUNCH();
 fail:

@@ -258,14 +258,15 @@ static ina_status_t upload_layer(gpu_weights_t *g, const ina_layer_weights_t *L,
     if (!ina_tensor_is_empty(&L->router_bias))
       INA_CHECK(upload_as(g, &L->router_bias, INA_DTYPE_F32, NAME("mlp.gate.e_score_correction_bias"),
                           (void **)&out->router_bias));
-    out->experts = calloc((size_t)c->n_routed_experts, sizeof *out->experts);
+    const int32_t held = g->expert_end - g->expert_begin;
+    out->experts = calloc((size_t)held + 1, sizeof *out->experts);
     INA_CHECK_ALLOC(out->experts);
-    for (int32_t x = 0; x < c->n_routed_experts; x++) {
+    for (int32_t x = 0; x < held; x++) {
       char expert[96];
-      snprintf(expert, sizeof expert, "model.layers.%d.mlp.experts.%d", l, x);
+      snprintf(expert, sizeof expert, "model.layers.%d.mlp.experts.%d", l, g->expert_begin + x);
       INA_CHECK(upload_mlp(g, &L->experts[x], expert, s, &out->experts[x]));
     }
-    if (c->n_routed_experts > 0) INA_CHECK(ina_gpu_weights_expert_tables(g, c->n_routed_experts, out));
+    if (held > 0) INA_CHECK(ina_gpu_weights_expert_tables(g, held, out));
   }
 #undef NAME
 fail:
@@ -276,6 +277,10 @@ ina_status_t ina_gpu_weights_upload(const ina_weights_t *w, const ina_model_conf
                                     gpu_weights_t *out) {
   ina_status_t st = INA_OK;
   memset(out, 0, sizeof *out);
+  out->expert_begin = w->expert_begin;
+  out->expert_end = w->expert_end;
+  out->tp_rank = w->tp_rank;
+  out->tp_size = w->tp_size;
   INA_CHECK(upload_as(out, &w->embed, INA_DTYPE_BF16, "model.embed_tokens.weight", (void **)&out->embed));
   INA_CHECK(upload_as(out, &w->final_norm, INA_DTYPE_F32, "model.norm.weight", (void **)&out->final_norm));
   INA_CHECK(upload_linear(out, &w->lm_head, "lm_head", 1, stream, &out->lm_head));

@@ -82,20 +82,24 @@ typedef struct ina_engine_options {
   /* Version 3. CUDA backend: 1 (default) runs decode steps (one new token per sequence)
    * as replays of CUDA graphs captured per batch bucket; 0 runs every step eagerly. */
   int32_t cuda_graphs;
-  /* Version 4. Expert parallelism (CPU backend): the communicator of the ranks that share
+  /* Version 4. Expert parallelism: the communicator of the ranks that share
    * the routed experts, or NULL for one rank holding them all. Each rank's model holds one
    * contiguous expert range (ina_shard_t); the ranges, in rank order, must tile all
    * experts (checked at create, collectively). Every rank runs the same batches: tokens
    * are replicated, each rank runs its own experts, and the expert outputs travel to
-   * every rank by one all-to-all per MoE layer, where they are combined in the
-   * single-rank order, so logits are bit-identical to one rank's. Borrowed: the
+   * every rank by one all-gather per MoE layer, where the CPU backend combines them in
+   * the single-rank order, so its logits are bit-identical to one rank's. Borrowed: the
    * communicator must outlive the engine. */
   ina_comm_t *ep_comm;
-  /* Tensor parallelism (CPU backend): the communicator of the ranks that split attention
+  /* Tensor parallelism: the communicator of the ranks that split attention
    * heads and MLP intermediates (ina_shard_t tp_rank / tp_size must be this rank's place
    * in it), or NULL for one rank. The partial outputs of o_proj and of each MLP / MoE
    * block are summed by one all-reduce each; every rank runs the same batches. With both,
-   * ep_comm joins the ranks of one tensor-parallel slice. Borrowed, as ep_comm. */
+   * ep_comm joins the ranks of one tensor-parallel slice. Borrowed, as ep_comm.
+   * The CUDA backend takes both as communicators whose all-reduce runs on its device
+   * (NCCL): it sums the partial outputs there, and its expert-parallel ranks drop the
+   * entries routed elsewhere and all-reduce the MoE outputs, so its logits match one
+   * GPU's to rounding, not bit for bit (model/engine_gpu.c). */
   ina_comm_t *tp_comm;
   /* Version 5. Bytes of routed-expert weights a rank may hold after a placement change
    * (ina_engine_apply_placement); 0: only the host memory available limits it. */

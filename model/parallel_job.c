@@ -6,7 +6,8 @@
 
 #include "core/check.h"
 
-ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_parallel_job_t *out) {
+ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_comm_backend_t backend,
+                                    ina_parallel_job_t *out) {
   ina_status_t st = INA_OK;
   int argc = 0;
   char **argv = NULL;
@@ -23,7 +24,10 @@ ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_pa
               expert_parallel ? "a multiple of --tp"
                               : "exactly --tp (add --ep to split the experts over groups)");
   out->groups = out->size / tp_size;
-  INA_CHECK(ina_bootstrap_split_tp_dp(out->boot, tp_size, INA_COMM_BACKEND_MPI,
+  INA_REQUIRE(backend != INA_COMM_BACKEND_NCCL || ina_bootstrap_device(out->boot) >= 0,
+              INA_ERR_UNSUPPORTED, "rank %d: the NCCL communicators of a GPU job need a CUDA device",
+              out->rank);
+  INA_CHECK(ina_bootstrap_split_tp_dp(out->boot, tp_size, backend,
                                       tp_size > 1 ? &out->tp : NULL,
                                       expert_parallel ? &out->ep : NULL));
   INA_CHECK(ina_bootstrap_world_comm(out->boot, INA_COMM_BACKEND_MPI, &out->world));
@@ -45,6 +49,10 @@ ina_status_t ina_parallel_job_shard(const ina_parallel_job_t *job, const ina_mod
   out->expert_end = (int32_t)(experts * (group + 1) / groups);
 fail:
   return st;
+}
+
+int32_t ina_parallel_job_device(const ina_parallel_job_t *job) {
+  return job->boot ? ina_bootstrap_device(job->boot) : -1;
 }
 
 int32_t ina_parallel_job_ep_rank(const ina_parallel_job_t *job) {

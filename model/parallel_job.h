@@ -1,5 +1,5 @@
-/* The parallel layout of an mpirun job running the CPU engine (`--tp T`, `--ep` of `ina
- * generate` and `ina-agent`): consecutive ranks form tensor-parallel groups of T ranks;
+/* The parallel layout of an mpirun job (`--tp T`, `--ep` of `ina generate` and
+ * `ina-agent`): consecutive ranks form tensor-parallel groups of T ranks;
  * with expert parallelism the groups split the routed experts, and the ranks holding the
  * same tensor slice form an expert-parallel group. Without it every rank must be in the
  * one tensor-parallel group. Every rank runs the same batches.
@@ -26,10 +26,17 @@ typedef struct ina_parallel_job {
   int32_t tp_size, groups; /* groups = size / tp_size */
 } ina_parallel_job_t;
 
-/* Collective: starts MPI (once per process) and forms the groups. On a layout the ranks
- * cannot take (size not a multiple of tp, or several groups without expert parallelism)
- * INA_ERR_INVALID_ARGUMENT naming the numbers; *out is then still to be ended. */
-ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_parallel_job_t *out);
+/* Collective: starts MPI (once per process) and forms the groups, their communicators on
+ * `backend` (MPI for CPU engines; NCCL for CUDA engines, on the GPU the bootstrap chose
+ * for this rank: ina_parallel_job_device). The world communicator is MPI always (host
+ * messages). On a layout the ranks cannot take (size not a multiple of tp, or several
+ * groups without expert parallelism) INA_ERR_INVALID_ARGUMENT naming the numbers; *out is
+ * then still to be ended. */
+ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_comm_backend_t backend,
+                                    ina_parallel_job_t *out);
+
+/* The CUDA device of this rank (local rank modulo the devices), or -1 without one. */
+int32_t ina_parallel_job_device(const ina_parallel_job_t *job);
 
 /* This rank's slice of a model: tensor slice rank % tp of tp, and its group's share of the
  * routed experts (near-equal contiguous ranges in group order; with `even`, the experts

@@ -41,12 +41,13 @@ static void usage(FILE *f) {
           "  --no-cuda-graphs     run every GPU step eagerly (default: decode steps replay CUDA\n"
           "                       graphs captured per batch bucket)\n"
           "  --threads N          CPU threads (default: INA_NUM_THREADS or all CPUs)\n"
-          "  --tp T               tensor parallelism over T ranks of an mpirun job (CPU): each\n"
-          "                       rank holds 1/T of the attention heads and MLP intermediates\n"
-          "  --ep                 expert parallelism (CPU): the ranks (or, with --tp, the groups\n"
-          "                       of T ranks) split the routed experts. All ranks run the same\n"
-          "                       batch and rank 0 prints; e.g. mpirun -np 4 ina generate --tp 2\n"
-          "                       --ep ...\n"
+          "  --tp T               tensor parallelism over T ranks of an mpirun job: each rank\n"
+          "                       holds 1/T of the attention heads and MLP intermediates\n"
+          "  --ep                 expert parallelism: the ranks (or, with --tp, the groups of T\n"
+          "                       ranks) split the routed experts. All ranks run the same batch\n"
+          "                       and rank 0 prints; e.g. mpirun -np 4 ina generate --tp 2 --ep\n"
+          "                       ... With GPUs each rank uses the GPU of its local rank (NCCL\n"
+          "                       between them; --device cpu keeps the job on the CPU)\n"
           "  -h, --help           this help\n"
           "\n"
           "With --server HOST:PORT the prompts run on a running ina-agent instead (see\n"
@@ -144,7 +145,7 @@ int cmd_generate(int argc, char **argv) {
   prompts_t prompts = {NULL, NULL, 0};
   int64_t max_new = 16, top_k = 0, seed = 0, page_size = 16, threads = 0;
   double temperature = 0, top_p = 1;
-  int ignore_eos = 0, rc = 1, device_given = 0, use_ep = 0;
+  int ignore_eos = 0, rc = 1, use_ep = 0;
   int64_t tp_size = 1;
   int32_t device = ina_cuda_device_count() > 0 ? 0 : -1;
   ina_parallel_job_t job;
@@ -177,7 +178,6 @@ int cmd_generate(int argc, char **argv) {
     case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 4096, &threads)) goto done; break;
     case O_DEVICE:
       if (parse_device(optarg, &device)) goto done;
-      device_given = 1;
       break;
     case O_NOGRAPHS: eopts.cuda_graphs = 0; break;
     case O_EP: use_ep = 1; break;
@@ -199,17 +199,15 @@ int cmd_generate(int argc, char **argv) {
   }
   const int multi_rank = use_ep || tp_size > 1;
   if (multi_rank) {
-    if (device_given && device >= 0) {
-      fprintf(stderr, "ina generate: --tp and --ep run on the CPU so far (--device cpu)\n");
-      rc = 2;
-      goto done;
-    }
-    device = -1;
-    if (ina_parallel_job_start((int32_t)tp_size, use_ep, &job) != INA_OK) {
+    /* Each rank takes the GPU of its local rank (NCCL between them), or the CPU (MPI). */
+    const int on_gpu = device >= 0;
+    if (ina_parallel_job_start((int32_t)tp_size, use_ep, on_gpu ? INA_COMM_BACKEND_NCCL : INA_COMM_BACKEND_MPI,
+                               &job) != INA_OK) {
       if (job.rank == 0) fprintf(stderr, "ina generate: %s\n", ina_last_error());
       rc = 2;
       goto done;
     }
+    if (on_gpu) device = ina_parallel_job_device(&job);
     if (job_shard(&job, model_spec, &mopts.shard)) goto done;
     eopts.tp_comm = job.tp;
     eopts.ep_comm = job.ep;
@@ -232,8 +230,8 @@ int cmd_generate(int argc, char **argv) {
   }
   if (multi_rank) {
     if (job.rank == 0)
-      printf("device: cpu, %d ranks: tensor parallel %d, expert parallel %d\n", job.size,
-             job.tp_size, use_ep ? job.groups : 1);
+      printf("device: %s, %d ranks: tensor parallel %d, expert parallel %d\n", device >= 0 ? "cuda" : "cpu",
+             job.size, job.tp_size, use_ep ? job.groups : 1);
   } else if (device < 0) {
     printf("device: cpu\n");
   } else {

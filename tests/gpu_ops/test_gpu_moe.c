@@ -268,6 +268,83 @@ static void test_arguments(void) {
   ina_cuda_free(d);
 }
 
+/* An expert-parallel rank's permutation: experts [first, first + count) of E kept as
+ * id - first, the others dropped without a flag; equal to the reference over the ids
+ * mapped that way. */
+static void run_range_case(int64_t T, int32_t K, int32_t E, int32_t first, int32_t count, test_rng_t *rng) {
+  char what[160];
+  snprintf(what, sizeof what, "moe range T %lld k %d experts [%d, %d) of %d", (long long)T, K, first,
+           first + count, E);
+  const int64_t N = T * K;
+  const size_t nn = (size_t)(N > 0 ? N : 1);
+  int32_t *ids = malloc(nn * 4), *mapped = malloc(nn * 4);
+  perm_t ref = {malloc((size_t)count * 4), malloc((size_t)(count + 1) * 4), malloc(nn * 4), malloc(nn * 4)};
+  perm_t got = {malloc((size_t)count * 4), malloc((size_t)(count + 1) * 4), malloc(nn * 4), malloc(nn * 4)};
+  if (!ids || !mapped || !ref.counts || !ref.offsets || !ref.sorted || !ref.slot_of || !got.counts ||
+      !got.offsets || !got.sorted || !got.slot_of) {
+    CHECK(0);
+    goto done;
+  }
+  make_ids(ids, T, K, E, IDS_ROUTER, rng);
+  for (int64_t i = 0; i < N; i++) mapped[i] = ids[i] >= first && ids[i] < first + count ? ids[i] - first : -1;
+  permute_ref(mapped, T, K, count, &ref);
+  const size_t ws = ina_gpu_moe_permute_workspace_size(T, K, count);
+  dev_buf_t dids = dev_buf_from(ids, (size_t)N * 4, 0), dws = dev_buf_make(ws, 0x77);
+  uint32_t zero = 0, flags = 0;
+  dev_buf_t dflags = dev_buf_from(&zero, 4, 0);
+  dev_buf_t dc = dev_buf_make((size_t)count * 4, 0x5A), doff = dev_buf_make((size_t)(count + 1) * 4, 0x5A);
+  dev_buf_t ds = dev_buf_make((size_t)N * 4, 0x5A), dsl = dev_buf_make((size_t)N * 4, 0x5A);
+  ina_gpu_moe_permute_params_t p = INA_GPU_MOE_PERMUTE_PARAMS_INIT;
+  p.tokens = T;
+  p.top_k = K;
+  p.num_experts = count;
+  p.first_expert = first;
+  p.total_experts = E;
+  p.ids = dids.p;
+  p.expert_counts = dc.p;
+  p.expert_offsets = doff.p;
+  p.sorted_token = ds.p;
+  p.slot_of = dsl.p;
+  p.workspace = dws.p;
+  p.workspace_bytes = ws;
+  p.error_flags = dflags.p;
+  CHECK_OK(ina_gpu_moe_permute(&p, NULL));
+  CHECK_OK(ina_cuda_synchronize());
+  dev_buf_read(&dc, got.counts, what);
+  dev_buf_read(&doff, got.offsets, what);
+  dev_buf_read(&ds, got.sorted, what);
+  dev_buf_read(&dsl, got.slot_of, what);
+  dev_buf_read(&dflags, &flags, what);
+  CHECKF(flags == 0, "%s: error flags 0x%x", what, flags);
+  CHECKF(memcmp(got.counts, ref.counts, (size_t)count * 4) == 0 &&
+             memcmp(got.offsets, ref.offsets, (size_t)(count + 1) * 4) == 0 &&
+             memcmp(got.sorted, ref.sorted, (size_t)N * 4) == 0 &&
+             memcmp(got.slot_of, ref.slot_of, (size_t)N * 4) == 0,
+         "%s: differs from the reference over the mapped ids", what);
+  /* A range past the experts is refused. */
+  p.first_expert = E - count + 1;
+  ina_log_set_quiet_errors(1);
+  CHECK(ina_gpu_moe_permute(&p, NULL) == INA_ERR_INVALID_ARGUMENT);
+  ina_log_set_quiet_errors(0);
+  dev_buf_free(&dids);
+  dev_buf_free(&dws);
+  dev_buf_free(&dflags);
+  dev_buf_free(&dc);
+  dev_buf_free(&doff);
+  dev_buf_free(&ds);
+  dev_buf_free(&dsl);
+done:
+  free(ids);
+  free(mapped);
+  perm_t *all[] = {&ref, &got};
+  for (int i = 0; i < 2; i++) {
+    free(all[i]->counts);
+    free(all[i]->offsets);
+    free(all[i]->sorted);
+    free(all[i]->slot_of);
+  }
+}
+
 int main(int argc, char **argv) {
   test_rng_t rng;
   if (!gpu_test_start("test_gpu_moe", argc, argv, &rng)) return TEST_SKIP;
@@ -296,5 +373,9 @@ int main(int argc, char **argv) {
     const int64_t H = T * K <= 3000 ? test_rng_int(&rng, 1, 2100) : 0;
     run_case(T, K, E, kind, H, &rng);
   }
+  run_range_case(64, 8, 256, 128, 128, &rng);
+  run_range_case(300, 6, 64, 0, 21, &rng);
+  run_range_case(gpu_test_quick ? 2000 : 20000, 8, 256, 37, 64, &rng);
+  run_range_case(5, 2, 8, 7, 1, &rng);
   return test_finish("test_gpu_moe");
 }

@@ -13,9 +13,21 @@
  *     packed scales with padding;
  *   v3-small: v3-layers' structure at smaller widths in fp8_e4m3, full 128x128 blocks;
  *   tiny in bf16 with seed 0.
+ * Shards (model/weights.h), each against ina_gpu_weights_upload of ina_weights_random
+ * with the same shard, in bf16, f32 and fp8_e4m3:
+ *   expert ranges of tiny: both halves, an uneven range and an empty one;
+ *   tensor parallelism where the heads divide: tiny, v2-style and ragged with 4 heads
+ *     (tp 2 ranks 0 and 1, tp 4 every rank, tp 2 x expert ranges), v3-small (8 heads,
+ *     the same shards), and ragged-tp (ragged dims whose tp-2 slices are whole 128x128
+ *     blocks: FP8 row and column slices of ragged, odd and dequantized tensors). An FP8
+ *     slice off the block grid is refused by the host; the device must refuse it alike
+ *     (printed as skipped, with the reason);
+ *   v3-small in bf16: tp 2 ranks 0 and 1 tile the whole model's row slices (q_b_proj,
+ *     gate) and column slices (o_proj, down), device against device.
  * A run with another seed must differ (the comparison can fail). Errors: a linear bias,
- * dtype f16, 64x64 FP8 blocks and an invalid config fail with the host path's status and
- * leave the output zeroed.
+ * dtype f16, 64x64 FP8 blocks, an invalid config, heads that tp_size does not divide and
+ * an expert range outside the model fail with the host path's status and leave the
+ * output zeroed.
  *
  * Timing (reported, not checked): random:v2-lite in bf16 generated on the device, when
  * the device has the memory; the host path (generation + upload) on its first
@@ -167,10 +179,13 @@ static void compare_tables(compare_t *c, int32_t l, const gpu_layer_t *a, const 
   if (a->grouped_w[0]) c->grouped_layers++;
 }
 
-static void compare_layer(compare_t *c, const ina_model_config_t *cfg, int32_t l, const gpu_layer_t *a,
-                          const gpu_layer_t *b) {
+/* Layer l of a and b, which hold the same shard (compare_weights checked). */
+static void compare_layer(compare_t *c, const ina_model_config_t *cfg, const gpu_weights_t *ga, int32_t l,
+                          const gpu_layer_t *a, const gpu_layer_t *b) {
   char name[160];
   const size_t H = (size_t)cfg->hidden_size, E = (size_t)cfg->n_routed_experts;
+  const size_t heads = (size_t)(cfg->num_heads / (ga->tp_size > 0 ? ga->tp_size : 1)); /* the rank's heads */
+  const int32_t held = ga->expert_end - ga->expert_begin;
 #define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), name)
   compare_bytes(c, NAME("input_layernorm.weight"), a->input_norm, b->input_norm, H * 4);
   compare_bytes(c, NAME("post_attention_layernorm.weight"), a->post_attention_norm, b->post_attention_norm, H * 4);
@@ -181,8 +196,7 @@ static void compare_layer(compare_t *c, const ina_model_config_t *cfg, int32_t l
   compare_linear(c, NAME("self_attn.q_b_proj"), &a->q_b_proj, &b->q_b_proj, 1);
   compare_linear(c, NAME("self_attn.kv_a_proj_with_mqa"), &a->kv_a_proj, &b->kv_a_proj, 1);
   compare_bytes(c, NAME("self_attn.kv_b_proj.weight (bf16)"), a->kv_b, b->kv_b,
-                (size_t)cfg->num_heads * (size_t)(cfg->qk_nope_head_dim + cfg->v_head_dim) *
-                    (size_t)cfg->kv_lora_rank * 2);
+                heads * (size_t)(cfg->qk_nope_head_dim + cfg->v_head_dim) * (size_t)cfg->kv_lora_rank * 2);
   compare_linear(c, NAME("self_attn.o_proj"), &a->o_proj, &b->o_proj, 1);
   if (a->is_moe != b->is_moe || a->has_shared != b->has_shared) {
     differ(c, "layer %d: is_moe %d / has_shared %d against %d / %d", l, a->is_moe, a->has_shared, b->is_moe,
@@ -194,18 +208,25 @@ static void compare_layer(compare_t *c, const ina_model_config_t *cfg, int32_t l
   compare_bytes(c, NAME("mlp.gate.weight (bf16 lo)"), a->router_lo, b->router_lo, E * H * 2);
   compare_bytes(c, NAME("mlp.gate.e_score_correction_bias"), a->router_bias, b->router_bias, E * 4);
   if (!a->is_moe) return;
-  for (int32_t x = 0; x < cfg->n_routed_experts; x++) {
+  for (int32_t x = 0; x < held; x++) {
     char expert[96];
-    snprintf(expert, sizeof expert, "model.layers.%d.mlp.experts.%d", l, x);
+    snprintf(expert, sizeof expert, "model.layers.%d.mlp.experts.%d", l, ga->expert_begin + x);
     compare_mlp(c, expert, &a->experts[x], &b->experts[x]);
   }
-  compare_tables(c, l, a, b, cfg->n_routed_experts);
+  compare_tables(c, l, a, b, held);
 #undef NAME
 }
 
 static void compare_weights(compare_t *c, const ina_model_config_t *cfg, const gpu_weights_t *a,
                             const gpu_weights_t *b) {
   const size_t vocab = (size_t)cfg->vocab_size, H = (size_t)cfg->hidden_size;
+  if (a->tp_rank != b->tp_rank || a->tp_size != b->tp_size || a->expert_begin != b->expert_begin ||
+      a->expert_end != b->expert_end) {
+    differ(c, "shard: tensor-parallel slice %d of %d, experts [%d, %d) against slice %d of %d, experts [%d, %d)",
+           a->tp_rank, a->tp_size, a->expert_begin, a->expert_end, b->tp_rank, b->tp_size, b->expert_begin,
+           b->expert_end);
+    return;
+  }
   if (a->num_layers != b->num_layers || a->fp8_max_k != b->fp8_max_k ||
       a->max_expert_inter != b->max_expert_inter || a->device_bytes != b->device_bytes ||
       a->num_allocs != b->num_allocs)
@@ -219,7 +240,7 @@ static void compare_weights(compare_t *c, const ina_model_config_t *cfg, const g
   compare_bytes(c, "model.norm.weight", a->final_norm, b->final_norm, H * 4);
   compare_linear(c, "lm_head", &a->lm_head, &b->lm_head, 0);
   if (a->num_layers != b->num_layers) return;
-  for (int32_t l = 0; l < a->num_layers; l++) compare_layer(c, cfg, l, &a->layers[l], &b->layers[l]);
+  for (int32_t l = 0; l < a->num_layers; l++) compare_layer(c, cfg, a, l, &a->layers[l], &b->layers[l]);
 }
 
 /* ---- the cases ------------------------------------------------------------------------- */
@@ -239,9 +260,9 @@ static void check_count(const char *name, const char *what, int count, int want)
   CHECKF(want ? count > 0 : count == 0, "%s: %d %s, expected %s", name, count, what, want ? "some" : "none");
 }
 
-/* Both paths for cfg; returns 0 when they agree. */
-static int run_case(const char *name, const ina_model_config_t *cfg, ina_dtype_t dtype, uint64_t seed,
-                    cudaStream_t stream, expect_t expect) {
+/* Both paths for cfg and shard (NULL: whole); returns 0 when they agree. */
+static int run_case(const char *name, const ina_model_config_t *cfg, const ina_shard_t *shard, ina_dtype_t dtype,
+                    uint64_t seed, cudaStream_t stream, expect_t expect) {
   ina_weights_t w;
   gpu_weights_t up, rnd;
   compare_t c;
@@ -249,10 +270,18 @@ static int run_case(const char *name, const ina_model_config_t *cfg, ina_dtype_t
   memset(&rnd, 0, sizeof rnd);
   memset(&c, 0, sizeof c);
   c.config = name;
-  CHECK_OK(ina_weights_random(cfg, seed, dtype, NULL, &w));
+  CHECK_OK(ina_weights_random(cfg, seed, dtype, shard, &w));
   CHECK_OK(ina_gpu_weights_upload(&w, &w.config, stream, &up));
   ina_weights_release(&w);
-  CHECK_OK(ina_gpu_weights_random(cfg, seed, dtype, stream, &rnd));
+  CHECK_OK(ina_gpu_weights_random(cfg, shard, seed, dtype, stream, &rnd));
+  {
+    const int32_t tp_rank = shard ? shard->tp_rank : 0, tp_size = shard ? shard->tp_size : 1;
+    const int32_t begin = shard ? shard->expert_begin : 0;
+    const int32_t end = shard && shard->expert_end >= 0 ? shard->expert_end : cfg->n_routed_experts;
+    CHECKF(rnd.tp_rank == tp_rank && rnd.tp_size == tp_size && rnd.expert_begin == begin && rnd.expert_end == end,
+           "%s: the device weights hold slice %d of %d, experts [%d, %d); asked for %d of %d, [%d, %d)", name,
+           rnd.tp_rank, rnd.tp_size, rnd.expert_begin, rnd.expert_end, tp_rank, tp_size, begin, end);
+  }
   compare_weights(&c, cfg, &up, &rnd);
   CHECKF(c.differences == 0, "%s (%s, seed %llu): %d differences, the first: %s", name, ina_dtype_name(dtype),
          (unsigned long long)seed, c.differences, c.first);
@@ -271,7 +300,7 @@ static int run_case(const char *name, const ina_model_config_t *cfg, ina_dtype_t
     memset(&d, 0, sizeof d);
     d.config = name;
     d.quiet = 1;
-    CHECK_OK(ina_gpu_weights_random(cfg, seed + 1, dtype, stream, &other));
+    CHECK_OK(ina_gpu_weights_random(cfg, shard, seed + 1, dtype, stream, &other));
     compare_bytes(&d, "model.embed_tokens.weight", up.embed, other.embed,
                   (size_t)cfg->vocab_size * (size_t)cfg->hidden_size * 2);
     compare_bytes(&d, "model.norm.weight", up.final_norm, other.final_norm, (size_t)cfg->hidden_size * 4);
@@ -341,26 +370,60 @@ static ina_model_config_t v3_small(void) {
   return c;
 }
 
+/* cfg with another head count (tiny's 3 heads divide by no tp_size but 3). */
+static ina_model_config_t with_heads(ina_model_config_t c, int32_t heads) {
+  c.num_heads = heads;
+  return c;
+}
+
+/* ragged's dims off the 128 grid where tensor parallelism does not slice (hidden 208,
+ * q_lora 136, kv_lora 141), with heads and intermediates whose tp-2 slices are whole
+ * 128x128 blocks: q_b_proj and kv_b_proj rows 2 x 128 of each head dim, o_proj columns
+ * 2 x 64, dense MLP 256 and experts 128 per rank. In FP8, o_proj and down are column
+ * slices of ragged-row tensors (kept FP8, padded packed scales), q_b_proj and kv_b_proj
+ * dequantized row slices (K 136 and the odd 141: byte stores). */
+static ina_model_config_t ragged_tp(void) {
+  ina_model_config_t c = ragged();
+  c.num_heads = 4;
+  c.qk_nope_head_dim = 64;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 64;
+  c.intermediate_size = 512;
+  c.moe_intermediate_size = 256;
+  return c;
+}
+
+/* Tensor-parallel slice tp_rank of tp_size, routed experts [begin, end) (end -1: all). */
+static ina_shard_t shard_of(int32_t tp_rank, int32_t tp_size, int32_t begin, int32_t end) {
+  ina_shard_t s = INA_SHARD_INIT;
+  s.tp_rank = tp_rank;
+  s.tp_size = tp_size;
+  s.expert_begin = begin;
+  s.expert_end = end;
+  return s;
+}
+
 static void test_configs(uint64_t seed, cudaStream_t stream) {
   const expect_t fp8_mixed = {1, 1, 1}, fp8_all = {1, 0, 1}, bf16_only = {0, 1, 1};
   const ina_model_config_t tiny = builtin("tiny"), v2 = v2_style(), rag = ragged(), v3 = v3_small();
   printf("configs, seed %llu:\n", (unsigned long long)seed);
-  run_case("tiny", &tiny, INA_DTYPE_BF16, seed, stream, bf16_only);
-  run_case("tiny", &tiny, INA_DTYPE_FP8_E4M3, seed, stream, fp8_all);
-  run_case("tiny", &tiny, INA_DTYPE_F32, seed, stream, bf16_only);
-  run_case("v2-style", &v2, INA_DTYPE_F32, seed, stream, bf16_only);
-  run_case("v2-style", &v2, INA_DTYPE_FP8_E4M3, seed, stream, fp8_all);
-  run_case("ragged-fp8", &rag, INA_DTYPE_FP8_E4M3, seed, stream, fp8_mixed);
-  run_case("ragged-bf16", &rag, INA_DTYPE_BF16, seed, stream, bf16_only);
-  run_case("v3-small", &v3, INA_DTYPE_FP8_E4M3, seed, stream, fp8_all);
-  run_case("tiny", &tiny, INA_DTYPE_BF16, 0, stream, bf16_only);
+  run_case("tiny", &tiny, NULL, INA_DTYPE_BF16, seed, stream, bf16_only);
+  run_case("tiny", &tiny, NULL, INA_DTYPE_FP8_E4M3, seed, stream, fp8_all);
+  run_case("tiny", &tiny, NULL, INA_DTYPE_F32, seed, stream, bf16_only);
+  run_case("v2-style", &v2, NULL, INA_DTYPE_F32, seed, stream, bf16_only);
+  run_case("v2-style", &v2, NULL, INA_DTYPE_FP8_E4M3, seed, stream, fp8_all);
+  run_case("ragged-fp8", &rag, NULL, INA_DTYPE_FP8_E4M3, seed, stream, fp8_mixed);
+  run_case("ragged-bf16", &rag, NULL, INA_DTYPE_BF16, seed, stream, bf16_only);
+  run_case("v3-small", &v3, NULL, INA_DTYPE_FP8_E4M3, seed, stream, fp8_all);
+  run_case("tiny", &tiny, NULL, INA_DTYPE_BF16, 0, stream, bf16_only);
 }
 
 /* A failure must carry the host path's status and leave *out zeroed. */
-static void error_case(const char *what, const ina_model_config_t *cfg, ina_dtype_t dtype, cudaStream_t stream) {
+static void error_case(const char *what, const ina_model_config_t *cfg, const ina_shard_t *shard, ina_dtype_t dtype,
+                       cudaStream_t stream) {
   ina_weights_t w;
   gpu_weights_t g, zero;
-  ina_status_t want = ina_weights_random(cfg, 1, dtype, NULL, &w);
+  ina_status_t want = ina_weights_random(cfg, 1, dtype, shard, &w);
   if (want == INA_OK) {
     memset(&g, 0, sizeof g);
     want = ina_gpu_weights_upload(&w, &w.config, stream, &g);
@@ -370,25 +433,154 @@ static void error_case(const char *what, const ina_model_config_t *cfg, ina_dtyp
   CHECKF(want != INA_OK, "%s: the host path succeeded", what);
   memset(&g, 0x5A, sizeof g);
   memset(&zero, 0, sizeof zero);
-  ina_status_t got = ina_gpu_weights_random(cfg, 1, dtype, stream, &g);
+  ina_status_t got = ina_gpu_weights_random(cfg, shard, 1, dtype, stream, &g);
   CHECKF(got == want, "%s: status %d (%s), the host path gives %d", what, (int)got, ina_last_error(), (int)want);
   CHECKF(memcmp(&g, &zero, sizeof g) == 0, "%s: output not zeroed after the failure", what);
-  printf("  %-28s status %d, as the host path: %s\n", what, (int)got, ina_last_error());
+  printf("  %-36s status %d, as the host path: %s\n", what, (int)got, ina_last_error());
 }
 
 static void test_errors(cudaStream_t stream) {
   ina_model_config_t bias = builtin("tiny"), blocks = builtin("tiny"), invalid = builtin("tiny");
   const ina_model_config_t tiny = builtin("tiny");
+  ina_model_config_t bias4 = with_heads(builtin("tiny"), 4);
+  bias4.attention_bias = 1;
   bias.attention_bias = 1;
   blocks.fp8_block_rows = blocks.fp8_block_cols = 64;
   invalid.num_heads = 0;
   printf("errors:\n");
   ina_log_set_quiet_errors(1);
-  error_case("attention_bias", &bias, INA_DTYPE_BF16, stream);
-  error_case("dtype f16", &tiny, INA_DTYPE_F16, stream);
-  error_case("64x64 fp8 blocks", &blocks, INA_DTYPE_FP8_E4M3, stream);
-  error_case("num_heads 0", &invalid, INA_DTYPE_BF16, stream);
+  const ina_shard_t tp2 = shard_of(1, 2, 0, -1), outside = shard_of(0, 1, 4, 9), bad_rank = shard_of(2, 2, 0, -1);
+  error_case("attention_bias", &bias, NULL, INA_DTYPE_BF16, stream);
+  error_case("dtype f16", &tiny, NULL, INA_DTYPE_F16, stream);
+  error_case("64x64 fp8 blocks", &blocks, NULL, INA_DTYPE_FP8_E4M3, stream);
+  error_case("num_heads 0", &invalid, NULL, INA_DTYPE_BF16, stream);
+  error_case("tp 2 of 3 heads", &tiny, &tp2, INA_DTYPE_BF16, stream);
+  error_case("experts [4, 9) of 8", &tiny, &outside, INA_DTYPE_BF16, stream);
+  error_case("tp_rank 2 of 2", &tiny, &bad_rank, INA_DTYPE_BF16, stream);
+  error_case("attention_bias, 4 heads, tp 2", &bias4, &tp2, INA_DTYPE_BF16, stream);
   ina_log_set_quiet_errors(0);
+}
+
+/* ---- shards ------------------------------------------------------------------------------ */
+
+/* cfg under `shard`: both paths agree bit for bit; or, for an FP8 slice off the 128x128
+ * block grid, which the host refuses, the device refuses it with the same status. */
+static void shard_case(const char *config, const ina_model_config_t *cfg, const ina_shard_t *shard,
+                       ina_dtype_t dtype, uint64_t seed, cudaStream_t stream) {
+  char name[96];
+  ina_weights_t shell;
+  snprintf(name, sizeof name, "%s tp%d/%d e[%d,%d)", config, shard->tp_rank, shard->tp_size, shard->expert_begin,
+           shard->expert_end < 0 ? cfg->n_routed_experts : shard->expert_end);
+  ina_log_set_quiet_errors(1);
+  const ina_status_t host = ina_weights_random_shell(cfg, dtype, shard, &shell);
+  ina_log_set_quiet_errors(0);
+  if (host == INA_OK) {
+    const int fp8 = dtype == INA_DTYPE_FP8_E4M3;
+    const expect_t expect = {fp8 ? 1 : 0, fp8 ? -1 : 1, -1};
+    ina_weights_release(&shell);
+    run_case(name, cfg, shard, dtype, seed, stream, expect);
+    return;
+  }
+  CHECKF(dtype == INA_DTYPE_FP8_E4M3 && host == INA_ERR_UNSUPPORTED, "%s %s: the host refuses the shard: status %d (%s)",
+         name, ina_dtype_name(dtype), (int)host, ina_last_error());
+  printf("  %-28s %-8s skipped: the host refuses this fp8 slice; the device must too:\n", name,
+         ina_dtype_name(dtype));
+  ina_log_set_quiet_errors(1);
+  error_case(name, cfg, shard, dtype, stream);
+  ina_log_set_quiet_errors(0);
+}
+
+/* The tensor-parallel shards of cfg, alone and with expert ranges: tp 2 (both ranks),
+ * tp 4 (every rank), tp 2 x an expert half and an uneven expert range. */
+static void tp_cases(const char *config, const ina_model_config_t *cfg, ina_dtype_t dtype, uint64_t seed,
+                     cudaStream_t stream) {
+  const int32_t E = cfg->n_routed_experts;
+  const ina_shard_t shards[] = {
+      shard_of(0, 2, 0, -1),    shard_of(1, 2, 0, -1),    shard_of(0, 4, 0, -1),
+      shard_of(1, 4, 0, -1),    shard_of(2, 4, 0, -1),    shard_of(3, 4, 0, -1),
+      shard_of(1, 2, E / 2, E), shard_of(0, 2, 1, E - 2),
+  };
+  for (size_t i = 0; i < sizeof shards / sizeof shards[0]; i++) shard_case(config, cfg, &shards[i], dtype, seed, stream);
+}
+
+/* Rows [row0, row0 + rows) x columns [col0, col0 + cols) of the device matrix `whole`
+ * (whole_cols elements of esize bytes a row) against the device matrix `part`. */
+static void compare_window(compare_t *c, const char *what, const void *whole, int64_t whole_cols, const void *part,
+                           int64_t row0, int64_t col0, int64_t rows, int64_t cols, size_t esize) {
+  const size_t row_bytes = (size_t)cols * esize, bytes = (size_t)rows * row_bytes;
+  CHECKF(whole != NULL && part != NULL && bytes <= COPY_CHUNK, "%s: %p / %p, %zu bytes", what, whole, part, bytes);
+  if (!whole || !part || bytes > COPY_CHUNK) return;
+  const char *src = (const char *)whole + ((size_t)row0 * (size_t)whole_cols + (size_t)col0) * esize;
+  CHECK(cudaMemcpy2D(host_a, row_bytes, src, (size_t)whole_cols * esize, row_bytes, (size_t)rows,
+                     cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(cudaMemcpy(host_b, part, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+  if (memcmp(host_a, host_b, bytes) != 0) {
+    size_t i = 0;
+    while (host_a[i] == host_b[i]) i++;
+    differ(c, "%s: element (%zu, %zu) of the slice differs from the whole tensor's", what, i / row_bytes,
+           i % row_bytes / esize);
+    return;
+  }
+  c->buffers++;
+  c->bytes += (int64_t)bytes;
+}
+
+/* Device against device: the bf16 slices of tp 2's ranks are the whole model's rows or
+ * columns (q_b_proj and gate: rows; o_proj and down: columns, the window kernel). */
+static void check_tiling(const ina_model_config_t *cfg, uint64_t seed, cudaStream_t stream) {
+  gpu_weights_t whole, rank[2];
+  compare_t c;
+  memset(&c, 0, sizeof c);
+  c.config = "v3-small tiling";
+  CHECK_OK(ina_gpu_weights_random(cfg, NULL, seed, INA_DTYPE_BF16, stream, &whole));
+  for (int32_t r = 0; r < 2; r++) {
+    const ina_shard_t shard = shard_of(r, 2, 0, -1);
+    CHECK_OK(ina_gpu_weights_random(cfg, &shard, seed, INA_DTYPE_BF16, stream, &rank[r]));
+  }
+  const int64_t H = cfg->hidden_size, heads = cfg->num_heads / 2;
+  const int64_t qk = cfg->qk_nope_head_dim + cfg->qk_rope_head_dim, v = cfg->v_head_dim;
+  for (int32_t r = 0; r < 2; r++) {
+    const gpu_layer_t *W = &whole.layers[0], *P = &rank[r].layers[0];
+    const gpu_layer_t *Wm = &whole.layers[1], *Pm = &rank[r].layers[1];
+    const int64_t I = cfg->intermediate_size / 2, Ie = cfg->moe_intermediate_size / 2;
+    compare_window(&c, "layers.0.self_attn.q_b_proj", W->q_b_proj.w, cfg->q_lora_rank, P->q_b_proj.w,
+                   r * heads * qk, 0, heads * qk, cfg->q_lora_rank, 2);
+    compare_window(&c, "layers.0.self_attn.o_proj", W->o_proj.w, 2 * heads * v, P->o_proj.w, 0, r * heads * v, H,
+                   heads * v, 2);
+    compare_window(&c, "layers.0.mlp.gate_proj", W->mlp.gate.w, H, P->mlp.gate.w, r * I, 0, I, H, 2);
+    compare_window(&c, "layers.0.mlp.down_proj", W->mlp.down.w, 2 * I, P->mlp.down.w, 0, r * I, H, I, 2);
+    compare_window(&c, "layers.1.mlp.experts.5.down_proj", Wm->experts[5].down.w, 2 * Ie, Pm->experts[5].down.w, 0,
+                   r * Ie, H, Ie, 2);
+  }
+  CHECKF(c.differences == 0, "v3-small tiling: %d differences, the first: %s", c.differences, c.first);
+  printf("  v3-small tp2 ranks tile the whole model: %lld windows identical, %d differ\n", (long long)c.buffers,
+         c.differences);
+  ina_gpu_weights_free(&whole);
+  ina_gpu_weights_free(&rank[0]);
+  ina_gpu_weights_free(&rank[1]);
+}
+
+static void test_shards(uint64_t seed, cudaStream_t stream) {
+  const ina_dtype_t dtypes[] = {INA_DTYPE_BF16, INA_DTYPE_F32, INA_DTYPE_FP8_E4M3};
+  const ina_model_config_t tiny = builtin("tiny"), tiny4 = with_heads(builtin("tiny"), 4);
+  const ina_model_config_t v2 = with_heads(v2_style(), 4), rag4 = with_heads(ragged(), 4), rag_tp = ragged_tp();
+  const ina_model_config_t v3 = v3_small();
+  const int32_t E = tiny.n_routed_experts;
+  /* Expert parallelism alone: both halves, an uneven range, none. */
+  const ina_shard_t experts[] = {shard_of(0, 1, 0, E / 2), shard_of(0, 1, E / 2, E), shard_of(0, 1, 1, E - 2),
+                                 shard_of(0, 1, 3, 3)};
+  printf("shards, seed %llu:\n", (unsigned long long)seed);
+  for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
+    for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++)
+      shard_case("tiny", &tiny, &experts[i], dtypes[d], seed, stream);
+    tp_cases("tiny-4h", &tiny4, dtypes[d], seed, stream);
+    tp_cases("v3-small", &v3, dtypes[d], seed, stream);
+    tp_cases("ragged-tp", &rag_tp, dtypes[d], seed, stream);
+  }
+  /* q_proj (q_lora_rank 0), softmax routing, tied embeddings; odd column windows. */
+  tp_cases("v2-style-4h", &v2, INA_DTYPE_F32, seed, stream);
+  tp_cases("ragged-4h", &rag4, INA_DTYPE_BF16, seed, stream);
+  check_tiling(&v3, seed, stream);
 }
 
 /* ---- timing on DeepSeek-V2-Lite ---------------------------------------------------------- */
@@ -422,7 +614,7 @@ static void time_v2_lite(uint64_t seed, cudaStream_t stream) {
     return;
   }
   double t = now_s();
-  CHECK_OK(ina_gpu_weights_random(&full, seed, INA_DTYPE_BF16, stream, &g));
+  CHECK_OK(ina_gpu_weights_random(&full, NULL, seed, INA_DTYPE_BF16, stream, &g));
   t = now_s() - t;
   printf("  device path: %.2f GiB in %lld buffers, %.3f s (%.1f G values/s)\n", (double)g.device_bytes / gib,
          (long long)g.num_allocs, t, (double)params / t / 1e9);
@@ -453,7 +645,7 @@ static void time_v2_lite(uint64_t seed, cudaStream_t stream) {
   t_up = now_s() - t_up;
   ina_weights_release(&w);
   double t_dev = now_s();
-  CHECK_OK(ina_gpu_weights_random(&part, seed, INA_DTYPE_BF16, stream, &rnd));
+  CHECK_OK(ina_gpu_weights_random(&part, NULL, seed, INA_DTYPE_BF16, stream, &rnd));
   t_dev = now_s() - t_dev;
   compare_weights(&c, &part, &up, &rnd);
   CHECKF(c.differences == 0, "v2-lite, %d layers: %d differences, the first: %s", part.num_layers, c.differences,
@@ -487,6 +679,7 @@ int main(void) {
   if (host_a && host_b && stream) {
     test_configs(seed, stream);
     test_errors(stream);
+    test_shards(seed, stream);
     time_v2_lite(seed, stream);
   }
   if (stream) cudaStreamDestroy(stream);

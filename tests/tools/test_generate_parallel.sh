@@ -45,7 +45,10 @@ refused() { # EXPECTED_TEXT CMD...: exit status 2 (usage) and the text on stderr
     echo "ok: refused: $text"
   fi
 }
-refused "run on the CPU" "$ina" generate --model tiny --prompt-ids 1 --ep --device cuda
+# A GPU job needs a GPU on every rank (here: none).
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  refused "need a CUDA device" "$ina" generate --model tiny --prompt-ids 1 --ep --device cuda
+fi
 refused "must be exactly --tp" "$mpiexec" --oversubscribe -np 4 "$ina" generate --model "$fixtures/v3_mscale" --prompt-ids 1 --tp 2
 refused "not divisible by tp_size 2" "$mpiexec" --oversubscribe -np 2 "$ina" generate --model tiny --prompt-ids 1 --tp 2
 exit $failed

@@ -1,0 +1,251 @@
+/* Tensor and expert parallelism of the CUDA engine under mpirun, one GPU per rank:
+ * `test_engine_gpu_parallel FIXTURES` on 2 ranks (more work too). For each golden fixture
+ * every rank runs the fixture's prompts as one batch of greedy generation on its own GPU
+ * with the whole model (the one-GPU reference), then with its shard over NCCL: TP over
+ * all ranks (when the heads and intermediates divide) and EP over all ranks. The parallel
+ * engines sum partial outputs in bf16 in another order than one GPU, so they are held to
+ * what rounding allows and a bug does not:
+ *   - teacher forced on the reference's tokens (prompt and generated tokens as one
+ *     prefill, every row's logits): the median over rows of the row's relative L2 error
+ *     against the one-GPU logits <= ROW_BOUND, and the argmax equal on >= 95 % of rows;
+ *   - free-running greedy tokens equal to the one-GPU tokens on >= 80 % of all prompts
+ *     (the count is printed per fixture);
+ *   - every rank's tokens equal (all ranks run the same batch).
+ * A wrong head slice, a missing all-reduce or an expert computed twice moves every row
+ * by far more than ROW_BOUND. Labelled gpu: every rank exits 77 without a CUDA device. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/bootstrap.h"
+#include "comm/comm.h"
+#include "core/cuda.h"
+#include "core/log.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "tests/test_util.h"
+#include "tests/golden/golden_fixture.h"
+
+#define ROW_BOUND 2e-2
+#define ARGMAX_SHARE 0.95
+#define TOKENS_SHARE 0.8
+
+static int g_rank, g_size;
+static ina_comm_t *g_world;
+static int g_prompts, g_prompts_equal;
+
+static int32_t argmax(const float *row, int32_t n) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < n; i++)
+    if (row[i] > row[best]) best = i;
+  return best;
+}
+
+/* Greedy generation of the fixture's prompts as one batch: tokens into out[p]. */
+static int generate(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep, int32_t device,
+                    int32_t out[][GOLDEN_MAX_NEW]) {
+  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+  eo.page_size = 16;
+  eo.max_tokens = 4096;
+  eo.device = device;
+  eo.tp_comm = tp;
+  eo.ep_comm = ep;
+  ina_engine_t *e = NULL;
+  ina_generate_request_t r[GOLDEN_MAX_PROMPTS];
+  memset(r, 0, sizeof r);
+  CHECK_OK(ina_engine_create(m, &eo, &e));
+  if (!e) return 0;
+  for (int32_t p = 0; p < f->count; p++) {
+    const ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
+    r[p].prompt = f->prompts[p];
+    r[p].prompt_len = f->lens[p];
+    r[p].max_new_tokens = f->max_new;
+    r[p].sampling = sp;
+    r[p].ignore_eos = 1;
+    r[p].output = out[p];
+  }
+  const ina_status_t st = ina_generate(e, r, f->count, NULL);
+  CHECK_OK(st);
+  ina_engine_destroy(e);
+  return st == INA_OK;
+}
+
+/* Logits of every position of prompt + tokens, as one prefill of all prompts. */
+static float *forced_logits(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep,
+                            int32_t device, int32_t tokens[][GOLDEN_MAX_NEW], int32_t *rows) {
+  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+  eo.page_size = 16;
+  eo.max_tokens = 4096;
+  eo.device = device;
+  eo.tp_comm = tp;
+  eo.ep_comm = ep;
+  ina_engine_t *e = NULL;
+  ina_kv_seq_t seqs[GOLDEN_MAX_PROMPTS];
+  ina_kv_seq_t *ptrs[GOLDEN_MAX_PROMPTS];
+  int32_t qo[GOLDEN_MAX_PROMPTS + 1] = {0};
+  memset(seqs, 0, sizeof seqs);
+  for (int32_t p = 0; p < f->count; p++) {
+    qo[p + 1] = qo[p] + f->lens[p] + f->max_new;
+    ptrs[p] = &seqs[p];
+  }
+  const int32_t vocab = ina_model_config(m)->vocab_size;
+  int32_t *ids = malloc((size_t)qo[f->count] * sizeof *ids);
+  float *logits = malloc((size_t)qo[f->count] * vocab * sizeof *logits);
+  CHECK_OK(ina_engine_create(m, &eo, &e));
+  if (!e || !ids || !logits) goto fail;
+  for (int32_t p = 0; p < f->count; p++) {
+    memcpy(ids + qo[p], f->prompts[p], (size_t)f->lens[p] * sizeof *ids);
+    memcpy(ids + qo[p] + f->lens[p], tokens[p], (size_t)f->max_new * sizeof *ids);
+  }
+  test_poison_f32(logits, (size_t)qo[f->count] * vocab);
+  ina_batch_t b = {f->count, ptrs, qo, ids, 1};
+  if (ina_engine_forward(e, &b, logits) != INA_OK) {
+    CHECKF(0, "forced prefill: %s", ina_last_error());
+    goto fail;
+  }
+  for (int32_t p = 0; p < f->count; p++) ina_kv_seq_release(ina_engine_page_pool(e), &seqs[p]);
+  ina_engine_destroy(e);
+  free(ids);
+  *rows = qo[f->count];
+  return logits;
+fail:
+  ina_engine_destroy(e);
+  free(ids);
+  free(logits);
+  return NULL;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* 1 when every rank passes the same 64-bit value. */
+static int same_everywhere(uint64_t v) {
+  uint64_t *all = calloc((size_t)g_size, sizeof *all);
+  int same = all && ina_comm_all_gather(g_world, &v, all, 1, INA_DTYPE_I64, NULL) == INA_OK;
+  for (int r = 0; r < g_size && same; r++) same = all[r] == v;
+  free(all);
+  return same;
+}
+
+static void check_layout(const char *name, const char *what, const fixture_t *f, const ina_model_t *whole,
+                         const ina_model_t *part, ina_comm_t *tp, ina_comm_t *ep, int32_t device) {
+  const int32_t vocab = ina_model_config(whole)->vocab_size;
+  int32_t ref[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW], got[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW];
+  if (!generate(f, whole, NULL, NULL, device, ref) || !generate(f, part, tp, ep, device, got)) return;
+  int equal = 0;
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t p = 0; p < f->count; p++) {
+    equal += memcmp(ref[p], got[p], (size_t)f->max_new * sizeof(int32_t)) == 0;
+    for (int32_t i = 0; i < f->max_new; i++) h = (h ^ (uint64_t)got[p][i]) * 1099511628211ull;
+  }
+  CHECKF(same_everywhere(h), "%s %s: the ranks generated different tokens", name, what);
+  g_prompts += f->count;
+  g_prompts_equal += equal;
+  int32_t rows = 0, rows2 = 0;
+  float *a = forced_logits(f, whole, NULL, NULL, device, ref, &rows);
+  float *b = forced_logits(f, part, tp, ep, device, ref, &rows2);
+  if (a && b && rows == rows2) {
+    double *err = malloc((size_t)rows * sizeof *err);
+    int32_t same_argmax = 0;
+    for (int32_t r = 0; r < rows && err; r++) {
+      err[r] = test_rel_l2(b + (int64_t)r * vocab, a + (int64_t)r * vocab, (size_t)vocab);
+      same_argmax += argmax(a + (int64_t)r * vocab, vocab) == argmax(b + (int64_t)r * vocab, vocab);
+    }
+    if (err) {
+      qsort(err, (size_t)rows, sizeof *err, cmp_double);
+      const double median = err[rows / 2], worst = err[rows - 1];
+      CHECKF(median <= ROW_BOUND, "%s %s: median row error %.3g against one GPU > %g", name, what, median,
+             ROW_BOUND);
+      CHECKF(same_argmax >= ARGMAX_SHARE * rows, "%s %s: argmax equal on %d of %d rows", name, what,
+             same_argmax, rows);
+      if (g_rank == 0)
+        printf("  %s %s: rows %d, median error %.2e, worst %.2e, argmax equal %d / %d; free-running "
+               "tokens equal on %d of %d prompts\n",
+               name, what, rows, median, worst, same_argmax, rows, equal, f->count);
+    }
+    free(err);
+  } else {
+    CHECKF(0, "%s %s: no forced logits", name, what);
+  }
+  free(a);
+  free(b);
+}
+
+static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina_comm_t *ep, int32_t device) {
+  fixture_t f;
+  ina_model_t *whole = NULL, *part = NULL;
+  CHECKF(load_fixture(dir, &f) == 0, "%s: cannot read the fixture", dir);
+  CHECK_OK(ina_model_open(dir, NULL, &whole));
+  if (!whole || f.count == 0) goto done;
+  const ina_model_config_t *c = ina_model_config(whole);
+  /* TP over every rank, where it divides. */
+  if (c->num_heads % g_size == 0 && c->intermediate_size % g_size == 0 && c->moe_intermediate_size % g_size == 0) {
+    ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+    mo.shard.tp_rank = g_rank;
+    mo.shard.tp_size = g_size;
+    const ina_status_t st = ina_model_open(dir, &mo, &part);
+    if (st == INA_OK)
+      check_layout(name, "tp", &f, whole, part, tp, NULL, device);
+    else if (g_rank == 0)
+      printf("  %s tp: skipped (%s)\n", name, ina_last_error());
+    ina_model_destroy(part);
+    part = NULL;
+  } else if (g_rank == 0) {
+    printf("  %s tp: skipped (heads or intermediates do not split %d ways)\n", name, g_size);
+  }
+  /* EP over every rank. */
+  {
+    ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+    mo.shard.expert_begin = (int32_t)((int64_t)c->n_routed_experts * g_rank / g_size);
+    mo.shard.expert_end = (int32_t)((int64_t)c->n_routed_experts * (g_rank + 1) / g_size);
+    CHECK_OK(ina_model_open(dir, &mo, &part));
+    if (part) check_layout(name, "ep", &f, whole, part, NULL, ep, device);
+  }
+done:
+  ina_model_destroy(part);
+  ina_model_destroy(whole);
+  free_fixture(&f);
+}
+
+int main(int argc, char **argv) {
+  ina_bootstrap_t *boot = NULL;
+  if (ina_bootstrap_init(&argc, &argv, &boot) != INA_OK) return 1;
+  g_rank = ina_bootstrap_world_rank(boot);
+  g_size = ina_bootstrap_world_size(boot);
+  const int32_t device = ina_bootstrap_device(boot);
+  if (device < 0) {
+    if (g_rank == 0) printf("test_engine_gpu_parallel: no CUDA device, skipped\n");
+    ina_bootstrap_finalize(boot);
+    return TEST_SKIP;
+  }
+  const char *root = argc > 1 ? argv[1] : "tests/golden/fixtures";
+  ina_comm_t *tp = NULL, *ep = NULL;
+  CHECK_OK(ina_bootstrap_world_comm(boot, INA_COMM_BACKEND_MPI, &g_world));
+  /* Every rank in one group: the same NCCL communicator serves TP and EP runs. */
+  CHECK_OK(ina_bootstrap_world_comm(boot, INA_COMM_BACKEND_NCCL, &tp));
+  CHECK_OK(ina_bootstrap_world_comm(boot, INA_COMM_BACKEND_NCCL, &ep));
+  if (g_rank == 0) printf("test_engine_gpu_parallel: %d ranks, one GPU each\n", g_size);
+  char *names[GOLDEN_MAX_FIXTURES];
+  const int count = g_world && tp && ep ? golden_fixture_names(root, names) : 0;
+  CHECKF(count >= 6, "only %d fixtures in %s", count, root);
+  for (int i = 0; i < count; i++) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
+    check_fixture(dir, names[i], tp, ep, device);
+    free(names[i]);
+  }
+  CHECKF(g_prompts > 0 && g_prompts_equal >= TOKENS_SHARE * g_prompts,
+         "free-running greedy tokens equal to one GPU's on %d of %d prompts", g_prompts_equal, g_prompts);
+  if (g_rank == 0)
+    printf("test_engine_gpu_parallel: free-running tokens equal to one GPU's on %d of %d prompts\n",
+           g_prompts_equal, g_prompts);
+  ina_comm_destroy(ep);
+  ina_comm_destroy(tp);
+  ina_comm_destroy(g_world);
+  char name[64];
+  snprintf(name, sizeof name, "test_engine_gpu_parallel rank %d", g_rank);
+  const int rc = test_finish(name);
+  ina_bootstrap_finalize(boot);
+  return rc;
+}
