@@ -178,11 +178,11 @@ static int job_shard(const ina_parallel_job_t *job, const char *spec, ina_shard_
 }
 
 /* Every rank's place in the job, gathered on every rank (collective). */
-static int job_describe(const ina_parallel_job_t *job, const ina_shard_t *shard,
+static int job_describe(const ina_parallel_job_t *job, const ina_shard_t *shard, int32_t device,
                         ina_agent_rank_t *all) {
   const ina_agent_rank_t mine = {job->rank,
                                  ina_bootstrap_local_rank(job->boot),
-                                 -1,
+                                 device,
                                  (int32_t)getpid(),
                                  shard->tp_rank,
                                  job->rank / job->tp_size,
@@ -319,7 +319,7 @@ int main(int argc, char **argv) {
     o.device = on_gpu ? ina_parallel_job_device(&job) : -1;
     if (rc == 0) rc = job_shard(&job, o.model, &o.shard);
     ina_agent_rank_t *ranks = rc == 0 ? calloc((size_t)job.size, sizeof *ranks) : NULL;
-    if (rc == 0) rc = ranks ? job_describe(&job, &o.shard, ranks) : 1;
+    if (rc == 0) rc = ranks ? job_describe(&job, &o.shard, o.device, ranks) : 1;
     if (rc) {
       free(ranks);
       ina_parallel_job_end(&job);

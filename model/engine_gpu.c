@@ -36,7 +36,8 @@
  * grouped GEMM covers its own experts only, the shared experts run on expert-parallel
  * rank 0 alone, and the MoE block's partial sums are all-reduced over the EP group
  * too. Sums in a different order than one GPU's, so logits agree to rounding, not bit
- * for bit. Steps with communicators run eagerly (no CUDA graphs yet).
+ * for bit. The all-reduces are captured into the decode graphs like any other kernel
+ * (NCCL supports stream capture); every rank replays the same bucket's graph.
  *
  * Device memory: weights (engine_gpu_weights.c), the latent cache [layers][num_pages]
  * [page_size][kv_lora_rank + rope] bf16, and step buffers sized for the largest step
@@ -330,7 +331,7 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
                             cudaMemcpyHostToDevice));
   e->softmax_scale = (float)ina_cfg_softmax_scale(c);
   e->router = router_config(c);
-  e->use_graphs = ina_engine_options_cuda_graphs(options) && !e->tp_comm && !e->ep_comm;
+  e->use_graphs = ina_engine_options_cuda_graphs(options);
   for (int32_t l = 0; l < c->num_layers; l++)
     if (e->w.layers[l].is_moe && !e->w.layers[l].grouped_w[0]) e->use_graphs = 0;
   if (c->n_routed_experts > 0)
@@ -341,7 +342,6 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
             (double)(e->cache_layer_bytes * (size_t)c->num_layers) / (1 << 20),
             e->use_graphs                             ? "replayed from CUDA graphs"
             : !ina_engine_options_cuda_graphs(options) ? "eager (CUDA graphs off)"
-            : e->tp_comm || e->ep_comm                 ? "eager (with tensor or expert parallelism)"
                                                        : "eager (a MoE layer's experts do not fit the grouped GEMM)");
   free(inv_freq);
   *out = e;
