@@ -494,7 +494,8 @@ extern "C" ina_status_t ina_gemm_grouped_run(const ina_gemm_grouped_args_t *args
   if (a.max_rows == 0) goto fail;
   INA_CUDA_CHECK(cudaGetDevice(&device));
   INA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  INA_CHECK(ina_gemm_grouped_tiles(a.max_rows, a.num_groups, a.n, sm_count, &tiles));
+  /* The tile shape of plan_groups groups; its slot bound covers num_groups <= plan_groups. */
+  INA_CHECK(ina_gemm_grouped_tiles(a.max_rows, a.plan_groups, a.n, sm_count, &tiles));
   INA_CHECK(ina_gemm_grouped_run_tiles(args, &tiles));
 fail:
   return st;

@@ -52,10 +52,15 @@ typedef struct ina_gemm_grouped_args {
   uint16_t *y;                  /* device [max_rows, n] bf16, row stride ldy */
   int64_t ldy;                  /* elements; 0: n */
   void *stream;                 /* a cudaStream_t; NULL = legacy default stream */
+  /* Version 2. The group count the tile shape is chosen for (0: num_groups; else >=
+   * num_groups). The tile shape decides how each row's sums are split among warps, so a
+   * rank running only its share of a layer's experts passes the layer's expert count to
+   * compute every row exactly as one GPU running all of them does. */
+  int32_t plan_groups;
 } ina_gemm_grouped_args_t;
 
 #define INA_GEMM_GROUPED_ARGS_INIT \
-  {sizeof(ina_gemm_grouped_args_t), 1, INA_GEMM_BF16, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL}
+  {sizeof(ina_gemm_grouped_args_t), 2, INA_GEMM_BF16, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, 0}
 
 /* Enqueues the grouped GEMM (see above). */
 ina_status_t ina_gemm_grouped_run(const ina_gemm_grouped_args_t *args);

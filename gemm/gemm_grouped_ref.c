@@ -19,6 +19,7 @@
 
 /* Size of version 1 of ina_gemm_grouped_args_t (through its last field). */
 #define GROUPED_ARGS_V1_SIZE (offsetof(ina_gemm_grouped_args_t, stream) + sizeof(void *))
+#define GROUPED_ARGS_V2_SIZE (offsetof(ina_gemm_grouped_args_t, plan_groups) + sizeof(int32_t))
 /* Rows are int32 on the device (the offsets); dimensions stay below this so that every
  * product below fits in int64. */
 #define MAX_DIM ((int64_t)1 << 31)
@@ -61,10 +62,14 @@ ina_status_t ina_gemm_grouped_check_args(const ina_gemm_grouped_args_t *args, co
               args->struct_size, (unsigned)args->version);
   memcpy(&a, args, GROUPED_ARGS_V1_SIZE);
   a.struct_size = sizeof a;
+  a.plan_groups = args->struct_size >= GROUPED_ARGS_V2_SIZE ? args->plan_groups : 0;
   INA_REQUIRE(a.mode == INA_GEMM_BF16 || a.mode == INA_GEMM_FP8_BLOCK, INA_ERR_INVALID_ARGUMENT,
               "%s: unknown mode %d", who, (int)a.mode);
   INA_REQUIRE(a.num_groups >= 1, INA_ERR_INVALID_ARGUMENT, "%s: num_groups %d < 1", who,
               (int)a.num_groups);
+  if (a.plan_groups == 0) a.plan_groups = a.num_groups;
+  INA_REQUIRE(a.plan_groups >= a.num_groups, INA_ERR_INVALID_ARGUMENT,
+              "%s: plan_groups %d below num_groups %d", who, (int)a.plan_groups, (int)a.num_groups);
   INA_REQUIRE(a.max_rows >= 0 && a.max_rows < MAX_DIM, INA_ERR_INVALID_ARGUMENT,
               "%s: max_rows %lld outside [0, 2^31)", who, (long long)a.max_rows);
   INA_REQUIRE(a.n >= 1 && a.n <= MAX_DIM && a.k >= 1 && a.k <= MAX_DIM, INA_ERR_INVALID_ARGUMENT,

@@ -31,12 +31,12 @@
  * the CPU engine, every rank runs the same batch. With tensor parallelism a rank holds
  * its slice of the heads and of every MLP's intermediates, and the partial outputs of
  * o_proj, of each dense MLP and of each MoE block are summed by an all-reduce on the
- * step's stream. With expert parallelism a rank holds a range of the routed experts:
- * entries routed elsewhere are mapped to -1 before the permutation (dropped), its
- * grouped GEMM covers its own experts only, the shared experts run on expert-parallel
- * rank 0 alone, and the MoE block's partial sums are all-reduced over the EP group
- * too. Sums in a different order than one GPU's, so logits agree to rounding, not bit
- * for bit. The all-reduces are captured into the decode graphs like any other kernel
+ * step's stream; the sums run in another order than one GPU's, so logits agree to
+ * rounding, not bit for bit. With expert parallelism a rank holds a range of the routed
+ * experts: the permutation is the one-GPU one, its grouped GEMM computes the rows of its
+ * own experts into zeroed expert outputs, and one all-reduce of those outputs over the
+ * EP group gives every rank every row exactly; the shared experts and the combine then
+ * run everywhere as on one GPU, so expert parallelism alone is bit for bit one GPU's. The all-reduces are captured into the decode graphs like any other kernel
  * (NCCL supports stream capture); every rank replays the same bucket's graph.
  *
  * Device memory: weights (engine_gpu_weights.c), the latent cache [layers][num_pages]
@@ -125,7 +125,6 @@ struct ina_engine_gpu {
   int32_t heads;          /* attention heads of this rank (num_heads / tp) */
   ina_comm_t *tp_comm;    /* NULL: one rank */
   ina_comm_t *ep_comm;    /* NULL: this rank holds every routed expert */
-  int32_t ep_rank;
   int32_t local_experts;  /* routed experts held: w.expert_end - w.expert_begin */
   int32_t ep_size;
   int32_t *ep_ranges;     /* [2 * ep_size]: every expert-parallel rank's [begin, end) */
@@ -209,7 +208,6 @@ static ina_status_t take_comms(ina_engine_gpu_t *e, const ina_weights_t *w, cons
               "gpu engine: this model holds experts [%d, %d) of %d; without an expert-parallel "
               "communicator (ep_comm) the engine needs all of them",
               w->expert_begin, w->expert_end, c->n_routed_experts);
-  e->ep_rank = e->ep_comm ? ina_comm_rank(e->ep_comm) : 0;
   e->local_experts = w->expert_end - w->expert_begin;
   if (e->ep_comm) {
     /* The ranks' ranges must tile the experts, in rank order: gathered, checked alike
@@ -812,7 +810,8 @@ static ina_status_t grouped_linear(ina_engine_gpu_t *e, const gpu_layer_t *L, in
   a.max_rows = rows;
   a.n = n;
   a.k = k;
-  a.offsets = e->s.expert_offsets;
+  a.offsets = e->s.expert_offsets + e->w.expert_begin; /* our experts' rows, where they lie */
+  a.plan_groups = e->cfg->n_routed_experts; /* tiles as on one GPU: rows computed alike */
   a.w = L->grouped_w[part];
   a.y = y;
   a.stream = e->stream;
@@ -850,13 +849,13 @@ static ina_status_t experts_one_by_one(ina_engine_gpu_t *e, int32_t l, int64_t r
   const gpu_layer_t *L = &e->w.layers[l];
   gpu_step_t *s = &e->s;
   const int64_t Hd = e->cfg->hidden_size;
-  const int32_t E = e->local_experts;
-  INA_CUDA_CHECK(cudaMemcpyAsync(e->offsets_host, s->expert_offsets, (size_t)(E + 1) * sizeof(int32_t),
+  const int32_t all = e->cfg->n_routed_experts, E = e->local_experts;
+  INA_CUDA_CHECK(cudaMemcpyAsync(e->offsets_host, s->expert_offsets, (size_t)(all + 1) * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, e->stream));
   INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
-  const int32_t *off = e->offsets_host;
-  INA_REQUIRE(off[E] <= rows && (e->ep_comm || off[E] == rows), INA_ERR_INTERNAL,
-              "gpu engine: layer %d routed %d rows, expected %lld", l, off[E], (long long)rows);
+  INA_REQUIRE(e->offsets_host[all] == rows, INA_ERR_INTERNAL, "gpu engine: layer %d routed %d rows, expected %lld",
+              l, e->offsets_host[all], (long long)rows);
+  const int32_t *off = e->offsets_host + e->w.expert_begin; /* our experts' rows */
   int64_t inter = 0;
   for (int32_t x = 0; x < E; x++) {
     const int64_t n = off[x + 1] - off[x];
@@ -893,9 +892,7 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
     ina_gpu_moe_permute_params_t p = INA_GPU_MOE_PERMUTE_PARAMS_INIT;
     p.tokens = T;
     p.top_k = K;
-    p.num_experts = e->local_experts;
-    p.first_expert = e->w.expert_begin;
-    p.total_experts = E;
+    p.num_experts = E;
     p.ids = s->topk_ids;
     p.expert_counts = s->expert_counts;
     p.expert_offsets = s->expert_offsets;
@@ -910,17 +907,18 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
    * h as the table). */
   const int64_t rows = T * K;
   INA_CHECK(ina_gpu_embedding(s->sorted_token, rows, s->h, INA_DTYPE_BF16, T, Hd, s->xe, NULL, e->stream));
+  /* Expert parallelism: our experts' rows, zeros elsewhere, then the sum over the group
+   * gives every rank every row, exactly (one rank holds each row). */
+  if (e->ep_comm) INA_CUDA_CHECK(cudaMemsetAsync(s->ye, 0, (size_t)(rows * Hd) * sizeof(uint16_t), e->stream));
   if (L->grouped_w[0])
     INA_CHECK(experts_grouped(e, L, rows));
   else if (e->local_experts > 0)
     INA_CHECK(experts_one_by_one(e, l, rows));
-  /* The shared experts count once over the expert-parallel group. */
-  const int shared = L->has_shared && e->ep_rank == 0;
-  if (shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
-  INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights, shared ? s->shared : NULL,
-                                s->delta, e->stream));
+  INA_CHECK(sum_over(e->ep_comm, s->ye, rows * Hd, e->stream));
+  if (L->has_shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
+  INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights,
+                                L->has_shared ? s->shared : NULL, s->delta, e->stream));
   INA_CHECK(sum_over(e->tp_comm, s->delta, T * Hd, e->stream));
-  INA_CHECK(sum_over(e->ep_comm, s->delta, T * Hd, e->stream));
 fail:
   return st;
 }

@@ -97,9 +97,10 @@ typedef struct ina_engine_options {
    * block are summed by one all-reduce each; every rank runs the same batches. With both,
    * ep_comm joins the ranks of one tensor-parallel slice. Borrowed, as ep_comm.
    * The CUDA backend takes both as communicators whose all-reduce runs on its device
-   * (NCCL): it sums the partial outputs there, and its expert-parallel ranks drop the
-   * entries routed elsewhere and all-reduce the MoE outputs, so its logits match one
-   * GPU's to rounding, not bit for bit (model/engine_gpu.c). */
+   * (NCCL): its tensor-parallel partial sums match one GPU's logits to rounding; its
+   * expert-parallel ranks each compute their experts' rows and all-reduce the expert
+   * outputs, which keeps expert parallelism alone bit for bit one GPU's
+   * (model/engine_gpu.c). */
   ina_comm_t *tp_comm;
   /* Version 5. Bytes of routed-expert weights a rank may hold after a placement change
    * (ina_engine_apply_placement); 0: only the host memory available limits it. */

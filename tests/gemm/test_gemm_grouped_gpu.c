@@ -519,6 +519,65 @@ static void test_arguments(void) {
   ina_cuda_free(buf);
 }
 
+/* An expert-parallel rank's share: groups [first, first + count) of a layer, their
+ * offsets read where they lie, tiles planned for every group (plan_groups): each of the
+ * share's rows must equal the whole layer's run bit for bit, and no other row is written. */
+static void test_share(test_rng_t *rng) {
+  static const struct {
+    ina_gemm_mode_t mode;
+    int64_t rows;
+    int32_t first, count;
+  } cases[] = {{INA_GEMM_BF16, 6, 0, 32},  {INA_GEMM_BF16, 6, 32, 32}, {INA_GEMM_FP8_BLOCK, 6, 21, 22},
+               {INA_GEMM_BF16, 48, 32, 32}, {INA_GEMM_FP8_BLOCK, 48, 0, 32}, {INA_GEMM_FP8_BLOCK, 384, 48, 16}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int32_t groups = 64, first = cases[c].first, count = cases[c].count;
+    const int64_t n = 1408, k = 2048, rows = cases[c].rows;
+    problem_t p;
+    char what[160];
+    snprintf(what, sizeof what, "%s share [%d, %d) of %d groups, %lld rows",
+             cases[c].mode == INA_GEMM_FP8_BLOCK ? "fp8" : "bf16", (int)first, (int)(first + count), (int)groups,
+             (long long)rows);
+    if (!problem_make(&p, cases[c].mode, groups, n, k, rows, 0, 0, 0, SPREAD_RANDOM, rng)) {
+      CHECKF(0, "%s: setup failed", what);
+      problem_free(&p);
+      continue;
+    }
+    const size_t y_bytes = (size_t)(p.max_rows * p.ldy) * 2;
+    uint16_t *whole = malloc(y_bytes + 2);
+    ina_gemm_grouped_args_t a = device_args(&p);
+    CHECK_OK(ina_gemm_grouped_run(&a));
+    CHECK_OK(ina_cuda_synchronize());
+    if (whole) CHECK_OK(ina_cuda_memcpy_d2h(whole, p.d_y, y_bytes));
+    CHECK_OK(ina_cuda_memcpy_h2d(p.d_y, p.y_ref, y_bytes)); /* poisoned again */
+    a.num_groups = count;
+    a.plan_groups = groups;
+    a.offsets = p.d_offsets + first;
+    a.w = (const void *const *)p.d_w + first;
+    if (cases[c].mode == INA_GEMM_FP8_BLOCK) a.w_scale = (const float *const *)p.d_w_scale + first;
+    CHECK_OK(ina_gemm_grouped_run(&a));
+    CHECK_OK(ina_cuda_synchronize());
+    CHECK_OK(ina_cuda_memcpy_d2h(p.y, p.d_y, y_bytes));
+    int64_t wrong = 0, touched = 0;
+    const int64_t begin = p.offsets[first], end = p.offsets[first + count];
+    for (int64_t r = 0; r < p.max_rows && whole; r++) {
+      const int mine = r >= begin && r < end;
+      for (int64_t j = 0; j < p.n; j++) {
+        const uint16_t v = p.y[r * p.ldy + j];
+        if (mine) wrong += v != whole[r * p.ldy + j];
+        else touched += v != Y_POISON;
+      }
+    }
+    CHECKF(whole && wrong == 0, "%s: %lld values differ from the whole layer's", what, (long long)wrong);
+    CHECKF(touched == 0, "%s: %lld values written outside the share's rows", what, (long long)touched);
+    a.plan_groups = count - 1;
+    ina_log_set_quiet_errors(1);
+    CHECK(ina_gemm_grouped_run(&a) == INA_ERR_INVALID_ARGUMENT);
+    ina_log_set_quiet_errors(0);
+    free(whole);
+    problem_free(&p);
+  }
+}
+
 int main(void) {
   if (ina_cuda_device_count() == 0) {
     printf("test_gemm_grouped_gpu: no CUDA device, skipped\n");
@@ -532,6 +591,7 @@ int main(void) {
   test_shapes(&rng);
   test_tiles(&rng);
   test_bad_offsets(&rng);
+  test_share(&rng);
 #ifdef INA_HAVE_CUDA
   test_graph(&rng);
 #endif

@@ -2,9 +2,10 @@
  * `test_engine_gpu_parallel FIXTURES` on 2 ranks (more work too). For each golden fixture
  * every rank runs the fixture's prompts as one batch of greedy generation on its own GPU
  * with the whole model (the one-GPU reference), then with its shard over NCCL: TP over
- * all ranks (when the heads and intermediates divide) and EP over all ranks. The parallel
- * engines sum partial outputs in bf16 in another order than one GPU, so they are held to
- * what rounding allows and a bug does not:
+ * all ranks (when the heads and intermediates divide) and EP over all ranks.
+ * EP must be bit for bit one GPU's: the same tokens and the same teacher-forced logits.
+ * TP sums partial outputs in bf16 in another order than one GPU, so it (and EP too) is
+ * held to what rounding allows and a bug does not:
  *   - teacher forced on the reference's tokens (prompt and generated tokens as one
  *     prefill, every row's logits): the median over rows of the row's relative L2 error
  *     against the one-GPU logits <= ROW_BOUND, and the argmax equal on >= 95 % of rows;
@@ -129,7 +130,7 @@ static int same_everywhere(uint64_t v) {
 }
 
 static void check_layout(const char *name, const char *what, const fixture_t *f, const ina_model_t *whole,
-                         const ina_model_t *part, ina_comm_t *tp, ina_comm_t *ep, int32_t device) {
+                         const ina_model_t *part, ina_comm_t *tp, ina_comm_t *ep, int32_t device, int exact) {
   const int32_t vocab = ina_model_config(whole)->vocab_size;
   int32_t ref[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW], got[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW];
   if (!generate(f, whole, NULL, NULL, device, ref) || !generate(f, part, tp, ep, device, got)) return;
@@ -151,6 +152,15 @@ static void check_layout(const char *name, const char *what, const fixture_t *f,
     for (int32_t r = 0; r < rows && err; r++) {
       err[r] = test_rel_l2(b + (int64_t)r * vocab, a + (int64_t)r * vocab, (size_t)vocab);
       same_argmax += argmax(a + (int64_t)r * vocab, vocab) == argmax(b + (int64_t)r * vocab, vocab);
+    }
+    if (exact) {
+      int32_t same_rows = 0;
+      for (int32_t r = 0; r < rows; r++)
+        same_rows += memcmp(a + (int64_t)r * vocab, b + (int64_t)r * vocab, (size_t)vocab * sizeof *a) == 0;
+      CHECKF(same_rows == rows, "%s %s: %d of %d rows of logits differ from one GPU's (bit for bit)", name, what,
+             rows - same_rows, rows);
+      CHECKF(equal == f->count, "%s %s: tokens differ from one GPU's on %d of %d prompts", name, what,
+             f->count - equal, f->count);
     }
     if (err) {
       qsort(err, (size_t)rows, sizeof *err, cmp_double);
@@ -186,7 +196,7 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina
     mo.shard.tp_size = g_size;
     const ina_status_t st = ina_model_open(dir, &mo, &part);
     if (st == INA_OK)
-      check_layout(name, "tp", &f, whole, part, tp, NULL, device);
+      check_layout(name, "tp", &f, whole, part, tp, NULL, device, 0);
     else if (g_rank == 0)
       printf("  %s tp: skipped (%s)\n", name, ina_last_error());
     ina_model_destroy(part);
@@ -200,7 +210,7 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina
     mo.shard.expert_begin = (int32_t)((int64_t)c->n_routed_experts * g_rank / g_size);
     mo.shard.expert_end = (int32_t)((int64_t)c->n_routed_experts * (g_rank + 1) / g_size);
     CHECK_OK(ina_model_open(dir, &mo, &part));
-    if (part) check_layout(name, "ep", &f, whole, part, NULL, ep, device);
+    if (part) check_layout(name, "ep", &f, whole, part, NULL, ep, device, 1);
   }
 done:
   ina_model_destroy(part);
