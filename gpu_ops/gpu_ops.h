@@ -252,6 +252,14 @@ ina_status_t ina_gpu_moe_combine(int64_t tokens, int32_t top_k, int64_t hidden,
                                  const int32_t *slot_of, const float *weights,
                                  const uint16_t *shared_out, uint16_t *out, void *stream);
 
+/* Tokens routed to each expert, accumulated for load statistics: counts[ids[t, j]] += 1
+ * for every entry (t, j) whose row is kept (row_mask NULL, or row_mask[t] >= 0: a step's
+ * padding rows, marked negative, are left out); ids outside [0, num_experts) are skipped.
+ *   ids     int32 [tokens, top_k]; row_mask int32 [tokens] or NULL.
+ *   counts  uint64 [num_experts], device, 8-byte aligned: added to, never cleared. */
+ina_status_t ina_gpu_moe_count(const int32_t *ids, int64_t tokens, int32_t top_k, const int32_t *row_mask,
+                               int32_t num_experts, uint64_t *counts, void *stream);
+
 /* ---- 7. Sampling ----------------------------------------------------------------------- */
 
 /* Greedy: out[r] = the first index of the largest logit of row r, NaN entries skipped;

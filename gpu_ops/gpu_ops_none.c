@@ -66,3 +66,9 @@ ina_status_t ina_gpu_sampling_probs(const void *logits, ina_dtype_t dtype, int64
                                     uint32_t *error_flags, void *stream) {
   return unsupported("ina_gpu_sampling_probs");
 }
+
+ina_status_t ina_gpu_moe_count(const int32_t *ids, int64_t tokens, int32_t top_k, const int32_t *row_mask,
+                               int32_t num_experts, uint64_t *counts, void *stream) {
+  (void)ids, (void)tokens, (void)top_k, (void)row_mask, (void)num_experts, (void)counts, (void)stream;
+  return unsupported("ina_gpu_moe_count");
+}

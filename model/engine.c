@@ -64,9 +64,8 @@ ina_status_t ina_engine_expert_load(ina_engine_t *e, int reset, uint64_t *counts
   ina_status_t st = INA_OK;
   INA_REQUIRE(e != NULL && num_moe_layers != NULL, INA_ERR_INVALID_ARGUMENT,
               "expert load: NULL argument");
-  INA_REQUIRE(e->cpu != NULL, INA_ERR_UNSUPPORTED,
-              "expert load: the CUDA engine does not count tokens per expert yet");
-  return ina_engine_cpu_expert_load(e->cpu, reset, counts, capacity, num_moe_layers);
+  return e->cpu ? ina_engine_cpu_expert_load(e->cpu, reset, counts, capacity, num_moe_layers)
+                : ina_engine_gpu_expert_load(e->gpu, reset, counts, capacity, num_moe_layers);
 fail:
   return st;
 }

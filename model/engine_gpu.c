@@ -31,7 +31,8 @@
  * the CPU engine, every rank runs the same batch. With tensor parallelism a rank holds
  * its slice of the heads and of every MLP's intermediates, and the partial outputs of
  * o_proj, of each dense MLP and of each MoE block are summed by an all-reduce on the
- * step's stream; the sums run in another order than one GPU's, so logits agree to
+ * step's stream (comm/custom_ar.h: LL / one-shot over NVLink within a node, NCCL
+ * otherwise); the sums run in another order than one GPU's, so logits agree to
  * rounding, not bit for bit. With expert parallelism a rank holds a range of the routed
  * experts: the permutation is the one-GPU one, its grouped GEMM computes the rows of its
  * own experts into zeroed expert outputs, and one all-reduce of those outputs over the
@@ -44,9 +45,11 @@
  * seen so far (grown, never shrunk). The page pool keeps only the bookkeeping
  * (store_entries 0); a copy on write of a shared last page is done here, on the device. */
 #define INA_LOG_SUBSYS "model"
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/custom_ar.h"
 #include "core/check.h"
 #include "core/cuda.h"
 #include "core/cuda_check.h"
@@ -125,9 +128,20 @@ struct ina_engine_gpu {
   int32_t heads;          /* attention heads of this rank (num_heads / tp) */
   ina_comm_t *tp_comm;    /* NULL: one rank */
   ina_comm_t *ep_comm;    /* NULL: this rank holds every routed expert */
+  ina_custom_ar_t *tp_ar, *ep_ar; /* their all-reduces; NULL for one rank */
   int32_t local_experts;  /* routed experts held: w.expert_end - w.expert_begin */
   int32_t ep_size;
   int32_t *ep_ranges;     /* [2 * ep_size]: every expert-parallel rank's [begin, end) */
+  /* Tokens routed per (MoE layer, expert), counted on the device by every step (graphs
+   * included) and read by any thread through load_stream; load_base (under load_mu)
+   * holds the counts at the last reset. */
+  uint64_t *expert_load_dev; /* [num_moe_layers, experts] */
+  uint64_t *load_base;
+  int32_t *moe_index;        /* [num_layers]: the layer's MoE index, -1 for dense layers */
+  int32_t num_moe_layers;
+  cudaStream_t load_stream;
+  pthread_mutex_t load_mu;
+  int load_mu_ready;
   gpu_step_t s;
   /* host inputs of a step: pinned staging and its device mirror (int32 values) */
   int32_t *stage_host, *stage_dev;
@@ -238,6 +252,33 @@ static ina_status_t take_comms(ina_engine_gpu_t *e, const ina_weights_t *w, cons
                 "experts in rank order (rank %d)",
                 n, c->n_routed_experts, bad);
   }
+  {
+    /* Sums up to 16 MiB go through the custom all-reduce (a decode step's are KiBs);
+     * larger ones, and ranks on other nodes, through NCCL. */
+    ina_custom_ar_config_t cfg = INA_CUSTOM_AR_CONFIG_INIT;
+    cfg.max_bytes = (size_t)16 << 20;
+    if (e->tp_comm && tp_size > 1) INA_CHECK(ina_custom_ar_create(e->tp_comm, &cfg, &e->tp_ar));
+    if (e->ep_comm && ina_comm_size(e->ep_comm) > 1) INA_CHECK(ina_custom_ar_create(e->ep_comm, &cfg, &e->ep_ar));
+  }
+fail:
+  return st;
+}
+
+/* The per-expert token counters (zeros) and what reading them needs. */
+static ina_status_t create_load_counters(ina_engine_gpu_t *e) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  e->moe_index = malloc((size_t)c->num_layers * sizeof *e->moe_index);
+  INA_CHECK_ALLOC(e->moe_index);
+  for (int32_t l = 0; l < c->num_layers; l++) e->moe_index[l] = ina_cfg_layer_is_moe(c, l) ? e->num_moe_layers++ : -1;
+  const size_t n = (size_t)e->num_moe_layers * (size_t)c->n_routed_experts + 1;
+  e->load_base = calloc(n, sizeof *e->load_base);
+  INA_CHECK_ALLOC(e->load_base);
+  INA_CUDA_CHECK(cudaMalloc((void **)&e->expert_load_dev, n * sizeof *e->expert_load_dev));
+  INA_CUDA_CHECK(cudaMemset(e->expert_load_dev, 0, n * sizeof *e->expert_load_dev));
+  INA_CUDA_CHECK(cudaStreamCreateWithFlags(&e->load_stream, cudaStreamNonBlocking));
+  pthread_mutex_init(&e->load_mu, NULL);
+  e->load_mu_ready = 1;
 fail:
   return st;
 }
@@ -328,6 +369,7 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   INA_CUDA_CHECK(cudaMemcpy(e->inv_freq, inv_freq, (size_t)c->qk_rope_head_dim / 2 * sizeof(float),
                             cudaMemcpyHostToDevice));
   e->softmax_scale = (float)ina_cfg_softmax_scale(c);
+  INA_CHECK(create_load_counters(e));
   e->router = router_config(c);
   e->use_graphs = ina_engine_options_cuda_graphs(options);
   for (int32_t l = 0; l < c->num_layers; l++)
@@ -362,6 +404,13 @@ void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
   step_free(&e->s);
   ina_gpu_weights_free(&e->w);
   free(e->ep_ranges);
+  cudaFree(e->expert_load_dev);
+  if (e->load_stream) cudaStreamDestroy(e->load_stream);
+  if (e->load_mu_ready) pthread_mutex_destroy(&e->load_mu);
+  free(e->load_base);
+  free(e->moe_index);
+  ina_custom_ar_destroy(e->ep_ar);
+  ina_custom_ar_destroy(e->tp_ar);
   ina_gemm_destroy(e->gemm);
   ina_mla_absorb_destroy(e->absorb);
   ina_page_pool_destroy(e->kv);
@@ -383,6 +432,35 @@ void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
 }
 
 ina_page_pool_t *ina_engine_gpu_page_pool(ina_engine_gpu_t *e) { return e->kv; }
+
+ina_status_t ina_engine_gpu_expert_load(ina_engine_gpu_t *e, int reset, uint64_t *counts, int64_t capacity,
+                                        int32_t *num_moe_layers) {
+  ina_status_t st = INA_OK;
+  const int64_t n = (int64_t)e->num_moe_layers * e->cfg->n_routed_experts;
+  *num_moe_layers = e->num_moe_layers;
+  if (capacity == 0 && counts == NULL) return INA_OK;
+  INA_REQUIRE(counts != NULL && capacity >= n, INA_ERR_INVALID_ARGUMENT,
+              "expert load: room for %lld counters, %d MoE layers x %d experts need %lld", (long long)capacity,
+              e->num_moe_layers, e->cfg->n_routed_experts, (long long)n);
+  pthread_mutex_lock(&e->load_mu);
+  /* A read of the counters as they stand: steps in flight may still add to them. */
+  if (cudaSetDevice(e->device) != cudaSuccess ||
+      cudaMemcpyAsync(counts, e->expert_load_dev, (size_t)n * sizeof *counts, cudaMemcpyDeviceToHost,
+                      e->load_stream) != cudaSuccess ||
+      cudaStreamSynchronize(e->load_stream) != cudaSuccess) {
+    pthread_mutex_unlock(&e->load_mu);
+    INA_REQUIRE(0, INA_ERR_CUDA, "expert load: reading the counters failed (%s)",
+                cudaGetErrorString(cudaGetLastError()));
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const uint64_t now = counts[i];
+    counts[i] = now - e->load_base[i];
+    if (reset) e->load_base[i] = now;
+  }
+  pthread_mutex_unlock(&e->load_mu);
+fail:
+  return st;
+}
 
 ina_status_t ina_engine_gpu_get_placement(ina_engine_gpu_t *e, ina_expert_placement_t *out) {
   ina_status_t st = INA_OK;
@@ -706,10 +784,18 @@ fail:
   return st;
 }
 
-/* x[n] summed over comm's ranks in place, on the step's stream (a no-op without one). */
-static ina_status_t sum_over(ina_comm_t *comm, uint16_t *x, int64_t n, cudaStream_t stream) {
-  if (!comm || ina_comm_size(comm) == 1 || n == 0) return INA_OK;
-  return ina_comm_all_reduce(comm, x, x, (size_t)n, INA_DTYPE_BF16, stream);
+/* x[n] summed in place over the ranks of a group, on the step's stream (a no-op without
+ * one): the custom intra-node all-reduce, which falls back to NCCL across nodes and for
+ * messages past its buffers. */
+static ina_status_t sum_over(ina_custom_ar_t *ar, uint16_t *x, int64_t n, cudaStream_t stream) {
+  if (!ar || n == 0) return INA_OK;
+  ina_custom_ar_args_t a = INA_CUSTOM_AR_ARGS_INIT;
+  a.mode = INA_CUSTOM_AR_BF16;
+  a.count = (size_t)n;
+  a.in = x;
+  a.out = x;
+  a.stream = stream;
+  return ina_custom_ar_run(ar, &a);
 }
 
 /* ---- one layer ---------------------------------------------------------------------- */
@@ -793,7 +879,7 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
   }
   INA_CHECK(ina_mla_absorb_v(e->absorb, L->kv_b, (int32_t)T, s->o_lat, H * C, C, s->attn, H * V, V, e->stream));
   INA_CHECK(linear(e, &L->o_proj, s->attn, T, s->delta, INA_DTYPE_BF16, NULL));
-  INA_CHECK(sum_over(e->tp_comm, s->delta, T * c->hidden_size, e->stream));
+  INA_CHECK(sum_over(e->tp_ar, s->delta, T * c->hidden_size, e->stream));
 fail:
   return st;
 }
@@ -876,7 +962,7 @@ fail:
 }
 
 /* s.h (normalized) -> s.delta: routed experts weighted and summed, plus shared experts. */
-static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
+static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const int32_t *page_ids) {
   ina_status_t st = INA_OK;
   const ina_model_config_t *c = e->cfg;
   const gpu_layer_t *L = &e->w.layers[l];
@@ -888,6 +974,9 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
   INA_CHECK(linear(e, &hi, s->h, T, s->router_logits, INA_DTYPE_F32, NULL));
   if (L->router_lo) INA_CHECK(linear(e, &lo, s->h, T, s->router_logits, INA_DTYPE_F32, s->router_logits));
   INA_CHECK(ina_gpu_router(&e->router, s->router_logits, L->router_bias, T, s->topk_ids, s->topk_weights, e->stream));
+  /* Load statistics: the step's real rows only (padding rows have no cache page). */
+  INA_CHECK(ina_gpu_moe_count(s->topk_ids, T, K, page_ids, E, e->expert_load_dev + (int64_t)e->moe_index[l] * E,
+                              e->stream));
   {
     ina_gpu_moe_permute_params_t p = INA_GPU_MOE_PERMUTE_PARAMS_INIT;
     p.tokens = T;
@@ -914,11 +1003,11 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T) {
     INA_CHECK(experts_grouped(e, L, rows));
   else if (e->local_experts > 0)
     INA_CHECK(experts_one_by_one(e, l, rows));
-  INA_CHECK(sum_over(e->ep_comm, s->ye, rows * Hd, e->stream));
+  INA_CHECK(sum_over(e->ep_ar, s->ye, rows * Hd, e->stream));
   if (L->has_shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
   INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights,
                                 L->has_shared ? s->shared : NULL, s->delta, e->stream));
-  INA_CHECK(sum_over(e->tp_comm, s->delta, T * Hd, e->stream));
+  INA_CHECK(sum_over(e->tp_ar, s->delta, T * Hd, e->stream));
 fail:
   return st;
 }
@@ -946,10 +1035,10 @@ static ina_status_t enqueue_forward(ina_engine_gpu_t *e, int64_t T, int64_t out_
     INA_CHECK(attention_block(e, l, T, in));
     INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, L->post_attention_norm, eps, s->h));
     if (L->is_moe) {
-      INA_CHECK(moe_block(e, l, T));
+      INA_CHECK(moe_block(e, l, T, in->page_ids));
     } else {
       INA_CHECK(mlp(e, &L->mlp, s->h, T, s->delta));
-      INA_CHECK(sum_over(e->tp_comm, s->delta, T * Hd, e->stream));
+      INA_CHECK(sum_over(e->tp_ar, s->delta, T * Hd, e->stream));
     }
   }
   INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, e->w.final_norm, eps, s->h));

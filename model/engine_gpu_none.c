@@ -36,3 +36,12 @@ ina_status_t ina_engine_gpu_get_placement(ina_engine_gpu_t *engine, ina_expert_p
 fail:
   return st;
 }
+
+ina_status_t ina_engine_gpu_expert_load(ina_engine_gpu_t *engine, int reset, uint64_t *counts, int64_t capacity,
+                                        int32_t *num_moe_layers) {
+  ina_status_t st = INA_OK;
+  (void)engine, (void)reset, (void)counts, (void)capacity, (void)num_moe_layers;
+  INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "gpu engine: this build has no CUDA");
+fail:
+  return st;
+}

@@ -129,8 +129,9 @@ typedef struct ina_batch {
  * receives the number of MoE layers. capacity is the length of counts (too small:
  * INA_ERR_INVALID_ARGUMENT; counts may be NULL with capacity 0 to ask for the size).
  * reset != 0 zeroes the counters after reading. Any thread (the counters are locked).
- * Expert-parallel engines count every token (routing is replicated). CPU backend only so
- * far: INA_ERR_UNSUPPORTED on the CUDA backend. */
+ * Expert-parallel engines count every token (routing is replicated). The CUDA backend
+ * counts on the device in every step (padding rows of a graph step excluded) and a read
+ * returns the counts of the steps the device has finished. */
 ina_status_t ina_engine_expert_load(ina_engine_t *engine, int reset, uint64_t *counts,
                                     int64_t capacity, int32_t *num_moe_layers);
 

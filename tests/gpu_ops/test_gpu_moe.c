@@ -345,6 +345,43 @@ done:
   }
 }
 
+/* Expert counts accumulated over two calls, padding rows (mask < 0) and ids out of range
+ * skipped: equal to a count on the host. */
+static void run_count_case(int64_t T, int32_t K, int32_t E, test_rng_t *rng) {
+  char what[96];
+  snprintf(what, sizeof what, "moe count T %lld k %d E %d", (long long)T, K, E);
+  const int64_t N = T * K;
+  int32_t *ids = malloc((size_t)(N > 0 ? N : 1) * 4), *mask = malloc((size_t)(T > 0 ? T : 1) * 4);
+  uint64_t *want = calloc((size_t)E, sizeof *want), *got = calloc((size_t)E, sizeof *got);
+  if (!ids || !mask || !want || !got) {
+    CHECK(0);
+    goto done;
+  }
+  for (int64_t i = 0; i < N; i++) ids[i] = (int32_t)test_rng_int(rng, -1, E); /* -1 and E: skipped */
+  for (int64_t t = 0; t < T; t++) mask[t] = test_rng_int(rng, 0, 3) == 0 ? -1 : (int32_t)t;
+  for (int run = 0; run < 2; run++)
+    for (int64_t i = 0; i < N; i++)
+      if (mask[i / K] >= 0 && ids[i] >= 0 && ids[i] < E) want[ids[i]]++;
+  dev_buf_t dids = dev_buf_from(ids, (size_t)N * 4, 0), dmask = dev_buf_from(mask, (size_t)T * 4, 0);
+  dev_buf_t dcounts = dev_buf_from(got, (size_t)E * 8, 0);
+  for (int run = 0; run < 2; run++)
+    CHECK_OK(ina_gpu_moe_count(dids.p, T, K, dmask.p, E, dcounts.p, NULL));
+  CHECK_OK(ina_cuda_synchronize());
+  dev_buf_read(&dcounts, got, what);
+  CHECKF(memcmp(got, want, (size_t)E * 8) == 0, "%s: counts differ from the host's", what);
+  ina_log_set_quiet_errors(1);
+  CHECK(ina_gpu_moe_count(dids.p, T, 0, dmask.p, E, dcounts.p, NULL) == INA_ERR_INVALID_ARGUMENT);
+  ina_log_set_quiet_errors(0);
+  dev_buf_free(&dids);
+  dev_buf_free(&dmask);
+  dev_buf_free(&dcounts);
+done:
+  free(ids);
+  free(mask);
+  free(want);
+  free(got);
+}
+
 int main(int argc, char **argv) {
   test_rng_t rng;
   if (!gpu_test_start("test_gpu_moe", argc, argv, &rng)) return TEST_SKIP;
@@ -377,5 +414,8 @@ int main(int argc, char **argv) {
   run_range_case(300, 6, 64, 0, 21, &rng);
   run_range_case(gpu_test_quick ? 2000 : 20000, 8, 256, 37, 64, &rng);
   run_range_case(5, 2, 8, 7, 1, &rng);
+  run_count_case(1, 6, 64, &rng);
+  run_count_case(300, 8, 256, &rng);
+  run_count_case(gpu_test_quick ? 2000 : 20000, 6, 160, &rng);
   return test_finish("test_gpu_moe");
 }

@@ -32,6 +32,8 @@
  *      and equal argmax on every row but one; FP8 with a padding row (other GEMM paths
  *      for some rows, see graphs_vs_eager) within CONSISTENCY_BOUND_FP8.
  *
+ *   5. Tokens per expert, counted on the device with graph padding rows left out.
+ *
  * Labelled gpu: exit 77 (skipped) without a CUDA device. */
 #include <string.h>
 
@@ -584,6 +586,54 @@ static void test_graphs(test_rng_t *rng) {
   }
 }
 
+/* 5. Tokens per expert: three prompts generated with graphs (a padding row in every decode
+ * bucket): each MoE layer counts (prompt + new - 1) x top_k entries per prompt, no padding
+ * row, and a reset reads zeros next. */
+static void test_expert_load(test_rng_t *rng) {
+  ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+  ina_model_t *m = NULL;
+  mo.seed = test_rng_next(rng);
+  CHECK_OK(ina_model_open("random:tiny", &mo, &m));
+  if (!m) return;
+  const ina_model_config_t *c = ina_model_config(m);
+  ina_engine_t *e = make(m, 0, 16, 4096);
+  int32_t layers = 0;
+  uint64_t *counts = NULL;
+  if (!e) goto done;
+  CHECK_OK(ina_engine_expert_load(e, 0, NULL, 0, &layers));
+  CHECK(layers > 0);
+  counts = calloc((size_t)layers * (size_t)c->n_routed_experts + 1, sizeof *counts);
+  enum { N = 3, NEW = 6 };
+  int32_t lens[N], prompts[N][8], out[N][NEW];
+  ina_generate_request_t r[N];
+  memset(r, 0, sizeof r);
+  int64_t want = 0;
+  for (int32_t p = 0; p < N; p++) {
+    const ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
+    lens[p] = (int32_t)test_rng_int(rng, 1, 8);
+    for (int32_t i = 0; i < lens[p]; i++) prompts[p][i] = (int32_t)test_rng_int(rng, 0, c->vocab_size - 1);
+    r[p] = (ina_generate_request_t){prompts[p], lens[p], NEW, sp, 1, out[p], 0, NULL};
+    want += (int64_t)(lens[p] + NEW - 1) * c->num_experts_per_tok;
+  }
+  CHECK_OK(ina_generate(e, r, N, NULL));
+  const int64_t n = (int64_t)layers * c->n_routed_experts;
+  for (int reset = 1; reset >= 0 && counts; reset--) {
+    CHECK_OK(ina_engine_expert_load(e, reset, counts, n, &layers));
+    for (int32_t l = 0; l < layers; l++) {
+      int64_t sum = 0;
+      for (int32_t x = 0; x < c->n_routed_experts; x++) sum += (int64_t)counts[(int64_t)l * c->n_routed_experts + x];
+      CHECKF(sum == (reset ? want : 0), "expert load, MoE layer %d%s: %lld entries counted, expected %lld", l,
+             reset ? "" : " after the reset", (long long)sum, (long long)(reset ? want : 0));
+    }
+  }
+  printf("expert load: %d MoE layers, %lld entries each over 3 prompts with graph padding\n", layers,
+         (long long)want);
+done:
+  free(counts);
+  ina_engine_destroy(e);
+  ina_model_destroy(m);
+}
+
 int main(int argc, char **argv) {
   if (ina_cuda_device_count() == 0) {
     printf("test_engine_gpu: skipped (no CUDA device)\n");
@@ -596,5 +646,6 @@ int main(int argc, char **argv) {
   test_vs_cpu(&rng);
   test_errors(&rng);
   test_graphs(&rng);
+  test_expert_load(&rng);
   return test_finish("test_engine_gpu");
 }
