@@ -355,6 +355,7 @@ int main(int argc, char **argv) {
   g_agent = agent;
   if (install_signal_handlers()) {
     fprintf(stderr, "ina-agent: cannot install signal handlers\n");
+    g_agent = NULL;
     ina_agent_destroy(agent);
     return 1;
   }
@@ -385,6 +386,10 @@ int main(int argc, char **argv) {
     pthread_join(watcher, NULL);
   }
   if (watch.lost) st = INA_ERR_MPI;
+  /* The agent is stopping anyway: later signals must not reach it once it is freed. */
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGINT, SIG_IGN);
+  g_agent = NULL;
   ina_agent_destroy(agent);
   /* A rank that stopped answering would keep MPI_Finalize waiting: end the whole job. */
   if (watch.lost) ina_parallel_job_abort(&job, 1);
