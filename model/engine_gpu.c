@@ -32,7 +32,7 @@
  * its slice of the heads and of every MLP's intermediates, and the partial outputs of
  * o_proj, of each dense MLP and of each MoE block are summed by an all-reduce on the
  * step's stream (comm/custom_ar.h: LL / one-shot over NVLink within a node, NCCL
- * otherwise); the sums run in another order than one GPU's, so logits agree to
+ * otherwise) fused with the residual add and the next RMSNorm; the sums run in another order than one GPU's, so logits agree to
  * rounding, not bit for bit. With expert parallelism a rank holds a range of the routed
  * experts: the permutation is the one-GPU one, its grouped GEMM computes the rows of its
  * own experts into zeroed expert outputs, and one all-reduce of those outputs over the
@@ -772,6 +772,30 @@ static ina_status_t rmsnorm(ina_engine_gpu_t *e, int64_t rows, int64_t cols, con
   return ina_gpu_rmsnorm(&p, e->stream);
 }
 
+/* A block's output s.delta into the residual stream s.x, and s.h = RMSNorm(s.x) * weight
+ * for the next block. With tensor parallelism s.delta holds this rank's partial sums: the
+ * custom all-reduce adds them up and applies the same residual add and norm in its fused
+ * epilogue (bit for bit ina_gpu_rmsnorm's), one kernel instead of two. */
+static ina_status_t add_and_norm(ina_engine_gpu_t *e, int64_t T, const float *weight, float eps) {
+  gpu_step_t *s = &e->s;
+  const int64_t Hd = e->cfg->hidden_size;
+  if (!e->tp_ar) return rmsnorm(e, T, Hd, s->delta, s->x, weight, eps, s->h);
+  if (T == 0) return INA_OK;
+  ina_custom_ar_args_t a = INA_CUSTOM_AR_ARGS_INIT;
+  a.mode = INA_CUSTOM_AR_BF16;
+  a.count = (size_t)(T * Hd);
+  a.in = s->delta;
+  a.out = s->h;
+  a.rows = T;
+  a.cols = Hd;
+  a.residual = s->x;
+  a.norm_weight = weight;
+  a.norm_weight_dtype = INA_DTYPE_F32;
+  a.eps = eps;
+  a.stream = e->stream;
+  return ina_custom_ar_run(e->tp_ar, &a);
+}
+
 /* out = down(SiLU(gate(in)) * up(in)) for `rows` dense rows. */
 static ina_status_t mlp(ina_engine_gpu_t *e, const gpu_mlp_t *m, const uint16_t *in, int64_t rows, uint16_t *out) {
   ina_status_t st = INA_OK;
@@ -879,7 +903,6 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
   }
   INA_CHECK(ina_mla_absorb_v(e->absorb, L->kv_b, (int32_t)T, s->o_lat, H * C, C, s->attn, H * V, V, e->stream));
   INA_CHECK(linear(e, &L->o_proj, s->attn, T, s->delta, INA_DTYPE_BF16, NULL));
-  INA_CHECK(sum_over(e->tp_ar, s->delta, T * c->hidden_size, e->stream));
 fail:
   return st;
 }
@@ -1007,7 +1030,6 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const i
   if (L->has_shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
   INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights,
                                 L->has_shared ? s->shared : NULL, s->delta, e->stream));
-  INA_CHECK(sum_over(e->tp_ar, s->delta, T * Hd, e->stream));
 fail:
   return st;
 }
@@ -1031,17 +1053,16 @@ static ina_status_t enqueue_forward(ina_engine_gpu_t *e, int64_t T, int64_t out_
     if (l == 0)
       INA_CHECK(rmsnorm(e, T, Hd, s->x, NULL, L->input_norm, eps, s->h));
     else
-      INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, L->input_norm, eps, s->h));
+      INA_CHECK(add_and_norm(e, T, L->input_norm, eps));
     INA_CHECK(attention_block(e, l, T, in));
-    INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, L->post_attention_norm, eps, s->h));
+    INA_CHECK(add_and_norm(e, T, L->post_attention_norm, eps));
     if (L->is_moe) {
       INA_CHECK(moe_block(e, l, T, in->page_ids));
     } else {
       INA_CHECK(mlp(e, &L->mlp, s->h, T, s->delta));
-      INA_CHECK(sum_over(e->tp_ar, s->delta, T * Hd, e->stream));
     }
   }
-  INA_CHECK(rmsnorm(e, T, Hd, s->delta, s->x, e->w.final_norm, eps, s->h));
+  INA_CHECK(add_and_norm(e, T, e->w.final_norm, eps));
   {
     const uint16_t *final_rows = s->h;
     if (!all_rows) {
