@@ -1,7 +1,8 @@
-/* Shared by the multi-rank engine tests (test_engine_ep.c, test_engine_tp.c): greedy
- * generation of a golden fixture's prompts as one batch, on an engine with the given
- * tensor- and expert-parallel communicators (NULL: one rank). Include after
- * tests/test_util.h and tests/golden/golden_fixture.h. */
+/* Shared by the multi-rank engine tests (test_engine_ep.c, test_engine_tp.c,
+ * test_engine_placement.c, test_engine_gpu_parallel.c): greedy generation of a golden
+ * fixture's prompts as one batch, on an engine with the given tensor- and
+ * expert-parallel communicators (NULL: one rank), and agreement checks over the ranks.
+ * Include after tests/test_util.h and tests/golden/golden_fixture.h. */
 #ifndef INA_TESTS_MODEL_PARALLEL_TEST_UTIL_H
 #define INA_TESTS_MODEL_PARALLEL_TEST_UTIL_H
 
@@ -42,6 +43,26 @@ static inline void fixture_generate(const fixture_t *f, const ina_model_t *m, in
   }
   CHECK_OK(ina_generate(e, out->r, f->count, NULL));
   ina_engine_destroy(e);
+}
+
+/* 1 on every rank when every rank of comm passes ok != 0 (0 when the gather fails). */
+static inline int parallel_all_ranks(ina_comm_t *comm, int ok) {
+  const int n = ina_comm_size(comm);
+  int32_t mine = ok != 0, *all = calloc((size_t)n, sizeof *all);
+  int every = all != NULL && ina_comm_all_gather(comm, &mine, all, 1, INA_DTYPE_I32, NULL) == INA_OK;
+  for (int r = 0; r < n && every; r++) every = all[r] != 0;
+  free(all);
+  return every;
+}
+
+/* 1 when every rank of comm passes the same value. */
+static inline int parallel_same_everywhere(ina_comm_t *comm, uint64_t value) {
+  const int n = ina_comm_size(comm);
+  uint64_t *all = calloc((size_t)n, sizeof *all);
+  int same = all != NULL && ina_comm_all_gather(comm, &value, all, 1, INA_DTYPE_I64, NULL) == INA_OK;
+  for (int r = 0; r < n && same; r++) same = all[r] == value;
+  free(all);
+  return same;
 }
 
 static inline void fixture_run_free(fixture_run_t *r) {

@@ -26,18 +26,6 @@ static void share_of(int32_t experts, int rank, int size, int32_t *begin, int32_
   *end = (int32_t)((int64_t)experts * (rank + 1) / size);
 }
 
-/* 1 when every rank passes ok != 0. */
-static int all_ranks(ina_comm_t *comm, int ok) {
-  int32_t mine = ok, *all = calloc((size_t)g_size, sizeof *all);
-  int every = all != NULL;
-  if (all && ina_comm_all_gather(comm, &mine, all, 1, INA_DTYPE_I32, NULL) == INA_OK)
-    for (int r = 0; r < g_size; r++) every &= all[r] != 0;
-  else
-    every = 0;
-  free(all);
-  return every;
-}
-
 static void check_fixture(const char *dir, ina_comm_t *comm) {
   fixture_t f;
   CHECKF(load_fixture(dir, &f) == 0, "%s: cannot read the fixture", dir);
@@ -76,7 +64,7 @@ static void check_fixture(const char *dir, ina_comm_t *comm) {
              g_rank, page_size);
       same &= logits_same && tokens_hf;
     }
-    CHECKF(all_ranks(comm, same), "%s (page %d): some rank's results differ", dir, page_size);
+    CHECKF(parallel_all_ranks(comm, same), "%s (page %d): some rank's results differ", dir, page_size);
     fixture_run_free(&ref);
     fixture_run_free(&ep);
   }

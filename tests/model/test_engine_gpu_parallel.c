@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "tests/test_util.h"
 #include "tests/golden/golden_fixture.h"
+#include "tests/model/parallel_test_util.h"
 
 #define ROW_BOUND 2e-2
 #define ARGMAX_SHARE 0.95
@@ -120,15 +121,6 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* 1 when every rank passes the same 64-bit value. */
-static int same_everywhere(uint64_t v) {
-  uint64_t *all = calloc((size_t)g_size, sizeof *all);
-  int same = all && ina_comm_all_gather(g_world, &v, all, 1, INA_DTYPE_I64, NULL) == INA_OK;
-  for (int r = 0; r < g_size && same; r++) same = all[r] == v;
-  free(all);
-  return same;
-}
-
 static void check_layout(const char *name, const char *what, const fixture_t *f, const ina_model_t *whole,
                          const ina_model_t *part, ina_comm_t *tp, ina_comm_t *ep, int32_t device, int exact) {
   const int32_t vocab = ina_model_config(whole)->vocab_size;
@@ -140,7 +132,7 @@ static void check_layout(const char *name, const char *what, const fixture_t *f,
     equal += memcmp(ref[p], got[p], (size_t)f->max_new * sizeof(int32_t)) == 0;
     for (int32_t i = 0; i < f->max_new; i++) h = (h ^ (uint64_t)got[p][i]) * 1099511628211ull;
   }
-  CHECKF(same_everywhere(h), "%s %s: the ranks generated different tokens", name, what);
+  CHECKF(parallel_same_everywhere(g_world, h), "%s %s: the ranks generated different tokens", name, what);
   g_prompts += f->count;
   g_prompts_equal += equal;
   int32_t rows = 0, rows2 = 0;

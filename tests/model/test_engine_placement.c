@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "tests/test_util.h"
 #include "tests/golden/golden_fixture.h"
+#include "tests/model/parallel_test_util.h"
 
 static int g_rank, g_size, g_tp, g_ep;
 static ina_comm_t *g_world;
@@ -31,15 +32,6 @@ static ina_comm_t *g_world;
 
 /* Uniform in [0, n). */
 static int32_t test_rng_pick(test_rng_t *rng, int64_t n) { return (int32_t)test_rng_int(rng, 0, n - 1); }
-
-/* 1 when every rank passes ok != 0. */
-static int all_ranks(int ok) {
-  int32_t v = ok != 0, *all = calloc((size_t)g_size, sizeof *all);
-  int every = all != NULL && ina_comm_all_gather(g_world, &v, all, 1, INA_DTYPE_I32, NULL) == INA_OK;
-  for (int r = 0; r < g_size && every; r++) every &= all[r] != 0;
-  free(all);
-  return every;
-}
 
 static uint64_t shared_seed(void) {
   int64_t seed = g_rank == 0 ? (int64_t)test_seed("test_engine_placement") : 0;
@@ -255,7 +247,7 @@ static void check_moving(const char *name, const fixture_t *f, const ina_model_t
     CHECKF(hf, "%s prompt %d: greedy tokens with placement changes differ from HF", name, p);
     same &= hf;
   }
-  CHECKF(all_ranks(same), "%s: some rank's results differ", name);
+  CHECKF(parallel_all_ranks(g_world, same), "%s: some rank's results differ", name);
   if (g_rank == 0) printf("  %s: %lld bytes of experts moved over %d steps\n", name,
                           (long long)moved_total, f->max_new);
   run_free(&a);
@@ -282,7 +274,7 @@ static void expect_refused(ina_engine_t *e, const ina_expert_placement_t *p, ina
   CHECK_OK(ina_engine_get_placement(e, &after));
   CHECKF(before.slot_expert && after.slot_expert && ina_expert_placement_equal(&before, &after),
          "%s: the placement changed", what);
-  CHECKF(all_ranks(st == code), "%s: not every rank refused", what);
+  CHECKF(parallel_all_ranks(g_world, st == code), "%s: not every rank refused", what);
   ina_expert_placement_free(&before);
   ina_expert_placement_free(&after);
 }

@@ -29,18 +29,6 @@ static uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
   return h;
 }
 
-/* 1 when every rank of comm holds the same value. */
-static int same_everywhere(ina_comm_t *comm, uint64_t value) {
-  uint64_t *all = calloc((size_t)g_size, sizeof *all);
-  int same = all != NULL;
-  if (all && ina_comm_all_gather(comm, &value, all, 1, INA_DTYPE_I64, NULL) == INA_OK)
-    for (int r = 0; r < g_size; r++) same &= all[r] == value;
-  else
-    same = 0;
-  free(all);
-  return same;
-}
-
 /* Why the fixture cannot be split T ways, or NULL. */
 static const char *indivisible(const ina_model_config_t *c, int t) {
   if (c->num_heads % t) return "attention heads";
@@ -93,7 +81,7 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *world, 
            "%s prompt %d (rank %d): greedy tokens differ from HF", dir, p, g_rank);
     hash = fnv1a(got.r[p].logits, n * sizeof(float), hash);
   }
-  CHECKF(same_everywhere(world, hash), "%s: the ranks' logits are not bit-identical", dir);
+  CHECKF(parallel_same_everywhere(world, hash), "%s: the ranks' logits are not bit-identical", dir);
   if (g_rank == 0) printf("  %s: worst logits rel l2 %.2e on rank 0\n", name, worst);
   fixture_run_free(&ref);
   fixture_run_free(&got);
