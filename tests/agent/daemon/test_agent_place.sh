@@ -34,35 +34,8 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
-
-# check WHAT WANT_RC PATTERN COMMAND...: runs COMMAND (stdout and stderr into $tmp/out);
-# wants exit status WANT_RC and, unless PATTERN is "", the fixed string PATTERN in the output.
-check() {
-  local what=$1 want_rc=$2 pattern=$3 rc
-  shift 3
-  "$@" >"$tmp/out" 2>&1
-  rc=$?
-  if [ "$rc" != "$want_rc" ] || { [ -n "$pattern" ] && ! grep -qF -- "$pattern" "$tmp/out"; }; then
-    fail "$what: exit $rc (want $want_rc)${pattern:+, output should hold '$pattern'}"
-    sed 's/^/  | /' "$tmp/out" | tail -20
-  else
-    echo "ok: $what"
-  fi
-}
-
-# json WHAT SCRIPT ARGS...: runs a Python check over JSON files; its assertions say why.
-json() {
-  local what=$1 script=$2
-  shift 2
-  if "$python" -c "$script" "$@" >"$tmp/py" 2>&1; then
-    echo "ok: $what"
-  else
-    fail "$what"
-    sed 's/^/  | /' "$tmp/py" | tail -8
-  fi
-}
+# fail, check and json (tests/shell_checks.sh).
+. "$(dirname "$0")/../../shell_checks.sh"
 
 token="admin-$RANDOM$RANDOM"
 echo "$token" >"$tmp/token"
