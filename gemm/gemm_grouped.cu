@@ -116,6 +116,7 @@ struct Shape {
 
 struct Params {
   const int32_t *offsets;
+  const int32_t *row_ends; /* NULL: offsets[g + 1] */
   int num_groups;
   int max_rows;
   int64_t n;
@@ -158,7 +159,7 @@ __device__ bool find_tile(const Params &p, int64_t slot, Tile *tile) {
     long long tiles = 0;
     if (g < p.num_groups) {
       begin = clamp_row(p.offsets[g], p.max_rows);
-      end = clamp_row(p.offsets[g + 1], p.max_rows);
+      end = clamp_row(p.row_ends ? p.row_ends[g] : p.offsets[g + 1], p.max_rows);
       if (end > begin) tiles = (end - begin + kTileM - 1) / kTileM;
     }
     long long inclusive = tiles;
@@ -459,6 +460,7 @@ extern "C" ina_status_t ina_gemm_grouped_run_tiles(const ina_gemm_grouped_args_t
               (long long)checked.m_slots, (long long)checked.n_tiles, (long long)a.max_rows,
               (int)a.num_groups, (long long)a.n);
   p.offsets = a.offsets;
+  p.row_ends = a.row_ends;
   p.num_groups = a.num_groups;
   p.max_rows = (int)a.max_rows;
   p.n = a.n;

@@ -57,10 +57,16 @@ typedef struct ina_gemm_grouped_args {
    * rank running only its share of a layer's experts passes the layer's expert count to
    * compute every row exactly as one GPU running all of them does. */
   int32_t plan_groups;
+  /* Version 3. NULL: group g covers rows [offsets[g], offsets[g + 1]) (above). Else a
+   * device [num_groups] array: group g covers [offsets[g], row_ends[g]), in any order and
+   * with gaps between groups (an expert-parallel rank's slots over the rows of one
+   * permutation); the groups' rows must not overlap, and the slot bound above still holds
+   * because they cover at most max_rows rows. */
+  const int32_t *row_ends;
 } ina_gemm_grouped_args_t;
 
 #define INA_GEMM_GROUPED_ARGS_INIT \
-  {sizeof(ina_gemm_grouped_args_t), 2, INA_GEMM_BF16, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, 0}
+  {sizeof(ina_gemm_grouped_args_t), 3, INA_GEMM_BF16, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, 0, NULL}
 
 /* Enqueues the grouped GEMM (see above). */
 ina_status_t ina_gemm_grouped_run(const ina_gemm_grouped_args_t *args);

@@ -20,6 +20,7 @@
 /* Size of version 1 of ina_gemm_grouped_args_t (through its last field). */
 #define GROUPED_ARGS_V1_SIZE (offsetof(ina_gemm_grouped_args_t, stream) + sizeof(void *))
 #define GROUPED_ARGS_V2_SIZE (offsetof(ina_gemm_grouped_args_t, plan_groups) + sizeof(int32_t))
+#define GROUPED_ARGS_V3_SIZE (offsetof(ina_gemm_grouped_args_t, row_ends) + sizeof(const int32_t *))
 /* Rows are int32 on the device (the offsets); dimensions stay below this so that every
  * product below fits in int64. */
 #define MAX_DIM ((int64_t)1 << 31)
@@ -63,6 +64,7 @@ ina_status_t ina_gemm_grouped_check_args(const ina_gemm_grouped_args_t *args, co
   memcpy(&a, args, GROUPED_ARGS_V1_SIZE);
   a.struct_size = sizeof a;
   a.plan_groups = args->struct_size >= GROUPED_ARGS_V2_SIZE ? args->plan_groups : 0;
+  a.row_ends = args->struct_size >= GROUPED_ARGS_V3_SIZE ? args->row_ends : NULL;
   INA_REQUIRE(a.mode == INA_GEMM_BF16 || a.mode == INA_GEMM_FP8_BLOCK, INA_ERR_INVALID_ARGUMENT,
               "%s: unknown mode %d", who, (int)a.mode);
   INA_REQUIRE(a.num_groups >= 1, INA_ERR_INVALID_ARGUMENT, "%s: num_groups %d < 1", who,
@@ -145,9 +147,30 @@ static void row_fp8(const ina_gemm_grouped_args_t *a, const uint8_t *w, const fl
   }
 }
 
+/* Group g's rows: [offsets[g], offsets[g + 1]), or up to row_ends[g] when given. */
+static int32_t group_end(const ina_gemm_grouped_args_t *a, int32_t g) {
+  return a->row_ends ? a->row_ends[g] : a->offsets[g + 1];
+}
+
+/* With row_ends: each group a range inside [0, max_rows), and a weight where it has rows. */
+static ina_status_t check_ranges(const ina_gemm_grouped_args_t *a) {
+  ina_status_t st = INA_OK;
+  for (int32_t g = 0; g < a->num_groups; g++) {
+    INA_REQUIRE(a->offsets[g] >= 0 && a->offsets[g] <= a->row_ends[g] && a->row_ends[g] <= a->max_rows,
+                INA_ERR_INVALID_ARGUMENT, "ina_gemm_grouped_ref: group %d covers rows [%d, %d) of %lld",
+                (int)g, (int)a->offsets[g], (int)a->row_ends[g], (long long)a->max_rows);
+    INA_REQUIRE(a->offsets[g] == a->row_ends[g] || (a->w[g] != NULL && (a->mode != INA_GEMM_FP8_BLOCK ||
+                                                                          a->w_scale[g] != NULL)),
+                INA_ERR_INVALID_ARGUMENT, "ina_gemm_grouped_ref: group %d has rows but no weight", (int)g);
+  }
+fail:
+  return st;
+}
+
 /* The host offsets must describe sorted groups inside [0, max_rows). */
 static ina_status_t check_offsets(const ina_gemm_grouped_args_t *a) {
   ina_status_t st = INA_OK;
+  if (a->row_ends) return check_ranges(a);
   INA_REQUIRE(a->offsets[0] == 0, INA_ERR_INVALID_ARGUMENT,
               "ina_gemm_grouped_ref: offsets[0] is %d, not 0", (int)a->offsets[0]);
   for (int32_t g = 0; g < a->num_groups; g++)
@@ -182,7 +205,7 @@ ina_status_t ina_gemm_grouped_ref(const ina_gemm_grouped_args_t *args) {
   for (int v = 0; v < 256; v++) e4m3[v] = ina_fp8_e4m3_to_f32((uint8_t)v);
   const int64_t kblocks = (a.k + 127) / 128;
   for (int32_t g = 0; g < a.num_groups; g++) {
-    for (int64_t r = a.offsets[g]; r < a.offsets[g + 1]; r++) {
+    for (int64_t r = a.offsets[g]; r < group_end(&a, g); r++) {
       if (a.mode == INA_GEMM_FP8_BLOCK)
         row_fp8(&a, (const uint8_t *)a.w[g], a.w_scale[g], (const uint8_t *)a.x + r * a.ldx,
                 a.x_scale + r * kblocks, e4m3, xrow, out);

@@ -260,6 +260,16 @@ ina_status_t ina_gpu_moe_combine(int64_t tokens, int32_t top_k, int64_t hidden,
 ina_status_t ina_gpu_moe_count(const int32_t *ids, int64_t tokens, int32_t top_k, const int32_t *row_mask,
                                int32_t num_experts, uint64_t *counts, void *stream);
 
+/* The rows each expert slot of an expert-parallel rank computes, in the permutation by
+ * expert (offsets [num_experts + 1] from ina_gpu_moe_permute): slot s holds expert
+ * slot_info[3s] (-1: empty) as replica slot_info[3s + 1] of slot_info[3s + 2]; an
+ * expert's n entries [offsets[x], offsets[x + 1]) are cut into contiguous runs, run j of
+ * R being [n * j / R, n * (j + 1) / R) (the CPU engine's cut), and the slot's run goes to
+ * [begins[s], ends[s]). Empty or malformed slots get an empty range. For the grouped
+ * GEMM's scattered groups (gemm/gemm_grouped.h, row_ends). */
+ina_status_t ina_gpu_moe_slot_rows(const int32_t *offsets, int32_t num_experts, const int32_t *slot_info,
+                                   int32_t slots, int32_t *begins, int32_t *ends, void *stream);
+
 /* ---- 7. Sampling ----------------------------------------------------------------------- */
 
 /* Greedy: out[r] = the first index of the largest logit of row r, NaN entries skipped;

@@ -81,17 +81,12 @@ fail:
 ina_status_t ina_engine_apply_placement(ina_engine_t *e, const ina_expert_placement_t *p,
                                         int dry_run, int64_t *bytes_moved) {
   ina_status_t st = INA_OK;
-  ina_expert_placement_t now = {0};
   INA_REQUIRE(e != NULL && p != NULL && bytes_moved != NULL, INA_ERR_INVALID_ARGUMENT,
               "placement: NULL argument");
   *bytes_moved = 0;
-  if (e->cpu) return ina_engine_cpu_apply_placement(e->cpu, p, dry_run, bytes_moved);
-  INA_CHECK(ina_engine_get_placement(e, &now));
-  INA_REQUIRE(ina_expert_placement_equal(&now, p), INA_ERR_UNSUPPORTED,
-              "placement: the CUDA engine keeps the expert ranges it started with and cannot "
-              "move experts yet");
+  return e->cpu ? ina_engine_cpu_apply_placement(e->cpu, p, dry_run, bytes_moved)
+                : ina_engine_gpu_apply_placement(e->gpu, p, dry_run, bytes_moved);
 fail:
-  ina_expert_placement_free(&now);
   return st;
 }
 

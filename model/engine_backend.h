@@ -65,8 +65,9 @@ const ina_model_config_t *ina_engine_gpu_config(const ina_engine_gpu_t *engine);
 ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *engine, const ina_batch_t *batch, float *logits);
 ina_status_t ina_engine_gpu_expert_load(ina_engine_gpu_t *engine, int reset, uint64_t *counts,
                                         int64_t capacity, int32_t *num_moe_layers);
-/* The contiguous placement of its expert-parallel ranks (ep 1 without them). */
 ina_status_t ina_engine_gpu_get_placement(ina_engine_gpu_t *engine, ina_expert_placement_t *out);
+ina_status_t ina_engine_gpu_apply_placement(ina_engine_gpu_t *engine, const ina_expert_placement_t *p,
+                                            int dry_run, int64_t *bytes_moved);
 
 /* Shared by both backends, so a batch is accepted or refused alike (engine.c). */
 ina_status_t ina_engine_validate_batch(const ina_model_config_t *cfg, const ina_batch_t *b);

@@ -68,98 +68,10 @@
  * use the RMSNorm default, not rms_norm_eps (as engine_cpu.c). */
 #define LATENT_NORM_EPS 1e-6f
 
-#define MAX_STEP_BUFFERS 40
-/* Decode buckets with a graph: batch 1, 2, 4, ... up to MAX_GRAPH_BATCH. */
-#define MAX_GRAPH_BATCH 512
-#define MAX_GRAPHS 10
+#include "model/engine_gpu_internal.h"
 
-/* Device buffers of one step, for up to `cap` tokens. */
-typedef struct gpu_step {
-  int64_t cap;       /* tokens */
-  int64_t rows;      /* expert rows: cap * top_k (cap without MoE) */
-  uint16_t *x;       /* bf16 [cap, hidden]: the residual stream */
-  uint16_t *delta;   /* bf16 [cap, hidden]: a block's output, added by the next norm */
-  uint16_t *h;       /* bf16 [cap, hidden]: normalized input of a block */
-  uint16_t *qa;      /* bf16 [cap, q_lora_rank] */
-  uint16_t *q;       /* bf16 [cap, heads, qk_head_dim] */
-  uint16_t *kv;      /* bf16 [cap, kv_lora_rank + rope] */
-  uint16_t *q_abs;   /* bf16 [cap, heads, kv_lora_rank] */
-  uint16_t *o_lat;   /* bf16 [cap, heads, kv_lora_rank] */
-  uint16_t *attn;    /* bf16 [cap, heads, v_head_dim] */
-  uint16_t *g, *u, *a; /* bf16 [rows, widest intermediate] */
-  uint16_t *xe, *ye; /* bf16 [rows, hidden]: expert inputs / outputs in sorted-slot order */
-  uint16_t *shared;  /* bf16 [cap, hidden] */
-  uint16_t *fin;     /* bf16 [cap, hidden]: final-normed rows that get logits */
-  float *router_logits;            /* f32 [cap, experts] */
-  int32_t *topk_ids;               /* [cap, top_k] */
-  float *topk_weights;             /* [cap, top_k] */
-  int32_t *expert_counts, *expert_offsets; /* [experts], [experts + 1] */
-  int32_t *sorted_token, *slot_of; /* [cap * top_k] */
-  void *permute_ws;
-  size_t permute_ws_bytes;
-  uint8_t *q8;       /* e4m3 [rows, fp8_max_k]: FP8 GEMM input */
-  float *q8_scale;   /* [rows * ceil(fp8_max_k / 128)] */
-  float *logits;     /* f32 [cap, vocab] */
-  void *owned[MAX_STEP_BUFFERS];
-  int32_t num_owned;
-} gpu_step_t;
 
-/* A captured decode step for batches up to `bucket`. */
-typedef struct step_graph {
-  int32_t bucket;
-  cudaGraphExec_t exec;
-} step_graph_t;
-
-struct ina_engine_gpu {
-  const ina_model_t *model;
-  const ina_model_config_t *cfg;
-  int32_t device;
-  cudaStream_t stream;
-  gpu_weights_t w;
-  ina_gemm_t *gemm;
-  ina_mla_absorb_t *absorb;
-  int32_t absorb_max_tokens;
-  ina_page_pool_t *kv;
-  void *cache;            /* [layers][num_pages][page_size][C + R] bf16 */
-  size_t cache_page_bytes, cache_layer_bytes;
-  float *inv_freq;        /* device [rope / 2] */
-  float attention_factor, softmax_scale;
-  ina_router_config_t router;
-  int32_t heads;          /* attention heads of this rank (num_heads / tp) */
-  ina_comm_t *tp_comm;    /* NULL: one rank */
-  ina_comm_t *ep_comm;    /* NULL: this rank holds every routed expert */
-  ina_custom_ar_t *tp_ar, *ep_ar; /* their all-reduces; NULL for one rank */
-  int32_t local_experts;  /* routed experts held: w.expert_end - w.expert_begin */
-  int32_t ep_size;
-  int32_t *ep_ranges;     /* [2 * ep_size]: every expert-parallel rank's [begin, end) */
-  /* Tokens routed per (MoE layer, expert), counted on the device by every step (graphs
-   * included) and read by any thread through load_stream; load_base (under load_mu)
-   * holds the counts at the last reset. */
-  uint64_t *expert_load_dev; /* [num_moe_layers, experts] */
-  uint64_t *load_base;
-  int32_t *moe_index;        /* [num_layers]: the layer's MoE index, -1 for dense layers */
-  int32_t num_moe_layers;
-  cudaStream_t load_stream;
-  pthread_mutex_t load_mu;
-  int load_mu_ready;
-  gpu_step_t s;
-  /* host inputs of a step: pinned staging and its device mirror (int32 values) */
-  int32_t *stage_host, *stage_dev;
-  int64_t stage_cap;
-  void *mla_host_ws, *mla_dev_ws;
-  size_t mla_host_cap, mla_dev_cap;
-  int32_t *offsets_host;  /* pinned [experts + 1] */
-  ina_page_table_t table;
-  /* host scratch per sequence: attention lengths and the copy-on-write check */
-  int32_t *kv_len, *cow_page, *cow_index, *cow_tokens;
-  int32_t seq_cap;
-  /* decode graphs */
-  int use_graphs;            /* options: cuda_graphs, and every MoE layer grouped */
-  step_graph_t graphs[MAX_GRAPHS];
-  int32_t num_graphs;
-};
-
-static void drop_graphs(ina_engine_gpu_t *e) {
+void gpu_drop_graphs(ina_engine_gpu_t *e) {
   for (int32_t i = 0; i < e->num_graphs; i++) cudaGraphExecDestroy(e->graphs[i].exec);
   e->num_graphs = 0;
 }
@@ -217,6 +129,7 @@ static ina_status_t take_comms(ina_engine_gpu_t *e, const ina_weights_t *w, cons
               "tp_comm%s",
               w->tp_rank, w->tp_size, tp_rank, tp_size, e->tp_comm ? "" : " (none given: one rank)");
   e->heads = c->num_heads / tp_size;
+  e->tp_size = tp_size;
   INA_REQUIRE(e->ep_comm || (w->expert_begin == 0 && w->expert_end == c->n_routed_experts),
               INA_ERR_UNSUPPORTED,
               "gpu engine: this model holds experts [%d, %d) of %d; without an expert-parallel "
@@ -286,7 +199,7 @@ fail:
 static ina_status_t create_absorb(ina_engine_gpu_t *e, int32_t max_tokens) {
   ina_status_t st = INA_OK;
   ina_mla_absorb_dims_t d = INA_MLA_ABSORB_DIMS_INIT;
-  drop_graphs(e); /* they hold the old handle's buffers */
+  gpu_drop_graphs(e); /* they hold the old handle's buffers */
   ina_mla_absorb_destroy(e->absorb);
   e->absorb = NULL;
   e->absorb_max_tokens = 0;
@@ -370,6 +283,7 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
                             cudaMemcpyHostToDevice));
   e->softmax_scale = (float)ina_cfg_softmax_scale(c);
   INA_CHECK(create_load_counters(e));
+  INA_CHECK(gpu_placement_init(e));
   e->router = router_config(c);
   e->use_graphs = ina_engine_options_cuda_graphs(options);
   for (int32_t l = 0; l < c->num_layers; l++)
@@ -400,8 +314,9 @@ static void step_free(gpu_step_t *s) {
 void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
   if (!e) return;
   if (e->stream) (void)cudaStreamSynchronize(e->stream);
-  drop_graphs(e);
+  gpu_drop_graphs(e);
   step_free(&e->s);
+  gpu_placement_free(e);
   ina_gpu_weights_free(&e->w);
   free(e->ep_ranges);
   cudaFree(e->expert_load_dev);
@@ -462,23 +377,6 @@ fail:
   return st;
 }
 
-ina_status_t ina_engine_gpu_get_placement(ina_engine_gpu_t *e, ina_expert_placement_t *out) {
-  ina_status_t st = INA_OK;
-  const ina_model_config_t *c = e->cfg;
-  int32_t moe_layers = 0, slots = 1;
-  for (int32_t l = 0; l < c->num_layers; l++) moe_layers += ina_cfg_layer_is_moe(c, l);
-  if (!e->ep_ranges) return ina_expert_placement_init_contiguous(1, moe_layers, c->n_routed_experts, out);
-  /* Each rank holds its range, in order, in its first slots. */
-  for (int32_t r = 0; r < e->ep_size; r++)
-    if (e->ep_ranges[2 * r + 1] - e->ep_ranges[2 * r] > slots) slots = e->ep_ranges[2 * r + 1] - e->ep_ranges[2 * r];
-  INA_CHECK(ina_expert_placement_init(e->ep_size, slots, moe_layers, c->n_routed_experts, out));
-  for (int32_t m = 0; m < moe_layers; m++)
-    for (int32_t r = 0; r < e->ep_size; r++)
-      for (int32_t x = e->ep_ranges[2 * r]; x < e->ep_ranges[2 * r + 1]; x++)
-        out->slot_expert[ina_expert_placement_index(out, m, r, x - e->ep_ranges[2 * r])] = x;
-fail:
-  return st;
-}
 const ina_model_config_t *ina_engine_gpu_config(const ina_engine_gpu_t *e) { return e->cfg; }
 
 /* ---- buffers ------------------------------------------------------------------------ */
@@ -491,7 +389,7 @@ static ina_status_t step_alloc(ina_engine_gpu_t *e, int64_t cap) {
   const int64_t E = c->n_routed_experts, K = E > 0 ? c->num_experts_per_tok : 1;
   const int64_t inter = e->w.max_expert_inter > 0 ? e->w.max_expert_inter : 1;
   const int64_t rows = cap * K, fp8_k = e->w.fp8_max_k;
-  drop_graphs(e);
+  gpu_drop_graphs(e);
   step_free(s);
   s->cap = cap;
   s->rows = rows;
@@ -603,7 +501,7 @@ static ina_status_t stage_inputs(ina_engine_gpu_t *e, const ina_batch_t *b, int6
   const stage_layout_t l = stage_layout(rows, seqs, e->table.indptr[b->batch]);
   if (l.total > e->stage_cap) {
     const int64_t cap = round_up_pow2(l.total, 1024);
-    drop_graphs(e); /* they read the old staging buffer */
+    gpu_drop_graphs(e); /* they read the old staging buffer */
     cudaFreeHost(e->stage_host);
     cudaFree(e->stage_dev);
     e->stage_host = NULL;
@@ -712,7 +610,7 @@ static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, in
     e->mla_host_cap = host_bytes;
   }
   if (dev_bytes > e->mla_dev_cap) {
-    drop_graphs(e); /* they read the old workspace */
+    gpu_drop_graphs(e); /* they read the old workspace */
     cudaFree(e->mla_dev_ws);
     e->mla_dev_ws = NULL;
     e->mla_dev_cap = 0;
@@ -910,25 +808,33 @@ fail:
 /* One grouped GEMM of the routed experts: y[rows, n] = x[rows, k] . W_e^T per expert's rows
  * (part 0 gate, 1 up, 2 down). FP8 experts quantize x first (1 x 128 blocks, row-major
  * scales). */
-static ina_status_t grouped_linear(ina_engine_gpu_t *e, const gpu_layer_t *L, int part, int64_t n, int64_t k,
-                                   const uint16_t *x, int64_t rows, uint16_t *y) {
+static ina_status_t grouped_linear(ina_engine_gpu_t *e, const gpu_layer_t *L, const gpu_slot_layer_t *S, int part,
+                                   int64_t n, int64_t k, const uint16_t *x, int64_t rows, uint16_t *y) {
   ina_status_t st = INA_OK;
   ina_gemm_grouped_args_t a = INA_GEMM_GROUPED_ARGS_INIT;
   a.mode = L->grouped_fp8 ? INA_GEMM_FP8_BLOCK : INA_GEMM_BF16;
-  a.num_groups = e->local_experts;
+  a.num_groups = e->cfg->n_routed_experts;
   a.max_rows = rows;
   a.n = n;
   a.k = k;
-  a.offsets = e->s.expert_offsets + e->w.expert_begin; /* our experts' rows, where they lie */
-  a.plan_groups = e->cfg->n_routed_experts; /* tiles as on one GPU: rows computed alike */
+  a.offsets = e->s.expert_offsets;
   a.w = L->grouped_w[part];
+  if (S) {
+    /* Expert parallelism: this rank's slots, each over its run of rows (slot_rows), tiles
+     * planned as on one GPU so that every row is computed alike. */
+    a.num_groups = S->slots;
+    a.offsets = e->slot_begins;
+    a.row_ends = e->slot_ends;
+    a.plan_groups = e->cfg->n_routed_experts;
+    a.w = S->tab_w[part];
+  }
   a.y = y;
   a.stream = e->stream;
   if (L->grouped_fp8) {
     INA_CHECK(ina_cuda_fp8_quantize_blocks(x, rows, k, 1, INA_GEMM_BLOCK, e->s.q8, e->s.q8_scale, e->stream));
     a.x = e->s.q8;
     a.x_scale = e->s.q8_scale;
-    a.w_scale = L->grouped_scale[part];
+    a.w_scale = S ? S->tab_s[part] : L->grouped_scale[part];
   } else {
     a.x = x;
   }
@@ -939,46 +845,63 @@ fail:
 
 /* s.xe (expert inputs in sorted-slot order) -> s.ye, with the experts' row counts read on
  * the device only. */
-static ina_status_t experts_grouped(ina_engine_gpu_t *e, const gpu_layer_t *L, int64_t rows) {
+static ina_status_t experts_grouped(ina_engine_gpu_t *e, const gpu_layer_t *L, const gpu_slot_layer_t *S,
+                                    int64_t rows) {
   ina_status_t st = INA_OK;
   gpu_step_t *s = &e->s;
-  const int64_t Hd = e->cfg->hidden_size, inter = L->experts[0].gate.n;
-  INA_CHECK(grouped_linear(e, L, 0, inter, Hd, s->xe, rows, s->g));
-  INA_CHECK(grouped_linear(e, L, 1, inter, Hd, s->xe, rows, s->u));
+  const int64_t Hd = e->cfg->hidden_size, inter = e->cfg->moe_intermediate_size / e->tp_size;
+  if (S) {
+    INA_CHECK(ina_gpu_moe_slot_rows(s->expert_offsets, e->cfg->n_routed_experts, S->info_dev, S->slots,
+                                    e->slot_begins, e->slot_ends, e->stream));
+  }
+  INA_CHECK(grouped_linear(e, L, S, 0, inter, Hd, s->xe, rows, s->g));
+  INA_CHECK(grouped_linear(e, L, S, 1, inter, Hd, s->xe, rows, s->u));
   INA_CHECK(ina_gpu_silu_mul(rows, inter, s->g, s->u, inter, s->a, NULL, NULL, e->stream));
-  INA_CHECK(grouped_linear(e, L, 2, Hd, inter, s->a, rows, s->ye));
+  INA_CHECK(grouped_linear(e, L, S, 2, Hd, inter, s->a, rows, s->ye));
 fail:
   return st;
 }
 
-/* The same, one GEMM per expert with rows: reads the row counts back to the host (a
- * synchronization), for layers the grouped GEMM does not take. */
-static ina_status_t experts_one_by_one(ina_engine_gpu_t *e, int32_t l, int64_t rows) {
+/* The same, one GEMM per expert (or slot) with rows: reads the row counts back to the
+ * host (a synchronization), for layers the grouped GEMM does not take. */
+static ina_status_t experts_one_by_one(ina_engine_gpu_t *e, int32_t l, const gpu_slot_layer_t *S, int64_t rows) {
   ina_status_t st = INA_OK;
   const gpu_layer_t *L = &e->w.layers[l];
   gpu_step_t *s = &e->s;
-  const int64_t Hd = e->cfg->hidden_size;
-  const int32_t all = e->cfg->n_routed_experts, E = e->local_experts;
+  const int64_t Hd = e->cfg->hidden_size, inter = e->cfg->moe_intermediate_size / e->tp_size;
+  const int32_t all = e->cfg->n_routed_experts, groups = S ? S->slots : all;
   INA_CUDA_CHECK(cudaMemcpyAsync(e->offsets_host, s->expert_offsets, (size_t)(all + 1) * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, e->stream));
   INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
-  INA_REQUIRE(e->offsets_host[all] == rows, INA_ERR_INTERNAL, "gpu engine: layer %d routed %d rows, expected %lld",
-              l, e->offsets_host[all], (long long)rows);
-  const int32_t *off = e->offsets_host + e->w.expert_begin; /* our experts' rows */
-  int64_t inter = 0;
-  for (int32_t x = 0; x < E; x++) {
-    const int64_t n = off[x + 1] - off[x];
-    const gpu_mlp_t *m = &L->experts[x];
-    if (n == 0) continue;
-    inter = m->gate.n;
-    INA_CHECK(linear(e, &m->gate, s->xe + off[x] * Hd, n, s->g + off[x] * inter, INA_DTYPE_BF16, NULL));
-    INA_CHECK(linear(e, &m->up, s->xe + off[x] * Hd, n, s->u + off[x] * inter, INA_DTYPE_BF16, NULL));
-  }
-  if (rows > 0) INA_CHECK(ina_gpu_silu_mul(rows, inter, s->g, s->u, inter, s->a, NULL, NULL, e->stream));
-  for (int32_t x = 0; x < E; x++) {
-    const int64_t n = off[x + 1] - off[x];
-    if (n == 0) continue;
-    INA_CHECK(linear(e, &L->experts[x].down, s->a + off[x] * inter, n, s->ye + off[x] * Hd, INA_DTYPE_BF16, NULL));
+  const int32_t *off = e->offsets_host;
+  INA_REQUIRE(off[all] == rows, INA_ERR_INTERNAL, "gpu engine: layer %d routed %d rows, expected %lld", l, off[all],
+              (long long)rows);
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1 && rows > 0) INA_CHECK(ina_gpu_silu_mul(rows, inter, s->g, s->u, inter, s->a, NULL, NULL, e->stream));
+    for (int32_t g = 0; g < groups; g++) {
+      /* Group g's rows: expert g's, or slot g's run of its expert's (slot_rows' cut). */
+      int64_t b = 0, n = 0;
+      const gpu_mlp_t *m = NULL;
+      if (S) {
+        const int32_t x = S->info[3 * g], j = S->info[3 * g + 1], r = S->info[3 * g + 2];
+        if (x < 0) continue;
+        const int64_t all_n = off[x + 1] - off[x];
+        b = off[x] + all_n * j / r;
+        n = off[x] + all_n * (j + 1) / r - b;
+        m = &S->w[g];
+      } else {
+        b = off[g];
+        n = off[g + 1] - b;
+        m = &L->experts[g];
+      }
+      if (n == 0) continue;
+      if (pass == 0) {
+        INA_CHECK(linear(e, &m->gate, s->xe + b * Hd, n, s->g + b * inter, INA_DTYPE_BF16, NULL));
+        INA_CHECK(linear(e, &m->up, s->xe + b * Hd, n, s->u + b * inter, INA_DTYPE_BF16, NULL));
+      } else {
+        INA_CHECK(linear(e, &m->down, s->a + b * inter, n, s->ye + b * Hd, INA_DTYPE_BF16, NULL));
+      }
+    }
   }
 fail:
   return st;
@@ -1022,10 +945,11 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const i
   /* Expert parallelism: our experts' rows, zeros elsewhere, then the sum over the group
    * gives every rank every row, exactly (one rank holds each row). */
   if (e->ep_comm) INA_CUDA_CHECK(cudaMemsetAsync(s->ye, 0, (size_t)(rows * Hd) * sizeof(uint16_t), e->stream));
-  if (L->grouped_w[0])
-    INA_CHECK(experts_grouped(e, L, rows));
-  else if (e->local_experts > 0)
-    INA_CHECK(experts_one_by_one(e, l, rows));
+  const gpu_slot_layer_t *S = e->slot_layers ? &e->slot_layers[e->moe_index[l]] : NULL;
+  if (S ? S->tab_w[0] != NULL : L->grouped_w[0] != NULL)
+    INA_CHECK(experts_grouped(e, L, S, rows));
+  else
+    INA_CHECK(experts_one_by_one(e, l, S, rows));
   INA_CHECK(sum_over(e->ep_ar, s->ye, rows * Hd, e->stream));
   if (L->has_shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
   INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights,
@@ -1089,7 +1013,7 @@ static ina_status_t decode_graph(ina_engine_gpu_t *e, int32_t bucket, const step
       *out = e->graphs[i].exec;
       return INA_OK;
     }
-  if (e->num_graphs == MAX_GRAPHS) drop_graphs(e);
+  if (e->num_graphs == MAX_GRAPHS) gpu_drop_graphs(e);
   INA_CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
   const ina_status_t captured =
       enqueue_forward(e, bucket, bucket, 0, in, e->stage_dev + l->tokens, e->stage_dev + l->last_rows);

@@ -45,3 +45,12 @@ ina_status_t ina_engine_gpu_expert_load(ina_engine_gpu_t *engine, int reset, uin
 fail:
   return st;
 }
+
+ina_status_t ina_engine_gpu_apply_placement(ina_engine_gpu_t *engine, const ina_expert_placement_t *p, int dry_run,
+                                            int64_t *bytes_moved) {
+  ina_status_t st = INA_OK;
+  (void)engine, (void)p, (void)dry_run, (void)bytes_moved;
+  INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "gpu engine: this build has no CUDA");
+fail:
+  return st;
+}

@@ -151,7 +151,9 @@ ina_status_t ina_engine_get_placement(ina_engine_t *engine, ina_expert_placement
  * its replicas, which compute bit-identical rows. dry_run != 0 validates and checks the
  * memory only. *bytes_moved receives the expert bytes all ranks received (would
  * receive). A communicator failure is returned as it is and leaves the job unusable. The
- * CUDA backend accepts only the placement in force (INA_ERR_UNSUPPORTED otherwise). */
+ * CUDA backend moves experts between its expert-parallel GPUs the same way (device
+ * memory checked, NCCL); without expert parallelism it accepts only the placement in
+ * force (INA_ERR_UNSUPPORTED otherwise). */
 ina_status_t ina_engine_apply_placement(ina_engine_t *engine, const ina_expert_placement_t *p,
                                         int dry_run, int64_t *bytes_moved);
 

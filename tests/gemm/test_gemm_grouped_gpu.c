@@ -521,7 +521,9 @@ static void test_arguments(void) {
 
 /* An expert-parallel rank's share: groups [first, first + count) of a layer, their
  * offsets read where they lie, tiles planned for every group (plan_groups): each of the
- * share's rows must equal the whole layer's run bit for bit, and no other row is written. */
+ * share's rows must equal the whole layer's run bit for bit, and no other row is written.
+ * Then the same with scattered slots (row_ends): groups in another order, with gaps and
+ * empty slots between them. */
 static void test_share(test_rng_t *rng) {
   static const struct {
     ina_gemm_mode_t mode;
@@ -573,6 +575,69 @@ static void test_share(test_rng_t *rng) {
     ina_log_set_quiet_errors(1);
     CHECK(ina_gemm_grouped_run(&a) == INA_ERR_INVALID_ARGUMENT);
     ina_log_set_quiet_errors(0);
+    /* Scattered slots (row_ends): every other group of the share, in reverse order, with
+     * an empty slot (no rows, no weight) between them. */
+    {
+      const int32_t slots = count + 1;
+      int32_t *begins = malloc((size_t)slots * 4), *ends = malloc((size_t)slots * 4);
+      const void **w = calloc((size_t)slots, sizeof *w);
+      const float **ws = calloc((size_t)slots, sizeof *ws);
+      int32_t *d_begins = NULL, *d_ends = NULL;
+      void *d_w = NULL, *d_ws = NULL;
+      int32_t used = 0;
+      uint8_t *picked = calloc((size_t)groups, 1);
+      const void **dw_all = calloc((size_t)groups, sizeof *dw_all);
+      const float **dws_all = calloc((size_t)groups, sizeof *dws_all);
+      if (begins && ends && w && ws && picked && dw_all && dws_all &&
+          ina_cuda_memcpy_d2h(dw_all, p.d_w, (size_t)groups * sizeof *dw_all) == INA_OK &&
+          ina_cuda_memcpy_d2h(dws_all, p.d_w_scale, (size_t)groups * sizeof *dws_all) == INA_OK) {
+        for (int32_t g = first + count - 1; g >= first; g -= 2) {
+          begins[used] = p.offsets[g];
+          ends[used] = p.offsets[g + 1];
+          w[used] = dw_all[g];
+          ws[used] = dws_all[g];
+          picked[g] = 1;
+          used++;
+          begins[used] = ends[used] = 0; /* an empty slot */
+          used++;
+          if (used + 2 > slots) break;
+        }
+        CHECK_OK(ina_cuda_malloc(0, (size_t)used * 4, (void **)&d_begins));
+        CHECK_OK(ina_cuda_malloc(0, (size_t)used * 4, (void **)&d_ends));
+        CHECK_OK(ina_cuda_malloc(0, (size_t)used * sizeof(void *), &d_w));
+        CHECK_OK(ina_cuda_malloc(0, (size_t)used * sizeof(void *), &d_ws));
+        CHECK_OK(ina_cuda_memcpy_h2d(d_begins, begins, (size_t)used * 4));
+        CHECK_OK(ina_cuda_memcpy_h2d(d_ends, ends, (size_t)used * 4));
+        CHECK_OK(ina_cuda_memcpy_h2d(d_w, w, (size_t)used * sizeof(void *)));
+        CHECK_OK(ina_cuda_memcpy_h2d(d_ws, ws, (size_t)used * sizeof(void *)));
+        CHECK_OK(ina_cuda_memcpy_h2d(p.d_y, p.y_ref, y_bytes)); /* poisoned again */
+        a.num_groups = used;
+        a.plan_groups = groups;
+        a.offsets = d_begins;
+        a.row_ends = d_ends;
+        a.w = (const void *const *)d_w;
+        if (cases[c].mode == INA_GEMM_FP8_BLOCK) a.w_scale = (const float *const *)d_ws;
+        CHECK_OK(ina_gemm_grouped_run(&a));
+        CHECK_OK(ina_cuda_synchronize());
+        CHECK_OK(ina_cuda_memcpy_d2h(p.y, p.d_y, y_bytes));
+        wrong = touched = 0;
+        for (int32_t g = 0; g < groups && whole; g++)
+          for (int64_t r = p.offsets[g]; r < p.offsets[g + 1]; r++)
+            for (int64_t j = 0; j < p.n; j++) {
+              const uint16_t v = p.y[r * p.ldy + j];
+              if (picked[g]) wrong += v != whole[r * p.ldy + j];
+              else touched += v != Y_POISON;
+            }
+        CHECKF(whole && wrong == 0, "%s, scattered slots: %lld values differ from the whole layer's", what,
+               (long long)wrong);
+        CHECKF(touched == 0, "%s, scattered slots: %lld values written outside the slots' rows", what,
+               (long long)touched);
+      } else {
+        CHECK(0);
+      }
+      ina_cuda_free(d_begins), ina_cuda_free(d_ends), ina_cuda_free(d_w), ina_cuda_free(d_ws);
+      free(begins), free(ends), free(w), free(ws), free(picked), free(dw_all), free(dws_all);
+    }
     free(whole);
     problem_free(&p);
   }

@@ -382,6 +382,54 @@ done:
   free(got);
 }
 
+/* Slot rows: random experts' offsets and slots (replicas, empty and malformed slots)
+ * against the cut computed on the host. */
+static void run_slot_rows_case(int32_t E, int32_t slots, test_rng_t *rng) {
+  char what[64];
+  snprintf(what, sizeof what, "moe slot rows E %d slots %d", E, slots);
+  int32_t *off = malloc(((size_t)E + 1) * 4), *info = malloc((size_t)slots * 12);
+  int32_t *begins = malloc((size_t)slots * 4), *ends = malloc((size_t)slots * 4);
+  if (!off || !info || !begins || !ends) {
+    CHECK(0);
+    goto done;
+  }
+  off[0] = 0;
+  for (int32_t x = 0; x < E; x++) off[x + 1] = off[x] + (int32_t)test_rng_int(rng, 0, 40);
+  for (int32_t s = 0; s < slots; s++) {
+    const int32_t r = (int32_t)test_rng_int(rng, 1, 4);
+    info[3 * s] = test_rng_int(rng, 0, 9) == 0 ? -1 : (int32_t)test_rng_int(rng, 0, E - 1);
+    info[3 * s + 1] = test_rng_int(rng, 0, 19) == 0 ? r : (int32_t)test_rng_int(rng, 0, r - 1); /* r: malformed */
+    info[3 * s + 2] = r;
+  }
+  dev_buf_t doff = dev_buf_from(off, ((size_t)E + 1) * 4, 0), dinfo = dev_buf_from(info, (size_t)slots * 12, 0);
+  dev_buf_t db = dev_buf_make((size_t)slots * 4, 0x5A), de = dev_buf_make((size_t)slots * 4, 0x5A);
+  CHECK_OK(ina_gpu_moe_slot_rows(doff.p, E, dinfo.p, slots, db.p, de.p, NULL));
+  CHECK_OK(ina_cuda_synchronize());
+  dev_buf_read(&db, begins, what);
+  dev_buf_read(&de, ends, what);
+  int32_t wrong = 0;
+  for (int32_t s = 0; s < slots; s++) {
+    const int32_t x = info[3 * s], j = info[3 * s + 1], r = info[3 * s + 2];
+    int64_t b = 0, e = 0;
+    if (x >= 0 && j < r) {
+      const int64_t n = off[x + 1] - off[x];
+      b = off[x] + n * j / r;
+      e = off[x] + n * (j + 1) / r;
+    }
+    wrong += begins[s] != b || ends[s] != e;
+  }
+  CHECKF(wrong == 0, "%s: %d slots' rows differ from the host's cut", what, wrong);
+  dev_buf_free(&doff);
+  dev_buf_free(&dinfo);
+  dev_buf_free(&db);
+  dev_buf_free(&de);
+done:
+  free(off);
+  free(info);
+  free(begins);
+  free(ends);
+}
+
 int main(int argc, char **argv) {
   test_rng_t rng;
   if (!gpu_test_start("test_gpu_moe", argc, argv, &rng)) return TEST_SKIP;
@@ -415,6 +463,8 @@ int main(int argc, char **argv) {
   run_range_case(gpu_test_quick ? 2000 : 20000, 8, 256, 37, 64, &rng);
   run_range_case(5, 2, 8, 7, 1, &rng);
   run_count_case(1, 6, 64, &rng);
+  run_slot_rows_case(8, 5, &rng);
+  run_slot_rows_case(256, 300, &rng);
   run_count_case(300, 8, 256, &rng);
   run_count_case(gpu_test_quick ? 2000 : 20000, 6, 160, &rng);
   return test_finish("test_gpu_moe");

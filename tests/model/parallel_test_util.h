@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/expert_placement.h"
 #include "model/generate.h"
 #include "model/model.h"
 
@@ -63,6 +64,56 @@ static inline int parallel_same_everywhere(ina_comm_t *comm, uint64_t value) {
   for (int r = 0; r < n && same; r++) same = all[r] == value;
   free(all);
   return same;
+}
+
+/* Uniform in [0, n). */
+static inline int32_t parallel_rng_below(test_rng_t *rng, int64_t n) { return (int32_t)test_rng_int(rng, 0, n - 1); }
+
+/* A random valid placement: every expert once on a random rank, then extra replicas and
+ * empty slots at random, slots_per_rank anywhere from the least that fits to every expert. */
+static inline void parallel_random_placement(test_rng_t *rng, int32_t ep, int32_t layers, int32_t experts,
+                                             ina_expert_placement_t *p) {
+  const int32_t least = (experts + ep - 1) / ep;
+  const int32_t slots = least + parallel_rng_below(rng, (experts - least + 1));
+  CHECK_OK(ina_expert_placement_init(ep, slots, layers, experts, p));
+  int32_t *order = malloc((size_t)experts * sizeof *order), *used = calloc((size_t)ep, sizeof *used);
+  for (int32_t l = 0; l < layers && order && used; l++) {
+    memset(used, 0, (size_t)ep * sizeof *used);
+    for (int32_t x = 0; x < experts; x++) order[x] = x;
+    for (int32_t x = experts - 1; x > 0; x--) {
+      const int32_t k = parallel_rng_below(rng, x + 1), t = order[x];
+      order[x] = order[k];
+      order[k] = t;
+    }
+    /* Each expert once, on a random rank with room. */
+    for (int32_t i = 0; i < experts; i++) {
+      int32_t r = parallel_rng_below(rng, ep);
+      while (used[r] == slots) r = (r + 1) % ep;
+      p->slot_expert[ina_expert_placement_index(p, l, r, used[r]++)] = order[i];
+    }
+    /* The other slots: a replica of an expert the rank lacks, or empty. */
+    for (int32_t r = 0; r < ep; r++)
+      for (int32_t s = used[r]; s < slots; s++) {
+        if (parallel_rng_below(rng, 3) == 0) continue;
+        const int32_t x = parallel_rng_below(rng, experts);
+        int held = 0;
+        for (int32_t k = 0; k < slots; k++) held |= ina_expert_placement_slot(p, l, r, k) == x;
+        if (!held) p->slot_expert[ina_expert_placement_index(p, l, r, s)] = x;
+      }
+    /* Shuffle each rank's slots, so that experts do not sit in order. */
+    for (int32_t r = 0; r < ep; r++)
+      for (int32_t s = slots - 1; s > 0; s--) {
+        const int32_t k = parallel_rng_below(rng, s + 1);
+        int32_t *a = &p->slot_expert[ina_expert_placement_index(p, l, r, s)];
+        int32_t *b = &p->slot_expert[ina_expert_placement_index(p, l, r, k)];
+        const int32_t t = *a;
+        *a = *b;
+        *b = t;
+      }
+  }
+  free(order);
+  free(used);
+  CHECK_OK(ina_expert_placement_validate(p));
 }
 
 static inline void fixture_run_free(fixture_run_t *r) {

@@ -13,7 +13,9 @@
  *     (the count is printed per fixture);
  *   - every rank's tokens equal (all ranks run the same batch).
  * A wrong head slice, a missing all-reduce or an expert computed twice moves every row
- * by far more than ROW_BOUND. Labelled gpu: every rank exits 77 without a CUDA device. */
+ * by far more than ROW_BOUND. EP engines also switch to three random expert placements
+ * (replicas, experts moved between GPUs), after each of which their logits and tokens
+ * stay one GPU's bit for bit. Labelled gpu: every rank exits 77 without a CUDA device. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,9 +44,7 @@ static int32_t argmax(const float *row, int32_t n) {
   return best;
 }
 
-/* Greedy generation of the fixture's prompts as one batch: tokens into out[p]. */
-static int generate(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep, int32_t device,
-                    int32_t out[][GOLDEN_MAX_NEW]) {
+static ina_engine_t *make_engine(const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep, int32_t device) {
   ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
   eo.page_size = 16;
   eo.max_tokens = 4096;
@@ -52,10 +52,14 @@ static int generate(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, in
   eo.tp_comm = tp;
   eo.ep_comm = ep;
   ina_engine_t *e = NULL;
+  CHECK_OK(ina_engine_create(m, &eo, &e));
+  return e;
+}
+
+/* Greedy generation of the fixture's prompts as one batch on e: tokens into out[p]. */
+static int generate_on(ina_engine_t *e, const fixture_t *f, int32_t out[][GOLDEN_MAX_NEW]) {
   ina_generate_request_t r[GOLDEN_MAX_PROMPTS];
   memset(r, 0, sizeof r);
-  CHECK_OK(ina_engine_create(m, &eo, &e));
-  if (!e) return 0;
   for (int32_t p = 0; p < f->count; p++) {
     const ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
     r[p].prompt = f->prompts[p];
@@ -67,20 +71,19 @@ static int generate(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, in
   }
   const ina_status_t st = ina_generate(e, r, f->count, NULL);
   CHECK_OK(st);
-  ina_engine_destroy(e);
   return st == INA_OK;
 }
 
-/* Logits of every position of prompt + tokens, as one prefill of all prompts. */
-static float *forced_logits(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep,
-                            int32_t device, int32_t tokens[][GOLDEN_MAX_NEW], int32_t *rows) {
-  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
-  eo.page_size = 16;
-  eo.max_tokens = 4096;
-  eo.device = device;
-  eo.tp_comm = tp;
-  eo.ep_comm = ep;
-  ina_engine_t *e = NULL;
+static int generate(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep, int32_t device,
+                    int32_t out[][GOLDEN_MAX_NEW]) {
+  ina_engine_t *e = make_engine(m, tp, ep, device);
+  const int ok = e && generate_on(e, f, out);
+  ina_engine_destroy(e);
+  return ok;
+}
+
+/* Logits of every position of prompt + tokens, as one prefill of all prompts on e. */
+static float *forced_logits_on(ina_engine_t *e, const fixture_t *f, int32_t tokens[][GOLDEN_MAX_NEW], int32_t *rows) {
   ina_kv_seq_t seqs[GOLDEN_MAX_PROMPTS];
   ina_kv_seq_t *ptrs[GOLDEN_MAX_PROMPTS];
   int32_t qo[GOLDEN_MAX_PROMPTS + 1] = {0};
@@ -89,11 +92,10 @@ static float *forced_logits(const fixture_t *f, const ina_model_t *m, ina_comm_t
     qo[p + 1] = qo[p] + f->lens[p] + f->max_new;
     ptrs[p] = &seqs[p];
   }
-  const int32_t vocab = ina_model_config(m)->vocab_size;
+  const int32_t vocab = ina_engine_config(e)->vocab_size;
   int32_t *ids = malloc((size_t)qo[f->count] * sizeof *ids);
   float *logits = malloc((size_t)qo[f->count] * vocab * sizeof *logits);
-  CHECK_OK(ina_engine_create(m, &eo, &e));
-  if (!e || !ids || !logits) goto fail;
+  if (!ids || !logits) goto fail;
   for (int32_t p = 0; p < f->count; p++) {
     memcpy(ids + qo[p], f->prompts[p], (size_t)f->lens[p] * sizeof *ids);
     memcpy(ids + qo[p] + f->lens[p], tokens[p], (size_t)f->max_new * sizeof *ids);
@@ -105,15 +107,21 @@ static float *forced_logits(const fixture_t *f, const ina_model_t *m, ina_comm_t
     goto fail;
   }
   for (int32_t p = 0; p < f->count; p++) ina_kv_seq_release(ina_engine_page_pool(e), &seqs[p]);
-  ina_engine_destroy(e);
   free(ids);
   *rows = qo[f->count];
   return logits;
 fail:
-  ina_engine_destroy(e);
   free(ids);
   free(logits);
   return NULL;
+}
+
+static float *forced_logits(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep,
+                            int32_t device, int32_t tokens[][GOLDEN_MAX_NEW], int32_t *rows) {
+  ina_engine_t *e = make_engine(m, tp, ep, device);
+  float *logits = e ? forced_logits_on(e, f, tokens, rows) : NULL;
+  ina_engine_destroy(e);
+  return logits;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -174,7 +182,53 @@ static void check_layout(const char *name, const char *what, const fixture_t *f,
   free(b);
 }
 
-static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina_comm_t *ep, int32_t device) {
+/* Expert placements on the GPUs: an EP engine switches to a fresh random placement
+ * (replicas, empty slots, experts moved between the GPUs) three times; after each, its
+ * teacher-forced logits equal one GPU's bit for bit, and after the last its free-running
+ * tokens (decode graphs captured anew) equal one GPU's. */
+static void check_placements(const char *name, const fixture_t *f, const ina_model_t *whole, const ina_model_t *part,
+                             ina_comm_t *ep, int32_t device, test_rng_t *rng) {
+  const ina_model_config_t *c = ina_model_config(whole);
+  int32_t layers = 0, ref[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW], got[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW];
+  for (int32_t l = 0; l < c->num_layers; l++) layers += ina_cfg_layer_is_moe(c, l);
+  if (layers == 0 || !generate(f, whole, NULL, NULL, device, ref)) return;
+  int32_t rows = 0, rows2 = 0;
+  float *want = forced_logits(f, whole, NULL, NULL, device, ref, &rows);
+  ina_engine_t *e = make_engine(part, NULL, ep, device);
+  int64_t moved_total = 0;
+  for (int round = 0; round < 3 && e && want; round++) {
+    ina_expert_placement_t p = {0}, now = {0};
+    parallel_random_placement(rng, g_size, layers, c->n_routed_experts, &p);
+    int64_t moved = -1;
+    CHECK_OK(ina_engine_apply_placement(e, &p, 0, &moved));
+    moved_total += moved > 0 ? moved : 0;
+    CHECK_OK(ina_engine_get_placement(e, &now));
+    CHECKF(now.slot_expert && ina_expert_placement_equal(&now, &p), "%s round %d: placement not in force", name, round);
+    float *got_logits = forced_logits_on(e, f, ref, &rows2);
+    CHECKF(got_logits && rows2 == rows &&
+               memcmp(got_logits, want, (size_t)rows * c->vocab_size * sizeof(float)) == 0,
+           "%s round %d: logits after the placement change differ from one GPU's", name, round);
+    free(got_logits);
+    ina_expert_placement_free(&p);
+    ina_expert_placement_free(&now);
+  }
+  if (e) {
+    const int ok = generate_on(e, f, got);
+    int equal = 0;
+    for (int32_t p = 0; ok && p < f->count; p++)
+      equal += memcmp(ref[p], got[p], (size_t)f->max_new * sizeof(int32_t)) == 0;
+    CHECKF(ok && equal == f->count, "%s: tokens after placement changes equal one GPU's on %d of %d prompts", name,
+           equal, f->count);
+  }
+  CHECKF(moved_total > 0, "%s: no expert moved in three random placements", name);
+  if (g_rank == 0) printf("  %s ep placements: 3 applied, %lld bytes moved, logits and tokens as one GPU's\n", name,
+                          (long long)moved_total);
+  ina_engine_destroy(e);
+  free(want);
+}
+
+static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina_comm_t *ep, int32_t device,
+                          test_rng_t *rng) {
   fixture_t f;
   ina_model_t *whole = NULL, *part = NULL;
   CHECKF(load_fixture(dir, &f) == 0, "%s: cannot read the fixture", dir);
@@ -203,6 +257,7 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina
     mo.shard.expert_end = (int32_t)((int64_t)c->n_routed_experts * (g_rank + 1) / g_size);
     CHECK_OK(ina_model_open(dir, &mo, &part));
     if (part) check_layout(name, "ep", &f, whole, part, NULL, ep, device, 1);
+    if (part) check_placements(name, &f, whole, part, ep, device, rng);
   }
 done:
   ina_model_destroy(part);
@@ -227,6 +282,9 @@ int main(int argc, char **argv) {
   /* Every rank in one group: the same NCCL communicator serves TP and EP runs. */
   CHECK_OK(ina_bootstrap_world_comm(boot, INA_COMM_BACKEND_NCCL, &tp));
   CHECK_OK(ina_bootstrap_world_comm(boot, INA_COMM_BACKEND_NCCL, &ep));
+  int64_t seed = g_rank == 0 ? (int64_t)test_seed("test_engine_gpu_parallel") : 0;
+  if (g_world) CHECK_OK(ina_comm_broadcast(g_world, &seed, 1, INA_DTYPE_I64, 0, NULL));
+  test_rng_t rng = {(uint64_t)seed};
   if (g_rank == 0) printf("test_engine_gpu_parallel: %d ranks, one GPU each\n", g_size);
   char *names[GOLDEN_MAX_FIXTURES];
   const int count = g_world && tp && ep ? golden_fixture_names(root, names) : 0;
@@ -234,7 +292,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < count; i++) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
-    check_fixture(dir, names[i], tp, ep, device);
+    check_fixture(dir, names[i], tp, ep, device, &rng);
     free(names[i]);
   }
   CHECKF(g_prompts > 0 && g_prompts_equal >= TOKENS_SHARE * g_prompts,

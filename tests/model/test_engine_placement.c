@@ -30,60 +30,11 @@ static ina_comm_t *g_world;
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-/* Uniform in [0, n). */
-static int32_t test_rng_pick(test_rng_t *rng, int64_t n) { return (int32_t)test_rng_int(rng, 0, n - 1); }
 
 static uint64_t shared_seed(void) {
   int64_t seed = g_rank == 0 ? (int64_t)test_seed("test_engine_placement") : 0;
   CHECK_OK(ina_comm_broadcast(g_world, &seed, 1, INA_DTYPE_I64, 0, NULL));
   return (uint64_t)seed;
-}
-
-/* A random valid placement: every expert once on a random rank, then extra replicas and
- * empty slots at random, slots_per_rank anywhere from the least that fits to every expert. */
-static void random_placement(test_rng_t *rng, int32_t layers, int32_t experts,
-                             ina_expert_placement_t *p) {
-  const int32_t least = (experts + g_ep - 1) / g_ep;
-  const int32_t slots = least + (int32_t)test_rng_pick(rng, (experts - least + 1));
-  CHECK_OK(ina_expert_placement_init(g_ep, slots, layers, experts, p));
-  int32_t *order = malloc((size_t)experts * sizeof *order), *used = calloc((size_t)g_ep, sizeof *used);
-  for (int32_t l = 0; l < layers && order && used; l++) {
-    memset(used, 0, (size_t)g_ep * sizeof *used);
-    for (int32_t x = 0; x < experts; x++) order[x] = x;
-    for (int32_t x = experts - 1; x > 0; x--) {
-      const int32_t k = (int32_t)test_rng_pick(rng, x + 1), t = order[x];
-      order[x] = order[k];
-      order[k] = t;
-    }
-    /* Each expert once, on a random rank with room. */
-    for (int32_t i = 0; i < experts; i++) {
-      int32_t r = (int32_t)test_rng_pick(rng, g_ep);
-      while (used[r] == slots) r = (r + 1) % g_ep;
-      p->slot_expert[ina_expert_placement_index(p, l, r, used[r]++)] = order[i];
-    }
-    /* The other slots: a replica of an expert the rank lacks, or empty. */
-    for (int32_t r = 0; r < g_ep; r++)
-      for (int32_t s = used[r]; s < slots; s++) {
-        if (test_rng_pick(rng, 3) == 0) continue;
-        const int32_t x = (int32_t)test_rng_pick(rng, experts);
-        int held = 0;
-        for (int32_t k = 0; k < slots; k++) held |= ina_expert_placement_slot(p, l, r, k) == x;
-        if (!held) p->slot_expert[ina_expert_placement_index(p, l, r, s)] = x;
-      }
-    /* Shuffle each rank's slots, so that experts do not sit in order. */
-    for (int32_t r = 0; r < g_ep; r++)
-      for (int32_t s = slots - 1; s > 0; s--) {
-        const int32_t k = (int32_t)test_rng_pick(rng, s + 1);
-        int32_t *a = &p->slot_expert[ina_expert_placement_index(p, l, r, s)];
-        int32_t *b = &p->slot_expert[ina_expert_placement_index(p, l, r, k)];
-        const int32_t t = *a;
-        *a = *b;
-        *b = t;
-      }
-  }
-  free(order);
-  free(used);
-  CHECK_OK(ina_expert_placement_validate(p));
 }
 
 /* Bytes the ranks of one TP slice would receive going from `from` to `to`: the experts each
@@ -222,7 +173,7 @@ static void check_moving(const char *name, const fixture_t *f, const ina_model_t
   for (int32_t step = 0; step < f->max_new; step++) {
     ina_expert_placement_t before = {0}, next = {0}, now = {0};
     CHECK_OK(ina_engine_get_placement(moving, &before));
-    random_placement(rng, layers, c->n_routed_experts, &next);
+    parallel_random_placement(rng, g_ep, layers, c->n_routed_experts, &next);
     int64_t moved = -1;
     CHECK_OK(ina_engine_apply_placement(moving, &next, 0, &moved));
     CHECK_OK(ina_engine_get_placement(moving, &now));
@@ -286,7 +237,7 @@ static void check_refusals(const fixture_t *f, const ina_model_t *m, ina_comm_t 
   ina_engine_t *e = make_engine(m, tp, ep, 0), *ref = make_engine(m, tp, ep, 0);
   if (!e || !ref || layers == 0) goto done;
   ina_expert_placement_t good = {0}, bad = {0};
-  random_placement(rng, layers, E, &good);
+  parallel_random_placement(rng, g_ep, layers, E, &good);
   int64_t moved = -1;
   /* Dry run: the bytes, and no change. */
   {
