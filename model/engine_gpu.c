@@ -286,6 +286,7 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   INA_CHECK(gpu_placement_init(e));
   e->router = router_config(c);
   e->use_graphs = ina_engine_options_cuda_graphs(options);
+  e->max_expert_bytes = ina_engine_options_max_expert_bytes(options);
   for (int32_t l = 0; l < c->num_layers; l++)
     if (e->w.layers[l].is_moe && !e->w.layers[l].grouped_w[0]) e->use_graphs = 0;
   if (c->n_routed_experts > 0)

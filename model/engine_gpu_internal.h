@@ -90,6 +90,7 @@ struct ina_engine_gpu {
   ina_router_config_t router;
   int32_t heads;          /* attention heads of this rank (num_heads / tp) */
   int32_t tp_size;
+  int64_t max_expert_bytes; /* ina_engine_options_t.max_expert_bytes */
   ina_comm_t *tp_comm;    /* NULL: one rank */
   ina_comm_t *ep_comm;    /* NULL: this rank holds every routed expert */
   ina_custom_ar_t *tp_ar, *ep_ar; /* their all-reduces; NULL for one rank */

@@ -470,7 +470,7 @@ ina_status_t ina_engine_gpu_apply_placement(ina_engine_gpu_t *e, const ina_exper
   shapes = calloc((size_t)L + 1, sizeof *shapes);
   INA_CHECK_ALLOC(shapes);
   {
-    int64_t needed = 0, staging = 0;
+    int64_t needed = 0, staging = 0, held = 0;
     const int32_t me = ina_comm_rank(e->ep_comm);
     for (int32_t m = 0; m < L; m++) {
       INA_CHECK(layer_shape(e, m, &shapes[m]));
@@ -478,10 +478,16 @@ ina_status_t ina_engine_gpu_apply_placement(ina_engine_gpu_t *e, const ina_exper
       needed += in;
       const int64_t round = in < ROUND_BYTES ? in : ROUND_BYTES;
       if (2 * round > staging) staging = 2 * round;
+      for (int32_t s = 0; s < p->slots_per_rank; s++)
+        if (ina_expert_placement_slot(p, m, me, s) >= 0) held += expert_bytes(&shapes[m]);
     }
     size_t free_bytes = 0, total = 0;
     INA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-    if (needed + staging > (int64_t)free_bytes) {
+    if (e->max_expert_bytes > 0 && held > e->max_expert_bytes) {
+      ina_error(INA_LOG_SUBSYS, "expert placement: rank %d would hold %.1f MiB of routed experts, over its limit of "
+                "%.1f MiB (max_expert_bytes)", me, (double)held / 1048576.0, (double)e->max_expert_bytes / 1048576.0);
+      local = INA_ERR_OUT_OF_MEMORY;
+    } else if (needed + staging > (int64_t)free_bytes) {
       ina_error(INA_LOG_SUBSYS, "expert placement: rank %d would receive %.1f MiB of experts, and %.1f MiB of device "
                 "memory is free", me, (double)needed / 1048576.0, (double)free_bytes / 1048576.0);
       local = INA_ERR_OUT_OF_MEMORY;

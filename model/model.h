@@ -103,7 +103,8 @@ typedef struct ina_engine_options {
    * (model/engine_gpu.c). */
   ina_comm_t *tp_comm;
   /* Version 5. Bytes of routed-expert weights a rank may hold after a placement change
-   * (ina_engine_apply_placement); 0: only the host memory available limits it. */
+   * (ina_engine_apply_placement); 0: only the memory available (host or device) limits
+   * it. */
   int64_t max_expert_bytes;
 } ina_engine_options_t;
 

@@ -15,7 +15,8 @@
  * A wrong head slice, a missing all-reduce or an expert computed twice moves every row
  * by far more than ROW_BOUND. EP engines also switch to three random expert placements
  * (replicas, experts moved between GPUs), after each of which their logits and tokens
- * stay one GPU's bit for bit. Labelled gpu: every rank exits 77 without a CUDA device. */
+ * stay one GPU's bit for bit; an invalid placement and one over max_expert_bytes are
+ * refused and change nothing. Labelled gpu: every rank exits 77 without a CUDA device. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -221,6 +222,38 @@ static void check_placements(const char *name, const fixture_t *f, const ina_mod
            equal, f->count);
   }
   CHECKF(moved_total > 0, "%s: no expert moved in three random placements", name);
+  /* Refusals change nothing: an expert without a slot, and a limit the new experts pass. */
+  if (e) {
+    ina_expert_placement_t before = {0}, bad = {0}, after = {0};
+    CHECK_OK(ina_engine_get_placement(e, &before));
+    CHECK_OK(ina_expert_placement_copy(&before, &bad));
+    for (size_t i = 0; bad.slot_expert && i < (size_t)bad.ep * (size_t)bad.slots_per_rank; i++)
+      if (bad.slot_expert[i] == 0) bad.slot_expert[i] = -1; /* layer 0 loses expert 0 */
+    int64_t moved = 0;
+    ina_log_set_quiet_errors(1);
+    const ina_status_t invalid = ina_engine_apply_placement(e, &bad, 0, &moved);
+    ina_log_set_quiet_errors(0);
+    CHECKF(invalid == INA_ERR_INVALID_ARGUMENT, "%s: a placement without expert 0 gave %d", name, (int)invalid);
+    ina_expert_placement_free(&bad);
+    ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+    eo.device = device;
+    eo.ep_comm = ep;
+    eo.max_expert_bytes = 1;
+    ina_engine_t *capped = NULL;
+    CHECK_OK(ina_engine_create(part, &eo, &capped));
+    parallel_random_placement(rng, g_size, layers, c->n_routed_experts, &bad);
+    ina_log_set_quiet_errors(1);
+    const ina_status_t over = capped ? ina_engine_apply_placement(capped, &bad, 0, &moved) : INA_ERR_INTERNAL;
+    ina_log_set_quiet_errors(0);
+    CHECKF(over == INA_ERR_OUT_OF_MEMORY, "%s: a placement over max_expert_bytes gave %d", name, (int)over);
+    ina_engine_destroy(capped);
+    CHECK_OK(ina_engine_get_placement(e, &after));
+    CHECKF(before.slot_expert && after.slot_expert && ina_expert_placement_equal(&before, &after),
+           "%s: a refused placement changed the one in force", name);
+    ina_expert_placement_free(&bad);
+    ina_expert_placement_free(&before);
+    ina_expert_placement_free(&after);
+  }
   if (g_rank == 0) printf("  %s ep placements: 3 applied, %lld bytes moved, logits and tokens as one GPU's\n", name,
                           (long long)moved_total);
   ina_engine_destroy(e);
