@@ -31,6 +31,8 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
   const int32_t device = requested_device(options);
   INA_REQUIRE(device >= -1, INA_ERR_INVALID_ARGUMENT,
               "engine: device %d is invalid (-1 for the CPU, >= 0 for a CUDA device)", device);
+  INA_REQUIRE(device < 0 || !ina_engine_options_attention_dp(options), INA_ERR_UNSUPPORTED,
+              "engine: attention data parallelism runs on the CPU backend only so far (device %d)", device);
   e = calloc(1, sizeof *e);
   INA_CHECK_ALLOC(e);
   if (device < 0)

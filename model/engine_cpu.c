@@ -51,6 +51,9 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   e->expanded_decode = options->expanded_decode;
   e->tp_comm = ina_engine_options_tp_comm(options);
   e->max_expert_bytes = ina_engine_options_max_expert_bytes(options);
+  e->attention_dp = ina_engine_options_attention_dp(options);
+  INA_REQUIRE(!e->attention_dp || ina_engine_options_ep_comm(options), INA_ERR_INVALID_ARGUMENT,
+              "engine: attention data parallelism shares the MoE layers over ep_comm, and none was given");
   {
     const int32_t tp_size = e->tp_comm ? ina_comm_size(e->tp_comm) : 1;
     const int32_t tp_rank = e->tp_comm ? ina_comm_rank(e->tp_comm) : 0;
@@ -160,13 +163,19 @@ static void step_free(step_t *s) {
   free(s->u);
 }
 
+/* The widest MLP intermediate (dense, or the shared experts together). */
+static int64_t widest_intermediate(const ina_model_config_t *c) {
+  int64_t inter = c->intermediate_size;
+  if ((int64_t)c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1) > inter)
+    inter = (int64_t)c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1);
+  return inter;
+}
+
 static ina_status_t step_alloc(step_t *s) {
   ina_status_t st = INA_OK;
   const ina_model_config_t *c = s->e->cfg;
   const size_t T = (size_t)(s->T > 0 ? s->T : 1);
-  int64_t inter = c->intermediate_size;
-  if ((int64_t)c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1) > inter)
-    inter = (int64_t)c->moe_intermediate_size * (c->n_shared_experts > 1 ? c->n_shared_experts : 1);
+  const int64_t inter = widest_intermediate(c);
 #define ALLOC(field, count) \
   s->field = malloc(T * (size_t)(count) * sizeof *s->field); \
   INA_CHECK_ALLOC(s->field)
@@ -507,7 +516,7 @@ fail:
   return st;
 }
 
-static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
+static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
@@ -583,6 +592,60 @@ fail:
   free(y);
   routed_pairs_free(&pairs);
   return st;
+}
+
+/* Attention data parallelism: the ranks' tokens gathered over the expert-parallel group in
+ * rank order, the layer over all of them (the same routing and pieces on every rank), and
+ * this rank's rows kept. */
+static ina_status_t moe_block_dp(step_t *s, int32_t layer, float *out) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = s->e;
+  const int64_t Hd = e->cfg->hidden_size, inter = widest_intermediate(e->cfg);
+  const int32_t n = e->ep.nranks;
+  int64_t mine = s->T, total = 0, first = 0;
+  int64_t *counts = malloc((size_t)n * sizeof *counts);
+  size_t *sc = calloc((size_t)n, sizeof *sc), *sd = calloc((size_t)n, sizeof *sd);
+  size_t *rc = calloc((size_t)n, sizeof *rc), *rd = calloc((size_t)n, sizeof *rd);
+  float *h_all = NULL, *out_all = NULL, *g = NULL, *u = NULL;
+  step_t all = *s;
+  INA_CHECK_ALLOC(counts);
+  INA_CHECK_ALLOC(sc);
+  INA_CHECK_ALLOC(sd);
+  INA_CHECK_ALLOC(rc);
+  INA_CHECK_ALLOC(rd);
+  INA_CHECK(ina_comm_all_gather(e->ep.comm, &mine, counts, 1, INA_DTYPE_I64, NULL));
+  for (int32_t r = 0; r < n; r++) {
+    if (r == e->ep.rank) first = total;
+    rd[r] = (size_t)(total * Hd);
+    rc[r] = (size_t)(counts[r] * Hd);
+    sc[r] = (size_t)(mine * Hd); /* our rows to every rank, from the same place */
+    total += counts[r];
+  }
+  if (total == 0) goto fail; /* no rank brought a token */
+  h_all = malloc((size_t)(total * Hd) * sizeof *h_all);
+  out_all = malloc((size_t)(total * Hd) * sizeof *out_all);
+  g = malloc((size_t)(total * inter) * sizeof *g);
+  u = malloc((size_t)(total * inter) * sizeof *u);
+  INA_CHECK_ALLOC(h_all);
+  INA_CHECK_ALLOC(out_all);
+  INA_CHECK_ALLOC(g);
+  INA_CHECK_ALLOC(u);
+  INA_CHECK(ina_comm_all_to_all_v(e->ep.comm, s->h, sc, sd, h_all, rc, rd, INA_DTYPE_F32, NULL));
+  all.h = h_all;
+  all.T = total;
+  all.g = g;
+  all.u = u;
+  INA_CHECK(moe_layer(&all, layer, out_all));
+  if (mine > 0) memcpy(out, out_all + first * Hd, (size_t)(mine * Hd) * sizeof *out);
+fail:
+  free(counts);
+  free(sc), free(sd), free(rc), free(rd);
+  free(h_all), free(out_all), free(g), free(u);
+  return st;
+}
+
+static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
+  return s->e->attention_dp ? moe_block_dp(s, layer, out) : moe_layer(s, layer, out);
 }
 
 static ina_status_t mlp_block(step_t *s, int32_t layer) {

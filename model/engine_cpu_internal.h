@@ -25,6 +25,7 @@ struct ina_engine_cpu {
   ina_ep_group_t ep;    /* which slots hold which routed experts, on every rank */
   ina_expert_slots_t slots; /* this rank's slots */
   int64_t max_expert_bytes; /* ina_engine_options_t.max_expert_bytes */
+  int attention_dp;         /* ina_engine_options_t.attention_dp (with ep.comm) */
   ina_comm_t *tp_comm;  /* tensor parallelism: sums the partial outputs; NULL: one rank */
   int32_t heads;        /* attention heads of this rank (all of them without TP) */
   /* Tokens routed per (MoE layer, expert); read by other threads under load_mu. A step

@@ -106,10 +106,19 @@ typedef struct ina_engine_options {
    * (ina_engine_apply_placement); 0: only the memory available (host or device) limits
    * it. */
   int64_t max_expert_bytes;
+  /* Version 6. Attention data parallelism (CPU backend, with ep_comm): 1 lets every rank
+   * of ep_comm run its own batch through attention and the dense layers; at each MoE
+   * layer the ranks' tokens are gathered in rank order, the layer runs over all of them
+   * as with expert parallelism, and each rank keeps its own tokens' outputs. Logits are
+   * bit-identical to one rank running each batch. The ranks must step together: a rank
+   * with nothing to run calls ina_engine_forward with an empty batch (batch 0), and a
+   * batch one rank refuses (bad token ids, no pages) leaves the others waiting for it,
+   * so callers check their batches before. 0 (default): every rank runs the same batch. */
+  int32_t attention_dp;
 } ina_engine_options_t;
 
 #define INA_ENGINE_OPTIONS_INIT \
-  {sizeof(ina_engine_options_t), 5, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0}
+  {sizeof(ina_engine_options_t), 6, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);
