@@ -212,6 +212,9 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   if (multi_rank) {
     eo.tp_comm = options->tp_comm;
     eo.ep_comm = options->ep_comm;
+    if (options->struct_size >= offsetof(ina_agent_options_t, attention_dp) + sizeof(int32_t) &&
+        options->attention_dp)
+      eo.attention_dp = 2; /* the replicated scheduler's batch, split by sequence */
   }
   INA_CHECK(ina_engine_create(agent->model, &eo, &agent->engine));
   ina_page_pool_t *pool = ina_engine_page_pool(agent->engine);

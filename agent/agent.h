@@ -88,7 +88,7 @@ typedef struct ina_agent_options {
    * NULL or "": no metrics. Appended after version 1's fields: read only when
    * struct_size covers it. */
   const char *metrics_listen;
-  /* Version 2: one rank of several (CPU engine; the others run ina_scheduler_follow over
+  /* Version 2: one rank of several (the others run ina_scheduler_follow over
    * their own shard). This rank's slice of the model and the communicators of its engine
    * (ina_engine_options_t tp_comm, ep_comm); scheduler.replica_comm joins every rank,
    * with this agent as rank 0. INA_SHARD_INIT and NULL communicators: one rank.
@@ -96,17 +96,22 @@ typedef struct ina_agent_options {
   ina_shard_t shard;
   ina_comm_t *tp_comm, *ep_comm;
   /* The job's ranks in global rank order (copied) and its layout: tp x dp = num_ranks;
-   * the dp groups of tp ranks all run the same batches in this version, and with ep > 1
-   * they split the routed experts evenly (ep = dp). NULL / 0: one rank. */
+   * with ep > 1 the dp groups split the routed experts evenly (ep = dp). NULL / 0: one
+   * rank. */
   const ina_agent_rank_t *ranks;
   int32_t num_ranks;
   int32_t tp, dp, ep;
+  /* Version 3. With ep > 1: 1 lets the dp groups compute attention for different
+   * sequences (ina_engine_options_t.attention_dp 2: each sequence on the group its first
+   * KV page picks, the MoE layers over all groups' tokens); 0 (default): every group
+   * computes every sequence. CPU engine. */
+  int32_t attention_dp;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 2, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+  {sizeof(ina_agent_options_t), 3, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
    0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,      \
-   NULL, NULL, NULL, 0, 1, 1, 1}
+   NULL, NULL, NULL, 0, 1, 1, 1, 0}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 

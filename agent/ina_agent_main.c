@@ -52,6 +52,9 @@ static void usage(FILE *f) {
           "                       ranks after a few seconds. A rank that stops answering fails\n"
           "                       the others within INA_COMM_TIMEOUT_S (default here 20 s):\n"
           "                       they exit non-zero\n"
+          "  --attention-dp       with --ep: the groups compute attention for different\n"
+          "                       sequences (each on the group its first KV page picks), the\n"
+          "                       MoE layers over all of them (CPU engine)\n"
           "  -h, --help           this help\n"
           "Logging: INA_LOG=info (or warn, debug; per part: INA_LOG=warn,agent=info).\n");
 }
@@ -214,6 +217,7 @@ static int follow(const ina_agent_options_t *o, const ina_parallel_job_t *job) {
   eo.device = o->device;
   eo.tp_comm = o->tp_comm;
   eo.ep_comm = o->ep_comm;
+  eo.attention_dp = o->attention_dp ? 2 : 0;
   ina_model_t *model = NULL;
   ina_engine_t *engine = NULL;
   ina_scheduler_t *scheduler = NULL;
@@ -259,7 +263,7 @@ static void *watch_ranks(void *arg) {
 
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
-         O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_GRACE, O_METRICS, O_TP, O_EP };
+         O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -269,6 +273,7 @@ int main(int argc, char **argv) {
       {"admin-token", required_argument, 0, O_TOKEN}, {"drain-grace-ms", required_argument, 0, O_GRACE},
       {"metrics-listen", required_argument, 0, O_METRICS}, {"admin-token-file", required_argument, 0, O_TOKEN_FILE},
       {"tp", required_argument, 0, O_TP},             {"ep", no_argument, 0, O_EP},
+      {"attention-dp", no_argument, 0, O_ADP},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512];
@@ -285,6 +290,7 @@ int main(int argc, char **argv) {
     case O_DEVICE: if (parse_device(optarg, &o.device)) return 2; break;
     case O_TP: if (parse_int("--tp", optarg, 1, 1024, &tp_size)) return 2; break;
     case O_EP: ep = 1; break;
+    case O_ADP: o.attention_dp = 1; break;
     case O_PAGE: if (parse_int("--page-size", optarg, 1, 1 << 20, &v)) return 2; o.page_size = (int32_t)v; break;
     case O_MAXTOK: if (parse_int("--max-tokens", optarg, 1, INT64_MAX, &v)) return 2; o.max_tokens = v; break;
     case O_THREADS: if (parse_int("--threads", optarg, 0, 4096, &v)) return 2; o.num_threads = (int32_t)v; break;
@@ -310,11 +316,20 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  if (o.attention_dp && !ep) {
+    fprintf(stderr, "ina-agent: --attention-dp needs --ep (the groups share the MoE layers)\n");
+    return 2;
+  }
+  if (o.attention_dp && o.device >= 0) {
+    fprintf(stderr, "ina-agent: --attention-dp runs on the CPU engine so far (--device cpu)\n");
+    return 2;
+  }
   ina_parallel_job_t job;
   memset(&job, 0, sizeof job);
   if (ep || tp_size > 1) {
     /* Each rank takes the GPU of its local rank (NCCL between them), or the CPU. */
-    const int on_gpu = o.device >= 0 || (o.device == INA_AGENT_DEVICE_AUTO && ina_cuda_device_count() > 0);
+    const int on_gpu = !o.attention_dp &&
+                       (o.device >= 0 || (o.device == INA_AGENT_DEVICE_AUTO && ina_cuda_device_count() > 0));
     int rc = job_start((int)tp_size, ep, on_gpu, &job);
     o.device = on_gpu ? ina_parallel_job_device(&job) : -1;
     if (rc == 0) rc = job_shard(&job, o.model, &o.shard);

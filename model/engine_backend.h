@@ -40,10 +40,9 @@ static inline int64_t ina_engine_options_max_expert_bytes(const ina_engine_optio
              : 0;
 }
 
-/* options->attention_dp when the caller's struct has it (version 6), else 0. */
+/* options->attention_dp when the caller's struct has it (version 6), else 0 (off). */
 static inline int ina_engine_options_attention_dp(const ina_engine_options_t *o) {
-  return o->struct_size >= offsetof(ina_engine_options_t, attention_dp) + sizeof(int32_t) ? o->attention_dp != 0
-                                                                                          : 0;
+  return o->struct_size >= offsetof(ina_engine_options_t, attention_dp) + sizeof(int32_t) ? o->attention_dp : 0;
 }
 
 typedef struct ina_engine_cpu ina_engine_cpu_t;

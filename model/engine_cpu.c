@@ -52,6 +52,8 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   e->tp_comm = ina_engine_options_tp_comm(options);
   e->max_expert_bytes = ina_engine_options_max_expert_bytes(options);
   e->attention_dp = ina_engine_options_attention_dp(options);
+  INA_REQUIRE(e->attention_dp >= 0 && e->attention_dp <= 2, INA_ERR_INVALID_ARGUMENT,
+              "engine: attention_dp %d (0 off, 1 a batch per rank, 2 one batch split by sequence)", e->attention_dp);
   INA_REQUIRE(!e->attention_dp || ina_engine_options_ep_comm(options), INA_ERR_INVALID_ARGUMENT,
               "engine: attention data parallelism shares the MoE layers over ep_comm, and none was given");
   {
@@ -675,25 +677,24 @@ static void publish_expert_load(ina_engine_cpu_t *e) {
   memset(e->step_load, 0, n * sizeof *e->step_load);
 }
 
-ina_status_t ina_engine_cpu_forward(ina_engine_cpu_t *e, const ina_batch_t *b, float *logits) {
+/* The forward of batch b, whose sequences have grown by their new tokens already. */
+static ina_status_t forward_grown(ina_engine_cpu_t *e, const ina_batch_t *b, float *logits) {
   ina_status_t st = INA_OK;
   step_t s;
   memset(&s, 0, sizeof s);
   float *final = NULL;
-  int appended = 0;
-  INA_CHECK(ina_engine_validate_batch(e->cfg, b));
   const ina_model_config_t *c = e->cfg;
   s.e = e;
   s.b = b;
   s.T = b->qo_indptr[b->batch];
   INA_CHECK(step_alloc(&s));
-  for (int32_t i = 0; i < b->batch; i++)
+  for (int32_t i = 0; i < b->batch; i++) {
+    const int32_t n = b->qo_indptr[i + 1] - b->qo_indptr[i];
     for (int32_t t = b->qo_indptr[i]; t < b->qo_indptr[i + 1]; t++) {
       s.token_seq[t] = i;
-      s.positions[t] = b->seqs[i]->num_tokens + (t - b->qo_indptr[i]);
+      s.positions[t] = b->seqs[i]->num_tokens - n + (t - b->qo_indptr[i]);
     }
-  INA_CHECK(ina_engine_append_all(e->kv, b));
-  appended = 1;
+  }
   for (int64_t t = 0; t < s.T; t++) ina_cpu_tensor_row(&e->w->embed, b->tokens[t], s.x + t * c->hidden_size);
   for (int32_t l = 0; l < c->num_layers; l++) {
     INA_CHECK(attention_block(&s, l));
@@ -710,17 +711,90 @@ ina_status_t ina_engine_cpu_forward(ina_engine_cpu_t *e, const ina_batch_t *b, f
     }
     INA_CHECK(ina_cpu_linear(e->pool, &e->w->lm_head, final, rows, logits));
   }
-  free(final);
-  step_free(&s);
   publish_expert_load(e);
-  return INA_OK;
 fail:
-  if (appended) ina_engine_truncate_all(e->kv, b);
-  /* The step's tokens were not computed: its counts go. */
-  memset(e->step_load, 0,
-         (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts * sizeof *e->step_load);
+  if (st != INA_OK) /* the step's tokens were not computed: its counts go */
+    memset(e->step_load, 0, (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts * sizeof *e->step_load);
   free(final);
   step_free(&s);
+  return st;
+}
+
+/* The rank that computes sequence seq in a split batch: its first page picks it, which is
+ * the same on every rank (the pools are replicas) and stays while the sequence lives (its
+ * KV entries are on that rank only); sequences sharing a prefix share their owner. */
+static int32_t split_owner(const ina_kv_seq_t *seq, int32_t ranks) {
+  return seq->num_pages > 0 ? seq->pages[0] % ranks : 0;
+}
+
+/* attention_dp 2: every rank has the whole batch; each computes the sequences it owns
+ * (forward_grown with the MoE layers gathered), and the logits travel to every rank. */
+static ina_status_t forward_split(ina_engine_cpu_t *e, const ina_batch_t *b, float *logits) {
+  ina_status_t st = INA_OK;
+  const int32_t n = e->ep.nranks, me = e->ep.rank, V = e->cfg->vocab_size;
+  ina_kv_seq_t **seqs = malloc(((size_t)b->batch + 1) * sizeof *seqs);
+  int32_t *qo = malloc(((size_t)b->batch + 2) * sizeof *qo);
+  int32_t *tokens = malloc(((size_t)b->qo_indptr[b->batch] + 1) * sizeof *tokens);
+  size_t *sc = calloc((size_t)n, sizeof *sc), *sd = calloc((size_t)n, sizeof *sd);
+  size_t *rc = calloc((size_t)n, sizeof *rc), *rd = calloc((size_t)n, sizeof *rd), *cur = calloc((size_t)n, sizeof *cur);
+  float *mine = NULL, *all = NULL;
+  INA_CHECK_ALLOC(seqs);
+  INA_CHECK_ALLOC(qo);
+  INA_CHECK_ALLOC(tokens);
+  INA_CHECK_ALLOC(sc);
+  INA_CHECK_ALLOC(sd);
+  INA_CHECK_ALLOC(rc);
+  INA_CHECK_ALLOC(rd);
+  INA_CHECK_ALLOC(cur);
+  /* Our sequences, and every rank's logits rows (known to all: the owners are). */
+  int32_t count = 0;
+  qo[0] = 0;
+  for (int32_t i = 0; i < b->batch; i++) {
+    const int32_t len = b->qo_indptr[i + 1] - b->qo_indptr[i], owner = split_owner(b->seqs[i], n);
+    rc[owner] += (size_t)(b->all_logits ? len : 1) * (size_t)V;
+    if (owner != me) continue;
+    seqs[count] = b->seqs[i];
+    memcpy(tokens + qo[count], b->tokens + b->qo_indptr[i], (size_t)len * sizeof *tokens);
+    qo[count + 1] = qo[count] + len;
+    count++;
+  }
+  size_t total = 0;
+  for (int32_t r = 0; r < n; r++) {
+    rd[r] = total;
+    total += rc[r];
+    sc[r] = rc[me];
+  }
+  mine = malloc((rc[me] + 1) * sizeof *mine);
+  all = malloc((total + 1) * sizeof *all);
+  INA_CHECK_ALLOC(mine);
+  INA_CHECK_ALLOC(all);
+  const ina_batch_t sub = {count, seqs, qo, tokens, b->all_logits};
+  INA_CHECK(forward_grown(e, &sub, mine));
+  INA_CHECK(ina_comm_all_to_all_v(e->ep.comm, mine, sc, sd, all, rc, rd, INA_DTYPE_F32, NULL));
+  /* Back to batch order. */
+  memcpy(cur, rd, (size_t)n * sizeof *cur);
+  int64_t row = 0;
+  for (int32_t i = 0; i < b->batch; i++) {
+    const int32_t owner = split_owner(b->seqs[i], n);
+    const size_t rows = b->all_logits ? (size_t)(b->qo_indptr[i + 1] - b->qo_indptr[i]) : 1;
+    memcpy(logits + row * V, all + cur[owner], rows * (size_t)V * sizeof *logits);
+    cur[owner] += rows * (size_t)V;
+    row += (int64_t)rows;
+  }
+fail:
+  free(seqs), free(qo), free(tokens);
+  free(sc), free(sd), free(rc), free(rd), free(cur);
+  free(mine), free(all);
+  return st;
+}
+
+ina_status_t ina_engine_cpu_forward(ina_engine_cpu_t *e, const ina_batch_t *b, float *logits) {
+  ina_status_t st = INA_OK;
+  INA_CHECK(ina_engine_validate_batch(e->cfg, b));
+  INA_CHECK(ina_engine_append_all(e->kv, b));
+  st = e->attention_dp == 2 ? forward_split(e, b, logits) : forward_grown(e, b, logits);
+  if (st != INA_OK) ina_engine_truncate_all(e->kv, b);
+fail:
   return st;
 }
 

@@ -106,14 +106,20 @@ typedef struct ina_engine_options {
    * (ina_engine_apply_placement); 0: only the memory available (host or device) limits
    * it. */
   int64_t max_expert_bytes;
-  /* Version 6. Attention data parallelism (CPU backend, with ep_comm): 1 lets every rank
-   * of ep_comm run its own batch through attention and the dense layers; at each MoE
-   * layer the ranks' tokens are gathered in rank order, the layer runs over all of them
-   * as with expert parallelism, and each rank keeps its own tokens' outputs. Logits are
-   * bit-identical to one rank running each batch. The ranks must step together: a rank
-   * with nothing to run calls ina_engine_forward with an empty batch (batch 0), and a
-   * batch one rank refuses (bad token ids, no pages) leaves the others waiting for it,
-   * so callers check their batches before. 0 (default): every rank runs the same batch. */
+  /* Version 6. Attention data parallelism (CPU backend, with ep_comm): the ranks of
+   * ep_comm compute attention and the dense layers for different sequences; at each MoE
+   * layer their tokens are gathered in rank order, the layer runs over all of them as
+   * with expert parallelism, and each rank keeps its own tokens' outputs. Logits are
+   * bit-identical to one rank running the same sequences.
+   *   0  off (default): every rank computes the whole batch.
+   *   1  every rank passes its own batch. The ranks must step together: a rank with
+   *      nothing to run calls ina_engine_forward with an empty batch (batch 0), and a
+   *      batch one rank refuses (bad token ids, no pages) leaves the others waiting, so
+   *      callers check their batches first.
+   *   2  every rank passes the same batch (replicated schedulers): a sequence is
+   *      computed by the rank its first page picks (page id mod ranks, stable while it
+   *      lives, shared with its prefix), every rank's page bookkeeping grows alike, and
+   *      the logits rows travel to every rank, which returns them all. */
   int32_t attention_dp;
 } ina_engine_options_t;
 

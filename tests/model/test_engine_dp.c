@@ -1,9 +1,10 @@
-/* Attention data parallelism of the CPU engine under mpirun (2 or 3 ranks): each rank runs
- * its own share of a golden fixture's prompts (prompt p on rank p mod N; a rank may have
- * none and then steps with empty batches) with its share of the routed experts, the MoE
- * layers running over every rank's tokens. Each prompt's logits, step by step, must equal
- * one rank running all the prompts as one batch, bit for bit, and its greedy tokens must
- * equal Hugging Face's. */
+/* Attention data parallelism of the CPU engine under mpirun (2, 3 or 5 ranks), each rank
+ * with its share of the routed experts, the MoE layers running over every rank's tokens:
+ *   1. each rank runs its own share of a golden fixture's prompts (prompt p on rank p mod
+ *      N; a rank may have none and then steps with empty batches);
+ *   2. every rank passes all the prompts, which the engine splits by sequence.
+ * Each prompt's logits, step by step, must equal one rank running all the prompts as one
+ * batch, bit for bit, and its greedy tokens must equal Hugging Face's. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,6 +114,31 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *comm) {
     same &= logits_same && tokens_hf;
   }
   CHECKF(parallel_all_ranks(comm, same), "%s: some rank's prompts differ", name);
+  /* Mode 2: every rank the whole batch, split by sequence inside the engine. */
+  {
+    ina_engine_options_t so = eo;
+    so.attention_dp = 2;
+    ina_engine_t *split = NULL;
+    CHECK_OK(ina_engine_create(part, &so, &split));
+    ina_generate_request_t r[GOLDEN_MAX_PROMPTS];
+    memset(r, 0, sizeof r);
+    for (int32_t p = 0; p < f.count && split; p++) {
+      const ina_sampling_params_t sp = INA_SAMPLING_PARAMS_INIT;
+      const size_t n = (size_t)(f.lens[p] + f.max_new - 1) * c->vocab_size;
+      r[p] = (ina_generate_request_t){f.prompts[p], f.lens[p], f.max_new, sp, 1, out[p], 0, logits[p]};
+      if (logits[p]) test_poison_f32(logits[p], n);
+    }
+    if (split) CHECK_OK(ina_generate(split, r, f.count, NULL));
+    int split_same = split != NULL;
+    for (int32_t p = 0; p < f.count && split; p++) {
+      const size_t n = (size_t)(f.lens[p] + f.max_new - 1) * c->vocab_size;
+      split_same &= logits[p] && ref.r[p].logits && memcmp(logits[p], ref.r[p].logits, n * sizeof(float)) == 0 &&
+                    memcmp(out[p], f.generated[p], (size_t)f.max_new * sizeof(int32_t)) == 0;
+    }
+    CHECKF(split_same, "%s (rank %d): a batch split by sequence differs from one rank's", name, g_rank);
+    CHECKF(parallel_all_ranks(comm, split_same), "%s: some rank's split batch differs", name);
+    ina_engine_destroy(split);
+  }
   if (g_rank == 0) printf("  %s: %d prompts over %d ranks, each rank its own batch\n", name, f.count, g_size);
   (void)mine;
   for (int32_t p = 0; p < f.count; p++) free(logits[p]);

@@ -1,6 +1,7 @@
 #!/bin/bash
 # ina-agent over several ranks of an mpirun job (CPU): rank 0 serves, the others follow.
-#   1. --ep on 2 ranks (tiny model) and --tp 2 --ep on 4 ranks (a 4-head fixture): the
+#   1. --ep on 2 ranks (tiny model) and --tp 2 --ep on 4 ranks (a 4-head fixture), and
+#      the same with --attention-dp (2 ranks of tiny, tp 2 x 2 groups of the fixture): the
 #      streams of `ina generate --server` equal `ina generate` on one rank; health is
 #      SERVING; node info lists every rank; SIGTERM to rank 0 drains, every rank exits
 #      and mpirun returns 0.
@@ -92,6 +93,8 @@ serve_and_stop() { # MODEL NP FLAGS...
 
 serve_and_stop tiny 2 --ep
 serve_and_stop "$fixture" 4 --tp 2 --ep
+serve_and_stop tiny 2 --ep --attention-dp
+serve_and_stop "$fixture" 4 --tp 2 --ep --attention-dp
 
 for who in 1 0; do
   export INA_COMM_TIMEOUT_S=3
