@@ -138,6 +138,28 @@ fail:
   return st;
 }
 
+/* A node server's services: Node and health, SERVING once the model is loaded (it takes
+ * no requests, so it has no warm-up of its own). */
+static ina_status_t start_node_server(ina_agent_t *agent, const ina_agent_options_t *o) {
+  ina_status_t st = INA_OK;
+  ina_rpc_server_options_t so = INA_RPC_SERVER_OPTIONS_INIT;
+  so.listen_address = o->listen_address;
+  so.tls_cert_file = o->tls_cert_file;
+  so.tls_key_file = o->tls_key_file;
+  so.num_threads = o->rpc_threads > 0 ? o->rpc_threads : 4;
+  INA_CHECK(ina_rpc_server_create(&so, &agent->server));
+  INA_CHECK(ina_health_create(agent->server, &agent->health));
+  INA_CHECK(agent_register_node_service(agent));
+  INA_CHECK(ina_rpc_server_start(agent->server));
+  pthread_mutex_lock(&agent->lock);
+  agent->state = AGENT_SERVING;
+  pthread_mutex_unlock(&agent->lock);
+  INA_CHECK(ina_health_set_status(agent->health, "", INA_HEALTH_SERVING));
+  INA_CHECK(ina_health_set_status(agent->health, INA_AGENT_NODE_SERVICE, INA_HEALTH_SERVING));
+fail:
+  return st;
+}
+
 static ina_status_t start_server(ina_agent_t *agent, const ina_agent_options_t *o) {
   ina_status_t st = INA_OK;
   ina_rpc_server_options_t so = INA_RPC_SERVER_OPTIONS_INIT;
@@ -219,12 +241,22 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   INA_CHECK(ina_engine_create(agent->model, &eo, &agent->engine));
   ina_page_pool_t *pool = ina_engine_page_pool(agent->engine);
   agent->page_size = ina_page_pool_page_size(pool);
-  INA_REQUIRE(options->scheduler.replica_comm == NULL ||
-                  ina_comm_rank(options->scheduler.replica_comm) == 0,
+  agent->node_server = options->struct_size >= offsetof(ina_agent_options_t, node_server) + sizeof(int32_t) &&
+                       options->node_server;
+  INA_REQUIRE(agent->node_server ? options->scheduler.replica_comm != NULL &&
+                                       ina_comm_rank(options->scheduler.replica_comm) > 0
+                                 : options->scheduler.replica_comm == NULL ||
+                                       ina_comm_rank(options->scheduler.replica_comm) == 0,
               INA_ERR_INVALID_ARGUMENT,
-              "ina_agent_create: the serving agent leads the replicas (rank 0 of replica_comm), "
-              "this is rank %d; the other ranks run ina_scheduler_follow",
-              ina_comm_rank(options->scheduler.replica_comm));
+              "ina_agent_create: the serving agent leads the replicas (rank 0 of replica_comm) and a "
+              "node server follows them (rank > 0); this is rank %d, node_server %d",
+              options->scheduler.replica_comm ? ina_comm_rank(options->scheduler.replica_comm) : 0,
+              agent->node_server);
+  if (options->scheduler.replica_comm) {
+    const int32_t me = ina_comm_rank(options->scheduler.replica_comm);
+    for (int32_t i = 0; i < agent->num_ranks; i++)
+      if (agent->ranks[i].global_rank == me) agent->node_id = agent->ranks[i].node_id;
+  }
   INA_CHECK(ina_engine_get_placement(agent->engine, &agent->placement));
   agent->placement_generation = 1;
   {
@@ -248,6 +280,13 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
       agent->expert_base = calloc(agent->expert_counters + 1, sizeof *agent->expert_base);
       INA_CHECK_ALLOC(agent->expert_base);
     }
+  }
+  if (agent->node_server) {
+    INA_CHECK(start_node_server(agent, options));
+    INA_LOG_I(INA_LOG_SUBSYS, "node %d server of model %s, listening on port %d", agent->node_id,
+              agent->model_name, ina_agent_port(agent));
+    *out = agent;
+    return INA_OK;
   }
   INA_CHECK(ina_scheduler_run_start(agent->scheduler));
   /* Before the server starts, so that every Generate handler sees agent->metrics. */
@@ -385,6 +424,16 @@ static void drain(ina_agent_t *agent, int64_t grace_ms) {
   pthread_cond_broadcast(&agent->changed);
   pthread_mutex_unlock(&agent->lock);
   INA_LOG_I(INA_LOG_SUBSYS, "drained in %.3f s", agent_now_seconds() - t0);
+}
+
+ina_status_t ina_agent_follow(ina_agent_t *agent) {
+  if (!agent || !agent->node_server) return INA_ERR_INVALID_ARGUMENT;
+  const ina_status_t st = ina_scheduler_follow(agent->scheduler);
+  pthread_mutex_lock(&agent->lock);
+  agent->state = AGENT_STOPPED;
+  pthread_mutex_unlock(&agent->lock);
+  ina_health_set_all(agent->health, INA_HEALTH_NOT_SERVING);
+  return st;
 }
 
 ina_status_t ina_agent_wait(ina_agent_t *agent) {

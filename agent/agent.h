@@ -47,6 +47,7 @@ typedef struct ina_agent_rank {
   int32_t pid;
   int32_t tp_rank, dp_rank, ep_rank;
   int32_t expert_begin, expert_end; /* routed experts held (each tp rank a slice of them) */
+  int32_t node_id;                  /* the node (host) the rank runs on */
 } ina_agent_rank_t;
 
 /* ina_agent_options_t.device: CUDA device 0 when one is present, else the CPU. */
@@ -106,12 +107,17 @@ typedef struct ina_agent_options {
    * KV page picks, the MoE layers over all groups' tokens); 0 (default): every group
    * computes every sequence. CPU engine. */
   int32_t attention_dp;
+  /* Version 4. 1: this rank is the local rank 0 of another node than global rank 0's. It
+   * follows rank 0's steps (ina_agent_follow drives it; scheduler.replica_comm has it at
+   * its rank > 0) and serves ina.v1.Node and grpc.health.v1 for its node's ranks only;
+   * Inference and Placement stay with rank 0. 0: the serving agent (rank 0). */
+  int32_t node_server;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 3, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+  {sizeof(ina_agent_options_t), 4, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
    0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,      \
-   NULL, NULL, NULL, 0, 1, 1, 1, 0}
+   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 
@@ -137,6 +143,11 @@ void ina_agent_request_stop(ina_agent_t *agent);
 ina_status_t ina_agent_wait(ina_agent_t *agent);
 
 void ina_agent_destroy(ina_agent_t *agent);
+
+/* A node server (options.node_server): follows rank 0's steps on this thread until rank 0
+ * stops (INA_OK) or a step or the communicator fails. INA_ERR_INVALID_ARGUMENT for the
+ * serving agent. */
+ina_status_t ina_agent_follow(ina_agent_t *agent);
 
 /* The scheduler control command behind ApplyPlacement (scheduler.h, config.control): it
  * switches the engine to the placement the command carries, collectively with the other

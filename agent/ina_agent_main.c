@@ -191,7 +191,8 @@ static int job_describe(const ina_parallel_job_t *job, const ina_shard_t *shard,
                                  job->rank / job->tp_size,
                                  ina_parallel_job_ep_rank(job),
                                  shard->expert_begin,
-                                 shard->expert_end};
+                                 shard->expert_end,
+                                 ina_bootstrap_node_id(job->boot)};
   const size_t words = sizeof mine / sizeof(int32_t);
   if (ina_comm_all_gather(job->world, &mine, all, words, INA_DTYPE_I32, NULL) != INA_OK) {
     fprintf(stderr, "ina-agent: cannot gather the ranks' places: %s\n", ina_last_error());
@@ -237,6 +238,27 @@ static int follow(const ina_agent_options_t *o, const ina_parallel_job_t *job) {
   ina_scheduler_destroy(scheduler);
   ina_engine_destroy(engine);
   ina_model_destroy(model);
+  return st == INA_OK ? 0 : 1;
+}
+
+/* Ranks > 0 that are their node's local rank 0: the same following, and the node's own
+ * Node and health services (ina_agent_options_t.node_server). */
+static int serve_node(ina_agent_options_t *o, const ina_parallel_job_t *job) {
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGINT, SIG_IGN);
+  o->node_server = 1;
+  ina_agent_t *agent = NULL;
+  ina_status_t st = ina_agent_create(o, &agent);
+  if (st == INA_OK) {
+    printf("ina-agent: rank %d of %d following rank 0 (pid %d)\n", job->rank, job->size, (int)getpid());
+    char what[96];
+    snprintf(what, sizeof what, "node %d (rank %d) serves its Node service on", ina_bootstrap_node_id(job->boot),
+             job->rank);
+    print_address(what, o->listen_address, ina_agent_port(agent));
+    st = ina_agent_follow(agent);
+  }
+  if (st != INA_OK) fprintf(stderr, "ina-agent: rank %d: %s\n", job->rank, ina_last_error());
+  ina_agent_destroy(agent);
   return st == INA_OK ? 0 : 1;
 }
 
@@ -349,9 +371,14 @@ int main(int argc, char **argv) {
     o.ep_comm = job.ep;
     o.scheduler.replica_comm = job.world;
     if (job.rank > 0) {
-      free(ranks);
-      o.ranks = NULL;
-      rc = follow(&o, &job);
+      if (ina_bootstrap_local_rank(job.boot) == 0) {
+        rc = serve_node(&o, &job);
+        free(ranks);
+      } else {
+        free(ranks);
+        o.ranks = NULL;
+        rc = follow(&o, &job);
+      }
       /* A lost leader would keep MPI_Finalize waiting: end the whole job instead. */
       if (rc != 0) ina_parallel_job_abort(&job, rc);
       ina_parallel_job_end(&job);

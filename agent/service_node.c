@@ -68,17 +68,20 @@ static ina_rpc_code_t get_node_info(void *ctx, const ina_rpc_request_t *request,
     gpu.gpu_index = (uint32_t)agent->device;
     gpu.name = gpu_name;
   }
-  /* Every rank of the job runs on this host in this version. */
-  const size_t n_ranks = (size_t)agent->num_ranks;
-  Ina__V1__RankInfo *rank_infos = calloc(n_ranks, sizeof *rank_infos);
-  Ina__V1__RankInfo **ranks = calloc(n_ranks, sizeof *ranks);
+  /* The ranks of this node (the proto's contract: each node speaks for its own). */
+  const size_t all_ranks = (size_t)agent->num_ranks;
+  Ina__V1__RankInfo *rank_infos = calloc(all_ranks, sizeof *rank_infos);
+  Ina__V1__RankInfo **ranks = calloc(all_ranks, sizeof *ranks);
   if (!rank_infos || !ranks) {
     free(rank_infos);
     free(ranks);
     return ina_rpc_error(reply->message, INA_RPC_RESOURCE_EXHAUSTED, "out of memory");
   }
-  for (size_t i = 0; i < n_ranks; i++) {
-    const ina_agent_rank_t *a = &agent->ranks[i];
+  size_t n_ranks = 0;
+  for (size_t k = 0; k < all_ranks; k++) {
+    const ina_agent_rank_t *a = &agent->ranks[k];
+    if (a->node_id != agent->node_id) continue;
+    const size_t i = n_ranks++;
     Ina__V1__RankInfo *r = &rank_infos[i];
     ina__v1__rank_info__init(r);
     r->global_rank = (uint32_t)a->global_rank;
@@ -158,12 +161,14 @@ static ina_rpc_code_t get_health(void *ctx, const ina_rpc_request_t *request,
    * they share its state; heartbeat ages are not tracked per rank. */
   enum { MAX_LISTED = 64 };
   Ina__V1__RankHealth rank_health[MAX_LISTED], *ranks[MAX_LISTED];
-  const size_t n = agent->num_ranks < MAX_LISTED ? (size_t)agent->num_ranks : MAX_LISTED;
-  for (size_t i = 0; i < n; i++) {
-    ina__v1__rank_health__init(&rank_health[i]);
-    rank_health[i].global_rank = (uint32_t)agent->ranks[i].global_rank;
-    rank_health[i].state = state;
-    ranks[i] = &rank_health[i];
+  size_t n = 0;
+  for (int32_t k = 0; k < agent->num_ranks && n < MAX_LISTED; k++) {
+    if (agent->ranks[k].node_id != agent->node_id) continue; /* this node's ranks */
+    ina__v1__rank_health__init(&rank_health[n]);
+    rank_health[n].global_rank = (uint32_t)agent->ranks[k].global_rank;
+    rank_health[n].state = state;
+    ranks[n] = &rank_health[n];
+    n++;
   }
   Ina__V1__NodeHealth health = INA__V1__NODE_HEALTH__INIT;
   health.state = state;

@@ -7,6 +7,8 @@
 #      and mpirun returns 0.
 #      While streams run, two random placements with redundant experts move experts
 #      between the ranks (ina place): the streams still equal one rank's.
+#      Two nodes emulated (INA_RANKS_PER_NODE=1): node 1's local rank 0 serves that
+#      node's Node service, each node listing its own ranks.
 #   2. A rank that stops answering (SIGSTOP), follower or leader: the job ends non-zero
 #      within INA_COMM_TIMEOUT_S (3 s here) plus a few seconds, not hanging.
 # usage: test_agent_mpi.sh MPIEXEC INA_AGENT INA FIXTURE_DIR
@@ -95,6 +97,32 @@ serve_and_stop tiny 2 --ep
 serve_and_stop "$fixture" 4 --tp 2 --ep
 serve_and_stop tiny 2 --ep --attention-dp
 serve_and_stop "$fixture" 4 --tp 2 --ep --attention-dp
+
+# Two nodes (INA_RANKS_PER_NODE=1 makes each rank a node of its own): rank 1, node 1's
+# local rank 0, serves that node's Node service; each node lists its own ranks.
+export INA_RANKS_PER_NODE=1
+if start 2 --model tiny --ep; then
+  node1=$(grep -o "node 1 (rank 1) serves its Node service on 127.0.0.1:[0-9]*" "$tmp/log" | grep -o "[0-9]*$")
+  if [ -z "$node1" ]; then
+    fail "rank 1 (node 1) serves no Node service"
+  else
+    info0=$("$ina" info --server "127.0.0.1:$port") info1=$("$ina" info --server "127.0.0.1:$node1")
+    if grep -q "ranks: 1 of world size 2" <<<"$info0" && grep -q "  rank 0:" <<<"$info0" &&
+       grep -q "ranks: 1 of world size 2" <<<"$info1" && grep -q "  rank 1:" <<<"$info1" &&
+       "$ina" health --server "127.0.0.1:$node1" | grep -q SERVING &&
+       "$ina" load --server "127.0.0.1:$node1" | grep -q "kv pages"; then
+      echo "ok: 2 nodes: each node's Node service lists its own rank; node 1 healthy and loaded"
+    else
+      fail "2 nodes: node services: $info0 / $info1"
+    fi
+  fi
+  kill -TERM "$pid0"
+  rc=$(ended 30)
+  [ "$rc" = "0" ] && echo "ok: 2 nodes: drained and stopped" || fail "2 nodes: SIGTERM to rank 0 ended with '${rc:-no exit}'"
+else
+  fail "2 nodes did not start serving"
+fi
+unset INA_RANKS_PER_NODE
 
 for who in 1 0; do
   export INA_COMM_TIMEOUT_S=3
