@@ -43,8 +43,9 @@ static void usage(FILE *f) {
           "  --drain-grace-ms N   how long running generations may finish at shutdown\n"
           "                       (default 30000)\n"
           "  --tp T               under mpirun: tensor parallelism over T ranks\n"
-          "  --ep                 under mpirun: the ranks, or with --tp the groups of T\n"
-          "                       ranks, split the routed experts. Each rank runs on the GPU\n"
+          "  --ep [E]             under mpirun: the ranks, or with --tp the groups of T\n"
+          "                       ranks, split the routed experts (E, when given, must be\n"
+          "                       their number: the ranks / T). Each rank runs on the GPU\n"
           "                       of its local rank (NCCL between them) or, with --device cpu\n"
           "                       or without GPUs, on the CPU. Rank 0 serves; the\n"
           "                       others follow its steps and exit when it stops: signal rank 0\n"
@@ -55,6 +56,9 @@ static void usage(FILE *f) {
           "  --attention-dp       with --ep: the groups compute attention for different\n"
           "                       sequences (each on the group its first KV page picks), the\n"
           "                       MoE layers over all of them (CPU engine)\n"
+          "  --dp D               --attention-dp, naming its degree: D must be the number of\n"
+          "                       groups (the ranks / T), e.g. mpirun -np 4 ina-agent --tp 2\n"
+          "                       --ep 2 --dp 2\n"
           "  -h, --help           this help\n"
           "Logging: INA_LOG=info (or warn, debug; per part: INA_LOG=warn,agent=info).\n");
 }
@@ -149,7 +153,7 @@ static void print_address(const char *what, const char *listen, int port) {
  * scheduler over the job's world communicator. */
 #define AGENT_COMM_TIMEOUT_S 20.0
 
-static int job_start(int tp_size, int ep, int on_gpu, ina_parallel_job_t *job) {
+static int job_start(int tp_size, int32_t ep, int on_gpu, ina_parallel_job_t *job) {
   if (ina_parallel_job_start(tp_size, ep, on_gpu ? INA_COMM_BACKEND_NCCL : INA_COMM_BACKEND_MPI, job) !=
       INA_OK) {
     if (job->rank == 0) fprintf(stderr, "ina-agent: %s\n", ina_last_error());
@@ -285,7 +289,7 @@ static void *watch_ranks(void *arg) {
 
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
-         O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP };
+         O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP, O_DP };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -294,13 +298,14 @@ int main(int argc, char **argv) {
       {"tls-cert", required_argument, 0, O_CERT},     {"tls-key", required_argument, 0, O_KEY},
       {"admin-token", required_argument, 0, O_TOKEN}, {"drain-grace-ms", required_argument, 0, O_GRACE},
       {"metrics-listen", required_argument, 0, O_METRICS}, {"admin-token-file", required_argument, 0, O_TOKEN_FILE},
-      {"tp", required_argument, 0, O_TP},             {"ep", no_argument, 0, O_EP},
-      {"attention-dp", no_argument, 0, O_ADP},
+      {"tp", required_argument, 0, O_TP},             {"ep", optional_argument, 0, O_EP},
+      {"attention-dp", no_argument, 0, O_ADP},        {"dp", required_argument, 0, O_DP},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512];
-  long long v = 0, tp_size = 1;
-  int c, ep = 0;
+  long long v = 0, tp_size = 1, dp_size = 0;
+  int c;
+  int32_t ep = INA_PARALLEL_EP_NONE;
   ina_log_set_quiet_errors(1); /* the last error is printed once, below, with context */
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
@@ -311,8 +316,12 @@ int main(int argc, char **argv) {
     case O_METRICS: o.metrics_listen = optarg; break;
     case O_DEVICE: if (parse_device(optarg, &o.device)) return 2; break;
     case O_TP: if (parse_int("--tp", optarg, 1, 1024, &tp_size)) return 2; break;
-    case O_EP: ep = 1; break;
+    case O_EP: if (ina_parallel_job_parse_ep("ina-agent", optarg, argc, argv, &optind, &ep)) return 2; break;
     case O_ADP: o.attention_dp = 1; break;
+    case O_DP:
+      if (parse_int("--dp", optarg, 1, 65536, &dp_size)) return 2;
+      o.attention_dp = 1;
+      break;
     case O_PAGE: if (parse_int("--page-size", optarg, 1, 1 << 20, &v)) return 2; o.page_size = (int32_t)v; break;
     case O_MAXTOK: if (parse_int("--max-tokens", optarg, 1, INT64_MAX, &v)) return 2; o.max_tokens = v; break;
     case O_THREADS: if (parse_int("--threads", optarg, 0, 4096, &v)) return 2; o.num_threads = (int32_t)v; break;
@@ -339,11 +348,13 @@ int main(int argc, char **argv) {
   }
 
   if (o.attention_dp && !ep) {
-    fprintf(stderr, "ina-agent: --attention-dp needs --ep (the groups share the MoE layers)\n");
+    fprintf(stderr, "ina-agent: %s needs --ep (the groups share the MoE layers)\n",
+            dp_size ? "--dp" : "--attention-dp");
     return 2;
   }
   if (o.attention_dp && o.device >= 0) {
-    fprintf(stderr, "ina-agent: --attention-dp runs on the CPU engine so far (--device cpu)\n");
+    fprintf(stderr, "ina-agent: %s runs on the CPU engine so far (--device cpu)\n",
+            dp_size ? "--dp" : "--attention-dp");
     return 2;
   }
   ina_parallel_job_t job;
@@ -353,6 +364,14 @@ int main(int argc, char **argv) {
     const int on_gpu = !o.attention_dp &&
                        (o.device >= 0 || (o.device == INA_AGENT_DEVICE_AUTO && ina_cuda_device_count() > 0));
     int rc = job_start((int)tp_size, ep, on_gpu, &job);
+    if (rc == 0 && dp_size && dp_size != job.groups) {
+      if (job.rank == 0)
+        fprintf(stderr,
+                "ina-agent: --dp %lld with --tp %d on %d ranks: the ranks form %d group(s), and "
+                "attention data parallelism runs over all of them (--dp %d)\n",
+                dp_size, job.tp_size, job.size, job.groups, job.groups);
+      rc = 2;
+    }
     o.device = on_gpu ? ina_parallel_job_device(&job) : -1;
     if (rc == 0) rc = job_shard(&job, o.model, &o.shard);
     ina_agent_rank_t *ranks = rc == 0 ? calloc((size_t)job.size, sizeof *ranks) : NULL;

@@ -60,7 +60,7 @@ for arg in "$@"; do
     tp=$arg
   else
     case $arg in
-    --ep) ep=1 ;;
+    --ep | --ep=*) ep=1 ;;
     --tp=*) tp=${arg#--tp=} ;;
     esac
   fi

@@ -2,11 +2,13 @@
 #define INA_LOG_SUBSYS "model"
 #include "model/parallel_job.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/check.h"
 
-ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_comm_backend_t backend,
+ina_status_t ina_parallel_job_start(int32_t tp_size, int32_t expert_parallel, ina_comm_backend_t backend,
                                     ina_parallel_job_t *out) {
   ina_status_t st = INA_OK;
   int argc = 0;
@@ -18,12 +20,18 @@ ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_co
   out->rank = ina_bootstrap_world_rank(out->boot);
   out->size = ina_bootstrap_world_size(out->boot);
   out->tp_size = tp_size;
+  INA_REQUIRE(expert_parallel >= INA_PARALLEL_EP_ALL, INA_ERR_INVALID_ARGUMENT,
+              "parallel job: expert-parallel degree %d", expert_parallel);
   INA_REQUIRE(out->size % tp_size == 0 && (expert_parallel || out->size == tp_size),
               INA_ERR_INVALID_ARGUMENT, "--tp %d on %d ranks: the ranks must be %s", tp_size,
               out->size,
               expert_parallel ? "a multiple of --tp"
                               : "exactly --tp (add --ep to split the experts over groups)");
   out->groups = out->size / tp_size;
+  INA_REQUIRE(expert_parallel <= 0 || expert_parallel == out->groups, INA_ERR_INVALID_ARGUMENT,
+              "--ep %d with --tp %d on %d ranks: the ranks form %d group(s) of %d, and expert "
+              "parallelism runs over all of them (--ep %d, or --ep alone)",
+              expert_parallel, tp_size, out->size, out->groups, tp_size, out->groups);
   INA_REQUIRE(backend != INA_COMM_BACKEND_NCCL || ina_bootstrap_device(out->boot) >= 0,
               INA_ERR_UNSUPPORTED, "rank %d: the NCCL communicators of a GPU job need a CUDA device",
               out->rank);
@@ -49,6 +57,27 @@ ina_status_t ina_parallel_job_shard(const ina_parallel_job_t *job, const ina_mod
   out->expert_end = (int32_t)(experts * (group + 1) / groups);
 fail:
   return st;
+}
+
+int ina_parallel_job_parse_ep(const char *program, const char *optarg, int argc, char **argv,
+                              int *next_arg, int32_t *out) {
+  const char *text = optarg;
+  /* getopt_long leaves `--ep E`'s E as the next argument: take it when it is a number. */
+  if (!text && *next_arg < argc && argv[*next_arg][0] >= '0' && argv[*next_arg][0] <= '9')
+    text = argv[(*next_arg)++];
+  if (!text) {
+    *out = INA_PARALLEL_EP_ALL;
+    return 0;
+  }
+  char *end = NULL;
+  const long v = strtol(text, &end, 10);
+  if (!text[0] || *end || v < 1 || v > 65536) {
+    fprintf(stderr, "%s: --ep '%s': expected the number of expert-parallel groups (1 to 65536)\n",
+            program, text);
+    return 2;
+  }
+  *out = (int32_t)v;
+  return 0;
 }
 
 int32_t ina_parallel_job_device(const ina_parallel_job_t *job) {

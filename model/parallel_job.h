@@ -26,14 +26,25 @@ typedef struct ina_parallel_job {
   int32_t tp_size, groups; /* groups = size / tp_size */
 } ina_parallel_job_t;
 
+/* Expert parallelism of ina_parallel_job_start: none, over every group, or a degree the
+ * command line named (`--ep E`), which must then be the number of groups. */
+enum { INA_PARALLEL_EP_NONE = 0, INA_PARALLEL_EP_ALL = -1 };
+
 /* Collective: starts MPI (once per process) and forms the groups, their communicators on
  * `backend` (MPI for CPU engines; NCCL for CUDA engines, on the GPU the bootstrap chose
  * for this rank: ina_parallel_job_device). The world communicator is MPI always (host
- * messages). On a layout the ranks cannot take (size not a multiple of tp, or several
- * groups without expert parallelism) INA_ERR_INVALID_ARGUMENT naming the numbers; *out is
- * then still to be ended. */
-ina_status_t ina_parallel_job_start(int32_t tp_size, int expert_parallel, ina_comm_backend_t backend,
+ * messages). `expert_parallel`: INA_PARALLEL_EP_NONE, INA_PARALLEL_EP_ALL or a degree E > 0.
+ * On a layout the ranks cannot take (size not a multiple of tp, several groups without
+ * expert parallelism, E not the number of groups) INA_ERR_INVALID_ARGUMENT naming the
+ * numbers; *out is then still to be ended. */
+ina_status_t ina_parallel_job_start(int32_t tp_size, int32_t expert_parallel, ina_comm_backend_t backend,
                                     ina_parallel_job_t *out);
+/* Parses the optional degree of a `--ep` option parsed by getopt_long as
+ * optional_argument: `--ep` (every group: INA_PARALLEL_EP_ALL), `--ep=E`, or `--ep E`,
+ * where the E that follows as the next argument is taken (advancing *next_arg) when it is
+ * a number. 0 on success; else prints `program: --ep ...` to stderr and returns 2. */
+int ina_parallel_job_parse_ep(const char *program, const char *optarg, int argc, char **argv,
+                              int *next_arg, int32_t *out);
 
 /* The CUDA device of this rank (local rank modulo the devices), or -1 without one. */
 int32_t ina_parallel_job_device(const ina_parallel_job_t *job);

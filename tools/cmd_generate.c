@@ -43,8 +43,9 @@ static void usage(FILE *f) {
           "  --threads N          CPU threads (default: INA_NUM_THREADS or all CPUs)\n"
           "  --tp T               tensor parallelism over T ranks of an mpirun job: each rank\n"
           "                       holds 1/T of the attention heads and MLP intermediates\n"
-          "  --ep                 expert parallelism: the ranks (or, with --tp, the groups of T\n"
-          "                       ranks) split the routed experts. All ranks run the same batch\n"
+          "  --ep [E]             expert parallelism: the ranks (or, with --tp, the groups of T\n"
+          "                       ranks) split the routed experts (E, when given, must be their\n"
+          "                       number). All ranks run the same batch\n"
           "                       and rank 0 prints; e.g. mpirun -np 4 ina generate --tp 2 --ep\n"
           "                       ... With GPUs each rank uses the GPU of its local rank (NCCL\n"
           "                       between them; --device cpu keeps the job on the CPU)\n"
@@ -137,7 +138,7 @@ int cmd_generate(int argc, char **argv) {
       {"dump-logits", required_argument, 0, O_DUMP},  {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"page-size", required_argument, 0, O_PAGE},
       {"threads", required_argument, 0, O_THREADS},   {"device", required_argument, 0, O_DEVICE},
-      {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS}, {"ep", no_argument, 0, O_EP},
+      {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS}, {"ep", optional_argument, 0, O_EP},
       {"tp", required_argument, 0, O_TP},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
@@ -145,7 +146,8 @@ int cmd_generate(int argc, char **argv) {
   prompts_t prompts = {NULL, NULL, 0};
   int64_t max_new = 16, top_k = 0, seed = 0, page_size = 16, threads = 0;
   double temperature = 0, top_p = 1;
-  int ignore_eos = 0, rc = 1, use_ep = 0;
+  int ignore_eos = 0, rc = 1;
+  int32_t use_ep = INA_PARALLEL_EP_NONE;
   int64_t tp_size = 1;
   int32_t device = ina_cuda_device_count() > 0 ? 0 : -1;
   ina_parallel_job_t job;
@@ -180,7 +182,12 @@ int cmd_generate(int argc, char **argv) {
       if (parse_device(optarg, &device)) goto done;
       break;
     case O_NOGRAPHS: eopts.cuda_graphs = 0; break;
-    case O_EP: use_ep = 1; break;
+    case O_EP:
+      if (ina_parallel_job_parse_ep("ina generate", optarg, argc, argv, &optind, &use_ep)) {
+        rc = 2;
+        goto done;
+      }
+      break;
     case O_TP: if (cli_parse_int("--tp", optarg, 1, 1024, &tp_size)) goto done; break;
     case 'h': usage(stdout); rc = 0; goto done;
     default: usage(stderr); rc = 2; goto done;

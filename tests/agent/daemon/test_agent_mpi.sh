@@ -1,7 +1,8 @@
 #!/bin/bash
 # ina-agent over several ranks of an mpirun job (CPU): rank 0 serves, the others follow.
 #   1. --ep on 2 ranks (tiny model) and --tp 2 --ep on 4 ranks (a 4-head fixture), and
-#      the same with --attention-dp (2 ranks of tiny, tp 2 x 2 groups of the fixture): the
+#      the same with attention DP (--attention-dp on 2 ranks of tiny, --tp 2 --ep 2 --dp 2
+#      on the fixture's 4 ranks): the
 #      streams of `ina generate --server` equal `ina generate` on one rank; health is
 #      SERVING; node info lists every rank; SIGTERM to rank 0 drains, every rank exits
 #      and mpirun returns 0.
@@ -9,6 +10,8 @@
 #      between the ranks (ina place): the streams still equal one rank's.
 #      Two nodes emulated (INA_RANKS_PER_NODE=1): node 1's local rank 0 serves that
 #      node's Node service, each node listing its own ranks.
+#      Degrees that are not the layout's (--ep 3 or --dp 3 on 2 ranks) are refused before
+#      serving, naming the numbers.
 #   2. A rank that stops answering (SIGSTOP), follower or leader: the job ends non-zero
 #      within INA_COMM_TIMEOUT_S (3 s here) plus a few seconds, not hanging.
 # usage: test_agent_mpi.sh MPIEXEC INA_AGENT INA FIXTURE_DIR
@@ -96,7 +99,20 @@ serve_and_stop() { # MODEL NP FLAGS...
 serve_and_stop tiny 2 --ep
 serve_and_stop "$fixture" 4 --tp 2 --ep
 serve_and_stop tiny 2 --ep --attention-dp
-serve_and_stop "$fixture" 4 --tp 2 --ep --attention-dp
+serve_and_stop "$fixture" 4 --tp 2 --ep 2 --dp 2
+
+# refused DEGREES...: 2 ranks of tiny with a degree they cannot take exit 2, naming it.
+refused() {
+  local out rc
+  out=$("$mpiexec" --oversubscribe -np 2 "$agent" --model tiny "$@" 2>&1); rc=$?
+  if [ "$rc" = "0" ] || ! grep -q "the ranks form 2 group(s)" <<<"$out"; then
+    fail "2 ranks $*: not refused as expected (rc $rc): $(grep ina-agent <<<"$out")"
+  else
+    echo "ok: 2 ranks $*: refused"
+  fi
+}
+refused --ep 3
+refused --ep --dp 3
 
 # Two nodes (INA_RANKS_PER_NODE=1 makes each rank a node of its own): rank 1, node 1's
 # local rank 0, serves that node's Node service; each node lists its own ranks.
