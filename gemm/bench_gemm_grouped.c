@@ -1,12 +1,13 @@
 /* Throughput of the grouped expert GEMM (gemm/gemm_grouped.h) on DeepSeek-V2-Lite's routed
  * experts: 64 experts, top-6 routing, expert weights n x k = 1408 x 2048 (gate or up),
  * 2816 x 2048 (gate and up fused) and 2048 x 1408 (down), bf16 and block-scaled FP8, at
- * 1, 8 and 64 tokens (decode: max_rows 6, 48 and 384) and 1024 tokens (prefill: 6144).
+ * 1, 8 and 64 tokens (decode: max_rows 6, 48 and 384), 128 and 256 tokens (larger decode
+ * batches: 768 and 1536, 12 and 24 rows per expert) and 1024 tokens (prefill: 6144).
  * Decode runs with the launch used before narrower tiles existed ("tile16x128_before": 16
  * rows by 128 weight rows, (max_rows + 15 groups) / 16 M-tile slots without the bound by
  * max_rows, slots fastest in the grid), with every decode tile (16 by 128, 64 or 32,
- * weight tiles fastest) and with the tile ina_gemm_grouped_run picks ("auto"); prefill
- * with the picked tile.
+ * weight tiles fastest) and with the tile ina_gemm_grouped_run picks ("auto"); 128 and 256
+ * tokens with 16 x 128 and 64 x 128 tiles and the pick; prefill with the picked tile.
  *
  * Routing: each token picks 6 distinct experts uniformly at random (fixed seed); the rows
  * come sorted by expert, offsets on the device. Each case rotates over 8 routings (8
@@ -242,7 +243,11 @@ static void bench_one(const experts_t *e, int fp8, int64_t tokens, double ceilin
   ina_gemm_grouped_tiles_t picked, tiles[5];
   int num_tiles = 0;
   INA_OK(ina_gemm_grouped_tiles(rows, EXPERTS, n, sm_count, &picked));
-  if (tokens <= DECODE_MAX_TOKENS && picked.tile_m == 16) {
+  if (tokens > DECODE_MAX_TOKENS && tokens < MAX_TOKENS) {
+    /* Larger decode batches: the two tile heights side by side. */
+    INA_OK(ina_gemm_grouped_tiles_fixed(rows, EXPERTS, n, 16, 128, &tiles[num_tiles++]));
+    INA_OK(ina_gemm_grouped_tiles_fixed(rows, EXPERTS, n, 64, 128, &tiles[num_tiles++]));
+  } else if (tokens <= DECODE_MAX_TOKENS && picked.tile_m == 16) {
     INA_OK(ina_gemm_grouped_tiles_fixed(rows, EXPERTS, n, 16, 128, &tiles[num_tiles]));
     tiles[num_tiles].m_slots = (rows + EXPERTS * 15) / 16;
     tiles[num_tiles++].n_fastest = 0;
@@ -259,7 +264,7 @@ static void bench_one(const experts_t *e, int fp8, int64_t tokens, double ceilin
       snprintf(tile, sizeof tile, "auto");
     else
       snprintf(tile, sizeof tile, "tile%dx%d%s", t->tile_m, t->tile_n,
-               t->n_fastest ? "" : "_before");
+               t->n_fastest || t->tile_m != 16 ? "" : "_before");
     snprintf(name, sizeof name, "grouped_%s_t%lld_n%lld_k%lld_%s", fp8 ? "fp8" : "bf16",
              (long long)tokens, (long long)n, (long long)k, tile);
     snprintf(formula, sizeof formula,
@@ -297,7 +302,7 @@ int main(void) {
   CUDA_OK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   static const int64_t shapes[][2] = {{1408, 2048}, {2816, 2048}, {2048, 1408}};
-  static const int64_t tokens[] = {1, 8, DECODE_MAX_TOKENS, MAX_TOKENS};
+  static const int64_t tokens[] = {1, 8, DECODE_MAX_TOKENS, 128, 256, MAX_TOKENS};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     experts_t e;
     experts_make(&e, shapes[s][0], shapes[s][1]);

@@ -16,7 +16,7 @@
  * anything, so groups with no rows cost nothing beyond that early exit. The offsets are
  * clamped to [0, max_rows] first, so no offsets can make a CTA touch a row outside the
  * launch.
- * Grid order (p.n_fastest). Prefill (kTileM 64): grid (slots, weight tiles), slots
+ * Grid order (p.n_fastest). 64-row tiles: grid (slots, weight tiles), slots
  * fastest, so the M tiles of one group and weight tile are resident together and share
  * the weight tile through L2. Decode (kTileM 16): grid (weight tiles, slots), weight
  * tiles fastest, so the CTAs of the first slots, the ones that hold rows when some groups
@@ -25,13 +25,15 @@
  * max_rows: 17.1 -> 12.3 us, FP8, n = 1408, 128-wide tiles).
  *
  * ---- Tile height and width (gemm_plan.c: ina_gemm_grouped_tiles) -------------------------
- * kTileM = 16 when the average group has fewer than 64 rows (max_rows / num_groups: decode,
- * e.g. 64 tokens x top-6 over 64 experts, about 6 rows each), else 64 (prefill). Decode
- * is bound by reading each expert's weight once: a 16-row tile keeps the wasted tensor
- * work small (at 6 rows, 10 of 16 MMA columns idle instead of 58 of 64) and rarely splits
- * a group in two tiles, each of which would read the weight again. Prefill groups hold
- * hundreds of rows: 64-row tiles read each weight tile 4 times less often and quadruple
- * the MMA work per byte of shared memory loaded.
+ * kTileM = 16 when the average group has fewer than 16 rows (max_rows / num_groups: decode,
+ * e.g. 64 tokens x top-6 over 64 experts, about 6 rows each), else 64 (larger decode
+ * batches and prefill). Decode is bound by reading each expert's weight once: a 16-row
+ * tile keeps the wasted tensor work small (at 6 rows, 10 of 16 MMA columns idle instead of
+ * 58 of 64) and rarely splits a group in two tiles, each of which would read the weight
+ * again. From 16 rows on average most groups would split, so 64-row tiles read each weight
+ * once (batch 256: 24 rows per expert); prefill groups hold hundreds of rows, and 64-row
+ * tiles read each weight tile 4 times less often and quadruple the MMA work per byte of
+ * shared memory loaded.
  * kTileN = 128, unless so few M tiles can hold rows that the CTAs would not fill the SMs
  * evenly (one token: 6 rows over 6 experts make 6 busy M tiles, 66 CTAs at n = 1408):
  * then 64 or 32 weight rows per CTA multiply the CTAs that stream weights by 2 or 4 (the

@@ -191,6 +191,13 @@ ina_status_t ina_gemm_run_small_m(const ina_gemm_t *h, const ina_gemm_args_t *ar
  *     to 9% at n = 1408 and 2048 (FP8 32.4 against 35.0 and 35.5 us) and was within 2% at
  *     n = 2816, while at 64 tokens (924 / 1344 / 1848) 128 wide won or tied within 4%
  *     (FP8, n = 1408: 54.4 against 56.4 us): so 64 wide below 6 per SM (792). */
+/* Average rows per group (max_rows / groups) from which the grouped GEMM takes 64-row
+ * tiles. A decode step of B tokens at top-k over E experts gives B k / E rows per expert
+ * (V2-Lite, batch 256: 24): with 16-row tiles most experts then span two or more tiles,
+ * and each tile reads the expert's weight again (bench_decode, batch 256, bf16: the grouped
+ * GEMMs took 12.3 of an 18.9 ms step, 2.3 TB/s of expert weights), while a 64-row tile
+ * reads it once and its MMAs stay below the weight's load time. */
+#define INA_GEMM_GROUPED_LARGE_TILE_ROWS 16
 #define INA_GEMM_GROUPED_WIDE_CTAS_PER_SM 6
 #define INA_GEMM_GROUPED_NARROW_CTAS_PER_100_SMS 140
 

@@ -397,7 +397,7 @@ static void test_tiles(test_rng_t *rng) {
   ina_gemm_grouped_tiles_t t;
   static const int64_t ns[] = {1408, 2048, 2816};
   static const int64_t max_rows[] = {6, 48, 384, 6144};
-  /* The widths picked on 132 SMs, [n][max_rows] (64-row tiles at 6144 rows). */
+  /* The widths picked on 132 SMs, [n][max_rows] (64-row tiles at 6144 rows: 96 per group). */
   static const int32_t widths[3][4] = {{32, 64, 128, 128}, {64, 64, 128, 128}, {64, 128, 128, 128}};
   for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
     for (size_t r = 0; r < sizeof max_rows / sizeof max_rows[0]; r++) {
@@ -405,7 +405,7 @@ static void test_tiles(test_rng_t *rng) {
       printf("grouped tiles max_rows %4lld n %4lld: %d x %d, grid %lld slots x %lld tiles\n",
              (long long)max_rows[r], (long long)ns[i], t.tile_m, t.tile_n, (long long)t.m_slots,
              (long long)t.n_tiles);
-      CHECK(t.tile_m == (max_rows[r] >= 64 * 64 ? 64 : 16));
+      CHECK(t.tile_m == (max_rows[r] >= INA_GEMM_GROUPED_LARGE_TILE_ROWS * 64 ? 64 : 16));
       CHECKF(t.tile_n == widths[i][r], "max_rows %lld n %lld: width %d, expected %d",
              (long long)max_rows[r], (long long)ns[i], t.tile_n, widths[i][r]);
     }
@@ -423,7 +423,7 @@ static void test_tiles(test_rng_t *rng) {
     if (t.tile_m == 16 && slots * ((n + 127) / 128) < INA_GEMM_GROUPED_WIDE_CTAS_PER_SM * sms)
       width = slots * ((n + 63) / 64) * 100 < INA_GEMM_GROUPED_NARROW_CTAS_PER_100_SMS * sms ? 32
                                                                                             : 64;
-    const int ok = (t.tile_m == 64) == (rows >= 64 * (int64_t)groups) &&
+    const int ok = (t.tile_m == 64) == (rows >= INA_GEMM_GROUPED_LARGE_TILE_ROWS * (int64_t)groups) &&
                    (t.tile_m == 16 || t.tile_m == 64) && t.tile_n == width &&
                    t.m_slots == slots && t.n_tiles * t.tile_n >= n &&
                    (t.n_tiles - 1) * t.tile_n < n &&
