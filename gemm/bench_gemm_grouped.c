@@ -242,7 +242,7 @@ static void bench_one(const experts_t *e, int fp8, int64_t tokens, double ceilin
    * tiles fastest, then the picked one ("auto"). */
   ina_gemm_grouped_tiles_t picked, tiles[5];
   int num_tiles = 0;
-  INA_OK(ina_gemm_grouped_tiles(rows, EXPERTS, n, sm_count, &picked));
+  INA_OK(ina_gemm_grouped_tiles(rows, EXPERTS, n, fp8, sm_count, &picked));
   if (tokens > DECODE_MAX_TOKENS && tokens < MAX_TOKENS) {
     /* Larger decode batches: the two tile heights side by side. */
     INA_OK(ina_gemm_grouped_tiles_fixed(rows, EXPERTS, n, 16, 128, &tiles[num_tiles++]));

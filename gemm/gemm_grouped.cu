@@ -25,13 +25,13 @@
  * max_rows: 17.1 -> 12.3 us, FP8, n = 1408, 128-wide tiles).
  *
  * ---- Tile height and width (gemm_plan.c: ina_gemm_grouped_tiles) -------------------------
- * kTileM = 16 when the average group has fewer than 16 rows (max_rows / num_groups: decode,
- * e.g. 64 tokens x top-6 over 64 experts, about 6 rows each), else 64 (larger decode
- * batches and prefill). Decode is bound by reading each expert's weight once: a 16-row
+ * kTileM = 16 when the average group has fewer than 16 rows in bf16, 64 in FP8 (max_rows /
+ * num_groups: decode, e.g. 64 tokens x top-6 over 64 experts, about 6 rows each), else 64
+ * (larger bf16 decode batches and prefill; gemm_internal.h has the measurements). Decode is bound by reading each expert's weight once: a 16-row
  * tile keeps the wasted tensor work small (at 6 rows, 10 of 16 MMA columns idle instead of
  * 58 of 64) and rarely splits a group in two tiles, each of which would read the weight
- * again. From 16 rows on average most groups would split, so 64-row tiles read each weight
- * once (batch 256: 24 rows per expert); prefill groups hold hundreds of rows, and 64-row
+ * again. From 16 rows on average most groups would split, so bf16 64-row tiles read each
+ * weight once (batch 256: 24 rows per expert); prefill groups hold hundreds of rows, and 64-row
  * tiles read each weight tile 4 times less often and quadruple the MMA work per byte of
  * shared memory loaded.
  * kTileN = 128, unless so few M tiles can hold rows that the CTAs would not fill the SMs
@@ -499,7 +499,7 @@ extern "C" ina_status_t ina_gemm_grouped_run(const ina_gemm_grouped_args_t *args
   INA_CUDA_CHECK(cudaGetDevice(&device));
   INA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   /* The tile shape of plan_groups groups; its slot bound covers num_groups <= plan_groups. */
-  INA_CHECK(ina_gemm_grouped_tiles(a.max_rows, a.plan_groups, a.n, sm_count, &tiles));
+  INA_CHECK(ina_gemm_grouped_tiles(a.max_rows, a.plan_groups, a.n, a.mode == INA_GEMM_FP8_BLOCK, sm_count, &tiles));
   INA_CHECK(ina_gemm_grouped_run_tiles(args, &tiles));
 fail:
   return st;

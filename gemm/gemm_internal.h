@@ -192,12 +192,19 @@ ina_status_t ina_gemm_run_small_m(const ina_gemm_t *h, const ina_gemm_args_t *ar
  *     n = 2816, while at 64 tokens (924 / 1344 / 1848) 128 wide won or tied within 4%
  *     (FP8, n = 1408: 54.4 against 56.4 us): so 64 wide below 6 per SM (792). */
 /* Average rows per group (max_rows / groups) from which the grouped GEMM takes 64-row
- * tiles. A decode step of B tokens at top-k over E experts gives B k / E rows per expert
- * (V2-Lite, batch 256: 24): with 16-row tiles most experts then span two or more tiles,
- * and each tile reads the expert's weight again (bench_decode, batch 256, bf16: the grouped
- * GEMMs took 12.3 of an 18.9 ms step, 2.3 TB/s of expert weights), while a 64-row tile
- * reads it once and its MMAs stay below the weight's load time. */
+ * tiles, bf16 and FP8. A decode step of B tokens at top-k over E experts gives B k / E rows
+ * per expert (V2-Lite, batch 256: 24): with 16-row tiles most experts then span two or
+ * more tiles, each reading the expert's weight again (bench_decode, batch 256, bf16: the
+ * grouped GEMMs took 12.3 of an 18.9 ms step, 2.3 TB/s of expert weights). Measured on one
+ * H200 (bench_gemm_grouped, V2-Lite experts, 2026-11-30), 16 x 128 against 64 x 128 tiles:
+ *   bf16, 256 tokens (24 rows per expert): 161 -> 120 us (n 1408), 296 -> 238 (n 2816),
+ *     151 -> 118 (down); 128 tokens (12 rows): 101 against 109 us, so 16 rows;
+ *   FP8, 256 tokens: 91 against 108 us, 176 against 205, 90 against 105, and at 128 tokens
+ *     twice as slow: the FP8 64-row tile, with its per-block promotion of 8 MMA columns
+ *     per warp, runs at about 85 TFLOP/s at these row counts, below the weight's load time
+ *     once the tile is mostly padding, so FP8 keeps 16-row tiles up to 64 rows. */
 #define INA_GEMM_GROUPED_LARGE_TILE_ROWS 16
+#define INA_GEMM_GROUPED_LARGE_TILE_ROWS_FP8 64
 #define INA_GEMM_GROUPED_WIDE_CTAS_PER_SM 6
 #define INA_GEMM_GROUPED_NARROW_CTAS_PER_100_SMS 140
 
@@ -213,8 +220,8 @@ typedef struct ina_gemm_grouped_tiles {
                         the M tiles of one group and weight tile together (tile_m 64) */
 } ina_gemm_grouped_tiles_t;
 
-/* The tiles ina_gemm_grouped_run uses. */
-ina_status_t ina_gemm_grouped_tiles(int64_t max_rows, int32_t num_groups, int64_t n, int sm_count,
+/* The tiles ina_gemm_grouped_run uses for bf16 (fp8 0) or block-scaled FP8 (fp8 1). */
+ina_status_t ina_gemm_grouped_tiles(int64_t max_rows, int32_t num_groups, int64_t n, int fp8, int sm_count,
                                     ina_gemm_grouped_tiles_t *tiles);
 /* The grid for given tiles (tile_m 16 with tile_n 128, 64 or 32; tile_m 64 with 128). */
 ina_status_t ina_gemm_grouped_tiles_fixed(int64_t max_rows, int32_t num_groups, int64_t n,

@@ -171,16 +171,15 @@ fail:
   return st;
 }
 
-ina_status_t ina_gemm_grouped_tiles(int64_t max_rows, int32_t num_groups, int64_t n, int sm_count,
+ina_status_t ina_gemm_grouped_tiles(int64_t max_rows, int32_t num_groups, int64_t n, int fp8, int sm_count,
                                     ina_gemm_grouped_tiles_t *tiles) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(sm_count > 0 && num_groups >= 1, INA_ERR_INVALID_ARGUMENT,
               "grouped gemm tiles: %d SMs, %d groups", sm_count, (int)num_groups);
-  /* Groups of 16 rows or more on average take 64-row tiles: 16-row tiles would split the
-   * average group, reading its weight once per tile (INA_GEMM_GROUPED_LARGE_TILE_ROWS). */
-  const int32_t tile_m =
-      max_rows >= (int64_t)INA_GEMM_GROUPED_LARGE_TILE_ROWS * num_groups ? GROUPED_LARGE_TILE_M
-                                                                         : GROUPED_SMALL_TILE_M;
+  /* Large groups take 64-row tiles: 16-row tiles would split the average group, reading
+   * its weight once per tile (the thresholds per mode are in gemm_internal.h). */
+  const int64_t large = fp8 ? INA_GEMM_GROUPED_LARGE_TILE_ROWS_FP8 : INA_GEMM_GROUPED_LARGE_TILE_ROWS;
+  const int32_t tile_m = max_rows >= large * num_groups ? GROUPED_LARGE_TILE_M : GROUPED_SMALL_TILE_M;
   int32_t tile_n = GROUPED_WIDE_TILE_N;
   INA_CHECK(ina_gemm_grouped_tiles_fixed(max_rows, num_groups, n, tile_m, tile_n, tiles));
   if (tile_m != GROUPED_SMALL_TILE_M) return INA_OK;

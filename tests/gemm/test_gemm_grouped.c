@@ -401,7 +401,7 @@ static void test_tiles(test_rng_t *rng) {
   static const int32_t widths[3][4] = {{32, 64, 128, 128}, {64, 64, 128, 128}, {64, 128, 128, 128}};
   for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
     for (size_t r = 0; r < sizeof max_rows / sizeof max_rows[0]; r++) {
-      CHECK_OK(ina_gemm_grouped_tiles(max_rows[r], 64, ns[i], 132, &t));
+      CHECK_OK(ina_gemm_grouped_tiles(max_rows[r], 64, ns[i], 0, 132, &t));
       printf("grouped tiles max_rows %4lld n %4lld: %d x %d, grid %lld slots x %lld tiles\n",
              (long long)max_rows[r], (long long)ns[i], t.tile_m, t.tile_n, (long long)t.m_slots,
              (long long)t.n_tiles);
@@ -410,26 +410,27 @@ static void test_tiles(test_rng_t *rng) {
              (long long)max_rows[r], (long long)ns[i], t.tile_n, widths[i][r]);
     }
   /* One token: 6 slots, one per row, not 60. */
-  CHECK_OK(ina_gemm_grouped_tiles(6, 64, 1408, 132, &t));
+  CHECK_OK(ina_gemm_grouped_tiles(6, 64, 1408, 0, 132, &t));
   CHECK(t.m_slots == 6 && t.n_tiles == 44);
   for (int it = 0; it < 5000; it++) {
     const int64_t rows = test_rng_int(rng, 0, 20000), n = 8 * test_rng_int(rng, 1, 2000);
     const int32_t groups = (int32_t)test_rng_int(rng, 1, 300);
-    const int sms = (int)test_rng_int(rng, 1, 200);
-    CHECK_OK(ina_gemm_grouped_tiles(rows, groups, n, sms, &t));
+    const int sms = (int)test_rng_int(rng, 1, 200), fp8 = (int)test_rng_int(rng, 0, 1);
+    CHECK_OK(ina_gemm_grouped_tiles(rows, groups, n, fp8, sms, &t));
     const int64_t bound = (rows + (int64_t)groups * (t.tile_m - 1)) / t.tile_m;
     const int64_t slots = bound < rows ? bound : rows;
     int32_t width = 128;
     if (t.tile_m == 16 && slots * ((n + 127) / 128) < INA_GEMM_GROUPED_WIDE_CTAS_PER_SM * sms)
       width = slots * ((n + 63) / 64) * 100 < INA_GEMM_GROUPED_NARROW_CTAS_PER_100_SMS * sms ? 32
                                                                                             : 64;
-    const int ok = (t.tile_m == 64) == (rows >= INA_GEMM_GROUPED_LARGE_TILE_ROWS * (int64_t)groups) &&
+    const int64_t large = fp8 ? INA_GEMM_GROUPED_LARGE_TILE_ROWS_FP8 : INA_GEMM_GROUPED_LARGE_TILE_ROWS;
+    const int ok = (t.tile_m == 64) == (rows >= large * (int64_t)groups) &&
                    (t.tile_m == 16 || t.tile_m == 64) && t.tile_n == width &&
                    t.m_slots == slots && t.n_tiles * t.tile_n >= n &&
                    (t.n_tiles - 1) * t.tile_n < n &&
                    t.n_fastest == (t.tile_m == 16 && t.m_slots <= 65535);
-    CHECKF(ok, "tiles rows %lld groups %d n %lld sms %d: %d x %d, %lld x %lld", (long long)rows,
-           (int)groups, (long long)n, sms, t.tile_m, t.tile_n, (long long)t.m_slots,
+    CHECKF(ok, "tiles rows %lld groups %d n %lld fp8 %d sms %d: %d x %d, %lld x %lld", (long long)rows,
+           (int)groups, (long long)n, fp8, sms, t.tile_m, t.tile_n, (long long)t.m_slots,
            (long long)t.n_tiles);
     /* The slot bound: no routing of the rows makes more tiles, e.g. one row in each of the
      * first groups and the rest in the last, or random group sizes. */
@@ -447,8 +448,8 @@ static void test_tiles(test_rng_t *rng) {
   ina_log_set_quiet_errors(1);
   CHECK(ina_gemm_grouped_tiles_fixed(6, 64, 1408, 64, 32, &t) == INA_ERR_INVALID_ARGUMENT);
   CHECK(ina_gemm_grouped_tiles_fixed(6, 64, 1408, 16, 48, &t) == INA_ERR_INVALID_ARGUMENT);
-  CHECK(ina_gemm_grouped_tiles(6, 0, 1408, 132, &t) == INA_ERR_INVALID_ARGUMENT);
-  CHECK(ina_gemm_grouped_tiles(6, 64, 1408, 0, &t) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_gemm_grouped_tiles(6, 0, 1408, 0, 132, &t) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_gemm_grouped_tiles(6, 64, 1408, 0, 0, &t) == INA_ERR_INVALID_ARGUMENT);
   ina_log_set_quiet_errors(0);
   CHECK_OK(ina_gemm_grouped_tiles_fixed(6, 64, 1408, 16, 64, &t));
   CHECK(t.tile_m == 16 && t.tile_n == 64 && t.m_slots == 6 && t.n_tiles == 22 && t.n_fastest == 1);
