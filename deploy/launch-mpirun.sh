@@ -42,7 +42,8 @@ still starting may end the job non-zero instead (nothing serves yet).
   --gpus-per-node N    processes per host: GPUs, or CPU ranks with --cpu (default 8)
   --tp T               job mode: tensor parallelism over T ranks (the ranks in all,
                        hosts x N, must be a multiple of T; without --ep exactly T)
-  --ep                 job mode: expert parallelism over the groups of T ranks
+  --ep [E]             job mode: expert parallelism over the groups of T ranks (E, when
+                       given, must be their number: hosts x N / T)
   --base-port P        independent: port of local rank 0 on each host; job: the port of
                        rank 0 (default 50051). 0: every serving agent takes a free port,
                        printed in its "ina-agent: listening on HOST:PORT" line
@@ -64,7 +65,7 @@ USAGE
 die() { echo "launch-mpirun.sh: $*" >&2; exit 2; }
 
 hostfile="" model="" gpus_per_node=8 base_port=50051 agent="${INA_AGENT_BIN:-}" device=cuda dry_run=0
-tp="" ep=0
+tp="" ep=0 ep_degree=""
 agent_args=()
 while (($#)); do
   case $1 in
@@ -79,7 +80,11 @@ while (($#)); do
     --tp) tp=$2 ;;
     esac
     shift 2 ;;
-  --ep) ep=1; shift ;;
+  --ep)
+    ep=1; shift
+    # An optional degree, checked against the layout below: --ep E.
+    if [[ ${1:-} =~ ^[0-9]+$ ]]; then ep_degree=$1; shift; fi ;;
+  --ep=*) ep=1; ep_degree=${1#--ep=}; shift ;;
   --cpu) device=cpu; shift ;;
   --dry-run) dry_run=1; shift ;;
   -h | --help) usage; exit 0 ;;
@@ -94,9 +99,10 @@ done
 [[ $gpus_per_node =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node '$gpus_per_node': expected a positive integer"
 [[ $base_port =~ ^(0|[1-9][0-9]*)$ ]] || die "--base-port '$base_port': expected a port number"
 [[ -z $tp || $tp =~ ^[1-9][0-9]*$ ]] || die "--tp '$tp': expected a positive integer"
+[[ -z $ep_degree || $ep_degree =~ ^[1-9][0-9]*$ ]] || die "--ep '$ep_degree': expected a positive integer"
 for arg in "${agent_args[@]}"; do
   case $arg in
-  --tp | --tp=* | --ep) die "'$arg' after --: give --tp and --ep to launch-mpirun.sh itself, before --" ;;
+  --tp | --tp=* | --ep | --ep=*) die "'$arg' after --: give --tp and --ep to launch-mpirun.sh itself, before --" ;;
   esac
 done
 
@@ -128,8 +134,10 @@ if ((job)); then
   ((np % tp == 0)) || die "--tp $tp: the $np ranks (${#hosts[@]} host(s) x $gpus_per_node) do not split into groups of $tp"
   ((ep || np == tp)) ||
     die "--tp $tp without --ep needs exactly $tp ranks, not $np (${#hosts[@]} host(s) x $gpus_per_node): add --ep to split the experts over $((np / tp)) groups"
+  [[ -z $ep_degree ]] || ((ep_degree == np / tp)) ||
+    die "--ep $ep_degree: the $np ranks (${#hosts[@]} host(s) x $gpus_per_node) form $((np / tp)) group(s) of --tp $tp, and expert parallelism runs over all of them (--ep $((np / tp)), or --ep alone)"
   layout_args=(--tp "$tp")
-  ((!ep)) || layout_args+=(--ep)
+  ((!ep)) || layout_args+=(--ep ${ep_degree:+"$ep_degree"})
 else
   ((base_port == 0 || base_port + gpus_per_node - 1 <= 65535)) ||
     die "--base-port $base_port + --gpus-per-node $gpus_per_node runs past port 65535"

@@ -4,7 +4,8 @@
 #      command has -np, --map-by ppr:N:node, the exported INA_* values and the agent
 #      options of both modes (independent: no --tp/--ep; job: --tp T --ep, on the CPU
 #      or the GPUs). Refusals exit 2 with a message, before mpirun: ranks that do not
-#      split into groups of T, --tp without --ep over more than T ranks, --ep after --.
+#      split into groups of T, --tp without --ep over more than T ranks, --ep after --,
+#      and an --ep E that is not the number of groups (a matching E is passed on).
 #   2. agent-rank.sh with a stand-in agent that prints its arguments: an independent
 #      rank listens on BASE + local rank, every rank of a job on BASE (what rank 0 uses);
 #      --device follows INA_DEVICE (a GPU job rank gets --device cuda and the node's
@@ -109,6 +110,10 @@ check_rc "--tp 2 without --ep over 4 ranks" 2 "${fixed[@]}" --tp 2 &&
 check_rc "--tp 4 without --ep over 4 ranks" 0 "${fixed[@]}" --tp 4 &&
   has "--tp 4 without --ep over 4 ranks" "-np 4 " "$wrapper --model tiny --tp 4 "
 check_rc "--ep after --" 2 "${dry[@]}" --cpu -- --ep && has "--ep after --: exit 2" "before --"
+check_rc "--ep 2 over 4 ranks in groups of 2" 0 "${fixed[@]}" --tp 2 --ep 2 &&
+  has "--ep 2: passed on" "$wrapper --model tiny --tp 2 --ep 2 "
+check_rc "--ep=4 over 4 ranks in groups of 2" 2 "${fixed[@]}" --tp 2 --ep=4 &&
+  has "--ep=4 over 2 groups: exit 2" "form 2 group(s) of --tp 2" "(--ep 2, or --ep alone)"
 
 # ---- 2. agent-rank.sh with a stand-in agent ---------------------------------------------
 cat >"$tmp/fake-agent" <<'EOF'
