@@ -42,6 +42,32 @@ static inline ina_engine_t *sched_test_engine(const ina_model_t *m, int32_t page
   return e;
 }
 
+/* Rank `rank` of `size`'s expert-parallel shard of the tiny model (as sched_test_model)
+ * into *part, and a one-thread CPU engine on it over `ep`. Exits on failure. */
+static inline ina_engine_t *sched_test_ep_engine(uint64_t seed, int32_t rank, int32_t size, ina_comm_t *ep,
+                                                 int32_t page_size, int32_t num_pages, ina_model_t **part) {
+  ina_model_config_t cfg;
+  ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+  ina_engine_t *e = NULL;
+  *part = NULL;
+  mo.seed = seed;
+  mo.dtype = INA_DTYPE_F32;
+  eo.page_size = page_size;
+  eo.max_tokens = (int64_t)page_size * num_pages;
+  eo.num_threads = 1;
+  eo.device = -1;
+  eo.ep_comm = ep;
+  if (ina_model_spec_config("tiny", &cfg) != INA_OK) goto fail;
+  mo.shard.expert_begin = (int32_t)((int64_t)cfg.n_routed_experts * rank / size);
+  mo.shard.expert_end = (int32_t)((int64_t)cfg.n_routed_experts * (rank + 1) / size);
+  if (ina_model_open("tiny", &mo, part) != INA_OK || ina_engine_create(*part, &eo, &e) != INA_OK) goto fail;
+  return e;
+fail:
+  fprintf(stderr, "rank %d: cannot set up its expert-parallel engine: %s\n", rank, ina_last_error());
+  exit(1);
+}
+
 /* Everything one request received through its callback. The lock makes it safe to read
  * from another thread while the driver delivers. */
 typedef struct sched_collector {

@@ -247,21 +247,9 @@ int main(int argc, char **argv) {
 
   ina_model_t *whole = sched_test_model(7);
   const ina_model_config_t *cfg = ina_model_config(whole);
-  const int32_t vocab = cfg->vocab_size, E = cfg->n_routed_experts;
-  ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
-  mo.seed = 7;
-  mo.dtype = INA_DTYPE_F32;
-  mo.shard.expert_begin = (int32_t)((int64_t)E * rank / size);
-  mo.shard.expert_end = (int32_t)((int64_t)E * (rank + 1) / size);
+  const int32_t vocab = cfg->vocab_size;
   ina_model_t *part = NULL;
-  CHECK_OK(ina_model_open("tiny", &mo, &part));
-  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
-  eo.page_size = PAGE_SIZE;
-  eo.max_tokens = (int64_t)PAGE_SIZE * POOL_PAGES;
-  eo.num_threads = 1;
-  eo.ep_comm = ep;
-  ina_engine_t *engine = NULL;
-  CHECK_OK(ina_engine_create(part, &eo, &engine));
+  ina_engine_t *engine = sched_test_ep_engine(7, rank, size, ep, PAGE_SIZE, POOL_PAGES, &part);
   static rank_log_t log;
   log.comm = ctl;
   log.rank = rank;
