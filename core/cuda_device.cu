@@ -74,6 +74,25 @@ fail:
   return st;
 }
 
+extern "C" ina_status_t ina_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
+  ina_status_t st = INA_OK;
+  int previous = -1;
+  size_t f = 0, t = 0;
+  cudaError_t err = cudaSuccess;
+  INA_CHECK(require_device("ina_cuda_mem_info"));
+  INA_REQUIRE(device >= 0 && device < ina_cuda_device_count(), INA_ERR_INVALID_ARGUMENT,
+              "ina_cuda_mem_info: device %d out of range (%d devices)", device, ina_cuda_device_count());
+  INA_CUDA_CHECK(cudaGetDevice(&previous));
+  if (previous != device) INA_CUDA_CHECK(cudaSetDevice(device));
+  err = cudaMemGetInfo(&f, &t);
+  if (previous != device) INA_CUDA_CHECK(cudaSetDevice(previous));
+  INA_CUDA_CHECK(err);
+  if (free_bytes) *free_bytes = f;
+  if (total_bytes) *total_bytes = t;
+fail:
+  return st;
+}
+
 extern "C" void ina_cuda_free(void *ptr) {
   cudaError_t err;
   if (!ptr) return;

@@ -41,6 +41,13 @@ ina_status_t ina_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) {
 
 ina_status_t ina_cuda_synchronize(void) { return unsupported("ina_cuda_synchronize"); }
 
+ina_status_t ina_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
+  (void)device;
+  if (free_bytes) *free_bytes = 0;
+  if (total_bytes) *total_bytes = 0;
+  return unsupported("ina_cuda_mem_info");
+}
+
 ina_status_t ina_cuda_fp8_quantize_blocks(const uint16_t *x_bf16, int64_t rows, int64_t cols,
                                           int block_rows, int block_cols, uint8_t *q,
                                           float *scale_inv, void *stream) {

@@ -18,7 +18,8 @@
  *   - The routed experts of a MoE layer also get device tables of their weight pointers
  *     for the grouped GEMM, when all of them are FP8 or all bf16 and their dims suit it.
  * Ownership: every device buffer is recorded in gpu_weights_t.allocs and freed by
- * ina_gpu_weights_free. */
+ * ina_gpu_weights_free, but those handed over by ina_gpu_weights_disown (an
+ * expert-parallel engine's routed experts, which its slots own). */
 #ifndef INA_MODEL_ENGINE_GPU_H
 #define INA_MODEL_ENGINE_GPU_H
 
@@ -95,6 +96,11 @@ ina_status_t ina_gpu_weights_random(const ina_model_config_t *cfg, const ina_sha
                                     uint64_t seed, ina_dtype_t dtype, cudaStream_t stream, gpu_weights_t *out);
 /* Free every device buffer; *g becomes zeroed. NULL is a no-op. */
 void ina_gpu_weights_free(gpu_weights_t *g);
+
+/* Hands the `count` buffers in ptrs over to the caller, who frees them from then on: they
+ * leave g->allocs. A pointer g does not hold (or NULL) becomes NULL in ptrs and stays
+ * g's. O((allocs + count) log count). */
+ina_status_t ina_gpu_weights_disown(gpu_weights_t *g, void **ptrs, int64_t count);
 
 /* Shared by the upload and the random generation. */
 /* A device buffer of `bytes` (16 when 0), recorded in g->allocs and g->device_bytes. */

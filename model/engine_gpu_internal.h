@@ -64,8 +64,9 @@ typedef struct step_graph {
 typedef struct gpu_slot_layer {
   int32_t slots;             /* this rank's slots in the placement in force */
   gpu_mlp_t *w;              /* [slots]: each slot's weights (zeroed for an empty slot) */
-  void **owned;              /* [slots * 6]: buffers allocated for received experts (gate,
-                              * up, down: weight then scales), else NULL */
+  void **owned;              /* [slots * 6]: the slots' buffers (gate, up, down: weight then
+                              * scales), received or handed over by the upload at start-up;
+                              * freed when no slot of the next placement keeps them */
   int32_t *info;             /* host [slots * 3]: expert (-1 empty), replica, replicas */
   int32_t *info_dev;         /* its device copy (ina_gpu_moe_slot_rows) */
   const void **tab_w[3];     /* device [slots]: the slots' weights for the grouped GEMM */

@@ -146,7 +146,17 @@ ina_status_t gpu_placement_init(ina_engine_gpu_t *e) {
     S->owned = calloc((size_t)S->slots * PARTS + 1, sizeof *S->owned);
     INA_CHECK_ALLOC(S->w);
     INA_CHECK_ALLOC(S->owned);
-    for (int32_t s = 0; s < e->local_experts; s++) S->w[s] = L->experts[s];
+    for (int32_t s = 0; s < e->local_experts; s++) {
+      S->w[s] = L->experts[s];
+      for (int i = 0; i < 3; i++) {
+        S->owned[(size_t)s * PARTS + 2 * i] = mlp_part(&S->w[s], i)->w;
+        S->owned[(size_t)s * PARTS + 2 * i + 1] = mlp_part(&S->w[s], i)->w_scale;
+      }
+    }
+    /* The slots own the uploaded experts from here on, so that a placement change frees
+     * the ones no slot keeps (a buffer the upload did not allocate on its own stays the
+     * weights'). */
+    INA_CHECK(ina_gpu_weights_disown(&e->w, S->owned, (int64_t)e->local_experts * PARTS));
     for (int i = 0; i < 3; i++) {
       S->tab_w[i] = L->grouped_w[i];
       S->tab_s[i] = L->grouped_scale[i];

@@ -1,5 +1,6 @@
 /* Upload of a model's weights for the CUDA engine: the rules are in engine_gpu.h. */
 #define INA_LOG_SUBSYS "model"
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,6 +292,36 @@ ina_status_t ina_gpu_weights_upload(const ina_weights_t *w, const ina_model_conf
   return INA_OK;
 fail:
   ina_gpu_weights_free(out);
+  return st;
+}
+
+static int compare_ptr(const void *a, const void *b) {
+  const uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+ina_status_t ina_gpu_weights_disown(gpu_weights_t *g, void **ptrs, int64_t count) {
+  ina_status_t st = INA_OK;
+  void **wanted = malloc((size_t)count * sizeof *wanted + 1), **taken = malloc((size_t)count * sizeof *taken + 1);
+  int64_t kept = 0, num_taken = 0;
+  INA_CHECK_ALLOC(wanted);
+  INA_CHECK_ALLOC(taken);
+  memcpy(wanted, ptrs, (size_t)count * sizeof *wanted);
+  qsort(wanted, (size_t)count, sizeof *wanted, compare_ptr);
+  for (int64_t i = 0; i < g->num_allocs; i++) {
+    void *p = g->allocs[i];
+    if (bsearch(&p, wanted, (size_t)count, sizeof *wanted, compare_ptr))
+      taken[num_taken++] = p; /* in allocs order, which is address-unsorted: sorted below */
+    else
+      g->allocs[kept++] = p;
+  }
+  g->num_allocs = kept;
+  qsort(taken, (size_t)num_taken, sizeof *taken, compare_ptr);
+  for (int64_t i = 0; i < count; i++)
+    if (!ptrs[i] || !bsearch(&ptrs[i], taken, (size_t)num_taken, sizeof *taken, compare_ptr)) ptrs[i] = NULL;
+fail:
+  free(wanted);
+  free(taken);
   return st;
 }
 

@@ -16,7 +16,8 @@
  * by far more than ROW_BOUND. EP engines also switch to three random expert placements
  * (replicas, experts moved between GPUs), after each of which their logits and tokens
  * stay one GPU's bit for bit; an invalid placement and one over max_expert_bytes are
- * refused and change nothing. Labelled gpu: every rank exits 77 without a CUDA device. */
+ * refused and change nothing. Experts a rank gives away free their device memory
+ * (random:v2-lite's experts rotated between the GPUs and back). Labelled gpu: every rank exits 77 without a CUDA device. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -260,6 +261,58 @@ static void check_placements(const char *name, const fixture_t *f, const ina_mod
   free(want);
 }
 
+/* Rank r's slots hold rank (r + shift) % ranks' share of the experts, in order. */
+static void shifted_placement(int32_t layers, int32_t experts, int32_t shift, ina_expert_placement_t *p) {
+  const int32_t per = experts / g_size;
+  CHECK_OK(ina_expert_placement_init(g_size, per, layers, experts, p));
+  for (int32_t m = 0; p->slot_expert && m < layers; m++)
+    for (int32_t r = 0; r < g_size; r++)
+      for (int32_t s = 0; s < per; s++)
+        p->slot_expert[ina_expert_placement_index(p, m, r, s)] = ((r + shift) % g_size) * per + s;
+}
+
+/* Experts a rank no longer holds give their device memory back: random:v2-lite (14 GB of
+ * routed experts per rank over 2 GPUs) moves every rank's experts to the next rank and
+ * back; each time the GPU's free memory must not drop by more than a twentieth of what
+ * the rank received (it would drop by all of it if the experts given away stayed). */
+static void check_expert_memory(ina_comm_t *ep, int32_t device) {
+  ina_model_config_t c;
+  CHECK_OK(ina_model_spec_config("random:v2-lite", &c));
+  if (c.n_routed_experts % g_size != 0 || g_size < 2) {
+    if (g_rank == 0) printf("  expert memory: skipped (%d ranks)\n", g_size);
+    return;
+  }
+  ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+  mo.random_on_device = 1;
+  mo.shard.expert_begin = c.n_routed_experts * g_rank / g_size;
+  mo.shard.expert_end = c.n_routed_experts * (g_rank + 1) / g_size;
+  ina_model_t *m = NULL;
+  CHECK_OK(ina_model_open("random:v2-lite", &mo, &m));
+  ina_engine_t *e = m ? make_engine(m, NULL, ep, device) : NULL;
+  int32_t layers = 0;
+  for (int32_t l = 0; l < c.num_layers; l++) layers += ina_cfg_layer_is_moe(&c, l);
+  for (int32_t shift = 1; e && shift >= 0; shift--) {
+    ina_expert_placement_t p = {0};
+    shifted_placement(layers, c.n_routed_experts, shift, &p);
+    size_t before = 0, after = 0;
+    int64_t moved = 0;
+    CHECK_OK(ina_cuda_mem_info(device, &before, NULL));
+    CHECK_OK(ina_engine_apply_placement(e, &p, 0, &moved));
+    CHECK_OK(ina_cuda_mem_info(device, &after, NULL));
+    const int64_t received = moved / g_size, dropped = (int64_t)before - (int64_t)after;
+    CHECKF(received > ((int64_t)1 << 30), "expert memory, shift %d: only %lld bytes received", shift,
+           (long long)received);
+    CHECKF(dropped <= received / 20, "expert memory, shift %d: free memory dropped by %.0f MiB after receiving %.0f MiB",
+           shift, (double)dropped / 1048576.0, (double)received / 1048576.0);
+    if (g_rank == 0)
+      printf("  expert memory, shift %d: received %.0f MiB, free memory %+.0f MiB\n", shift,
+             (double)received / 1048576.0, -(double)dropped / 1048576.0);
+    ina_expert_placement_free(&p);
+  }
+  ina_engine_destroy(e);
+  ina_model_destroy(m);
+}
+
 static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina_comm_t *ep, int32_t device,
                           test_rng_t *rng) {
   fixture_t f;
@@ -328,6 +381,7 @@ int main(int argc, char **argv) {
     check_fixture(dir, names[i], tp, ep, device, &rng);
     free(names[i]);
   }
+  if (ep) check_expert_memory(ep, device);
   CHECKF(g_prompts > 0 && g_prompts_equal >= TOKENS_SHARE * g_prompts,
          "free-running greedy tokens equal to one GPU's on %d of %d prompts", g_prompts_equal, g_prompts);
   if (g_rank == 0)
