@@ -55,7 +55,7 @@ static void usage(FILE *f) {
           "                       they exit non-zero\n"
           "  --attention-dp       with --ep: the groups compute attention for different\n"
           "                       sequences (each on the group its first KV page picks), the\n"
-          "                       MoE layers over all of them (CPU engine)\n"
+          "                       MoE layers over all of them\n"
           "  --dp D               --attention-dp, naming its degree: D must be the number of\n"
           "                       groups (the ranks / T), e.g. mpirun -np 4 ina-agent --tp 2\n"
           "                       --ep 2 --dp 2\n"
@@ -352,17 +352,11 @@ int main(int argc, char **argv) {
             dp_size ? "--dp" : "--attention-dp");
     return 2;
   }
-  if (o.attention_dp && o.device >= 0) {
-    fprintf(stderr, "ina-agent: %s runs on the CPU engine so far (--device cpu)\n",
-            dp_size ? "--dp" : "--attention-dp");
-    return 2;
-  }
   ina_parallel_job_t job;
   memset(&job, 0, sizeof job);
   if (ep || tp_size > 1) {
     /* Each rank takes the GPU of its local rank (NCCL between them), or the CPU. */
-    const int on_gpu = !o.attention_dp &&
-                       (o.device >= 0 || (o.device == INA_AGENT_DEVICE_AUTO && ina_cuda_device_count() > 0));
+    const int on_gpu = o.device >= 0 || (o.device == INA_AGENT_DEVICE_AUTO && ina_cuda_device_count() > 0);
     int rc = job_start((int)tp_size, ep, on_gpu, &job);
     if (rc == 0 && dp_size && dp_size != job.groups) {
       if (job.rank == 0)

@@ -31,8 +31,6 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
   const int32_t device = requested_device(options);
   INA_REQUIRE(device >= -1, INA_ERR_INVALID_ARGUMENT,
               "engine: device %d is invalid (-1 for the CPU, >= 0 for a CUDA device)", device);
-  INA_REQUIRE(device < 0 || !ina_engine_options_attention_dp(options), INA_ERR_UNSUPPORTED,
-              "engine: attention data parallelism runs on the CPU backend only so far (device %d)", device);
   e = calloc(1, sizeof *e);
   INA_CHECK_ALLOC(e);
   if (device < 0)
@@ -88,6 +86,15 @@ ina_status_t ina_engine_apply_placement(ina_engine_t *e, const ina_expert_placem
   *bytes_moved = 0;
   return e->cpu ? ina_engine_cpu_apply_placement(e->cpu, p, dry_run, bytes_moved)
                 : ina_engine_gpu_apply_placement(e->gpu, p, dry_run, bytes_moved);
+fail:
+  return st;
+}
+
+ina_status_t ina_engine_step_split(ina_engine_t *e, int reset, ina_engine_step_split_t *out) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e != NULL && out != NULL, INA_ERR_INVALID_ARGUMENT, "step split: NULL argument");
+  INA_REQUIRE(e->gpu != NULL, INA_ERR_UNSUPPORTED, "step split: the CPU backend does not time its steps");
+  return ina_engine_gpu_step_split(e->gpu, reset, out);
 fail:
   return st;
 }

@@ -45,6 +45,11 @@ static inline int ina_engine_options_attention_dp(const ina_engine_options_t *o)
   return o->struct_size >= offsetof(ina_engine_options_t, attention_dp) + sizeof(int32_t) ? o->attention_dp : 0;
 }
 
+/* options->step_split when the caller's struct has it (version 7), else 0 (off). */
+static inline int ina_engine_options_step_split(const ina_engine_options_t *o) {
+  return o->struct_size >= offsetof(ina_engine_options_t, step_split) + sizeof(int32_t) ? o->step_split : 0;
+}
+
 typedef struct ina_engine_cpu ina_engine_cpu_t;
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
@@ -73,6 +78,15 @@ ina_status_t ina_engine_gpu_expert_load(ina_engine_gpu_t *engine, int reset, uin
 ina_status_t ina_engine_gpu_get_placement(ina_engine_gpu_t *engine, ina_expert_placement_t *out);
 ina_status_t ina_engine_gpu_apply_placement(ina_engine_gpu_t *engine, const ina_expert_placement_t *p,
                                             int dry_run, int64_t *bytes_moved);
+ina_status_t ina_engine_gpu_step_split(ina_engine_gpu_t *engine, int reset, ina_engine_step_split_t *out);
+
+/* attention_dp 2: the rank of `ranks` that computes sequence seq. Its first page picks
+ * it, which is the same on every rank (the pools are replicas) and stays while the
+ * sequence lives (its KV entries are on that rank only); sequences sharing a prefix share
+ * their owner. A sequence without pages yet goes to rank 0. */
+static inline int32_t ina_engine_split_owner(const ina_kv_seq_t *seq, int32_t ranks) {
+  return seq->num_pages > 0 ? seq->pages[0] % ranks : 0;
+}
 
 /* Shared by both backends, so a batch is accepted or refused alike (engine.c). */
 ina_status_t ina_engine_validate_batch(const ina_model_config_t *cfg, const ina_batch_t *b);

@@ -720,13 +720,6 @@ fail:
   return st;
 }
 
-/* The rank that computes sequence seq in a split batch: its first page picks it, which is
- * the same on every rank (the pools are replicas) and stays while the sequence lives (its
- * KV entries are on that rank only); sequences sharing a prefix share their owner. */
-static int32_t split_owner(const ina_kv_seq_t *seq, int32_t ranks) {
-  return seq->num_pages > 0 ? seq->pages[0] % ranks : 0;
-}
-
 /* attention_dp 2: every rank has the whole batch; each computes the sequences it owns
  * (forward_grown with the MoE layers gathered), and the logits travel to every rank. */
 static ina_status_t forward_split(ina_engine_cpu_t *e, const ina_batch_t *b, float *logits) {
@@ -750,7 +743,7 @@ static ina_status_t forward_split(ina_engine_cpu_t *e, const ina_batch_t *b, flo
   int32_t count = 0;
   qo[0] = 0;
   for (int32_t i = 0; i < b->batch; i++) {
-    const int32_t len = b->qo_indptr[i + 1] - b->qo_indptr[i], owner = split_owner(b->seqs[i], n);
+    const int32_t len = b->qo_indptr[i + 1] - b->qo_indptr[i], owner = ina_engine_split_owner(b->seqs[i], n);
     rc[owner] += (size_t)(b->all_logits ? len : 1) * (size_t)V;
     if (owner != me) continue;
     seqs[count] = b->seqs[i];
@@ -775,7 +768,7 @@ static ina_status_t forward_split(ina_engine_cpu_t *e, const ina_batch_t *b, flo
   memcpy(cur, rd, (size_t)n * sizeof *cur);
   int64_t row = 0;
   for (int32_t i = 0; i < b->batch; i++) {
-    const int32_t owner = split_owner(b->seqs[i], n);
+    const int32_t owner = ina_engine_split_owner(b->seqs[i], n);
     const size_t rows = b->all_logits ? (size_t)(b->qo_indptr[i + 1] - b->qo_indptr[i]) : 1;
     memcpy(logits + row * V, all + cur[owner], rows * (size_t)V * sizeof *logits);
     cur[owner] += rows * (size_t)V;

@@ -37,8 +37,14 @@
  * experts: the permutation is the one-GPU one, its grouped GEMM computes the rows of its
  * own experts into zeroed expert outputs, and one all-reduce of those outputs over the
  * EP group gives every rank every row exactly; the shared experts and the combine then
- * run everywhere as on one GPU, so expert parallelism alone is bit for bit one GPU's. The all-reduces are captured into the decode graphs like any other kernel
- * (NCCL supports stream capture); every rank replays the same bucket's graph.
+ * run everywhere as on one GPU, so expert parallelism alone is bit for bit one GPU's.
+ * With attention data parallelism (engine_gpu_dp.c) the expert-parallel ranks split the
+ * batch's sequences, each padded to the largest rank's rows; each MoE layer gathers
+ * every rank's rows and runs as above over all of them, and each rank combines its own;
+ * the logits rows are gathered at the end. The collectives are captured into the decode
+ * graphs like any other kernel (NCCL supports stream capture); every rank replays the
+ * same bucket's graph. With step_split, events between the parts of a step time them
+ * (engine_gpu_split.c).
  *
  * Device memory: weights (engine_gpu_weights.c), the latent cache [layers][num_pages]
  * [page_size][kv_lora_rank + rope] bf16, and step buffers sized for the largest step
@@ -143,6 +149,7 @@ static ina_status_t take_comms(ina_engine_gpu_t *e, const ina_weights_t *w, cons
     int32_t *all = e->ep_ranges = malloc(2 * (size_t)n * sizeof *all), *dev = NULL;
     INA_CHECK_ALLOC(all);
     e->ep_size = n;
+    e->ep_rank = ina_comm_rank(e->ep_comm);
     /* The communicator works on device memory (NCCL). */
     INA_CUDA_CHECK(cudaMalloc((void **)&dev, (2 + 2 * (size_t)n) * sizeof *dev));
     st = cudaMemcpy(dev, mine, sizeof mine, cudaMemcpyHostToDevice) == cudaSuccess
@@ -242,6 +249,19 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   INA_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   INA_CHECK(take_comms(e, w, options));
   {
+    const int dp = ina_engine_options_attention_dp(options);
+    INA_REQUIRE(dp == 0 || dp == 2, INA_ERR_UNSUPPORTED,
+                "gpu engine: attention_dp %d; the CUDA backend takes 0 (off) or 2 (every rank passes the same "
+                "batch, split by sequence)",
+                dp);
+    INA_REQUIRE(!dp || e->ep_comm, INA_ERR_INVALID_ARGUMENT,
+                "gpu engine: attention_dp needs ep_comm (the ranks that split the sequences)");
+    e->dp_size = dp && e->ep_size > 1 ? e->ep_size : 1;
+    e->dp_rank = e->dp_size > 1 ? e->ep_rank : 0;
+    if (e->dp_size > 1) INA_CHECK(gpu_dp_init(e));
+  }
+  if (ina_engine_options_step_split(options)) INA_CHECK(gpu_split_init(&e->split, c->num_layers));
+  {
     uint64_t seed = 0;
     ina_dtype_t dtype = INA_DTYPE_BF16;
     if (ina_model_random_on_device(model, &seed, &dtype)) {
@@ -292,9 +312,10 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   if (c->n_routed_experts > 0)
     INA_CUDA_CHECK(cudaHostAlloc((void **)&e->offsets_host, (size_t)(c->n_routed_experts + 1) * sizeof(int32_t),
                                  cudaHostAllocDefault));
-  INA_LOG_I(INA_LOG_SUBSYS, "gpu engine on %s: %.1f MiB of weights, %.1f MiB of latent cache, decode steps %s",
+  INA_LOG_I(INA_LOG_SUBSYS, "gpu engine on %s: %.1f MiB of weights, %.1f MiB of latent cache%s, decode steps %s",
             ina_cuda_device_name(device, name, sizeof name), (double)e->w.device_bytes / (1 << 20),
             (double)(e->cache_layer_bytes * (size_t)c->num_layers) / (1 << 20),
+            e->dp_size > 1 ? ", attention data parallel" : "",
             e->use_graphs                             ? "replayed from CUDA graphs"
             : !ina_engine_options_cuda_graphs(options) ? "eager (CUDA graphs off)"
                                                        : "eager (a MoE layer's experts do not fit the grouped GEMM)");
@@ -318,6 +339,8 @@ void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
   gpu_drop_graphs(e);
   step_free(&e->s);
   gpu_placement_free(e);
+  gpu_dp_free(e);
+  gpu_split_free(&e->split);
   ina_gpu_weights_free(&e->w);
   free(e->ep_ranges);
   cudaFree(e->expert_load_dev);
@@ -389,7 +412,8 @@ static ina_status_t step_alloc(ina_engine_gpu_t *e, int64_t cap) {
   const int64_t Hd = c->hidden_size, H = e->heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
   const int64_t E = c->n_routed_experts, K = E > 0 ? c->num_experts_per_tok : 1;
   const int64_t inter = e->w.max_expert_inter > 0 ? e->w.max_expert_inter : 1;
-  const int64_t rows = cap * K, fp8_k = e->w.fp8_max_k;
+  /* The MoE layers run every attention-DP rank's rows. */
+  const int64_t moe_tokens = cap * e->dp_size, rows = moe_tokens * K, fp8_k = e->w.fp8_max_k;
   gpu_drop_graphs(e);
   step_free(s);
   s->cap = cap;
@@ -424,15 +448,19 @@ static ina_status_t step_alloc(ina_engine_gpu_t *e, int64_t cap) {
   if (E > 0) {
     DEV(xe, rows * Hd * 2);
     DEV(ye, rows * Hd * 2);
-    DEV(router_logits, cap * E * 4);
-    DEV(topk_ids, cap * K * 4);
-    DEV(topk_weights, cap * K * 4);
+    DEV(router_logits, moe_tokens * E * 4);
+    DEV(topk_ids, rows * 4);
+    DEV(topk_weights, rows * 4);
     DEV(expert_counts, E * 4);
     DEV(expert_offsets, (E + 1) * 4);
-    DEV(sorted_token, cap * K * 4);
-    DEV(slot_of, cap * K * 4);
-    s->permute_ws_bytes = ina_gpu_moe_permute_workspace_size(cap, (int32_t)K, (int32_t)E);
+    DEV(sorted_token, rows * 4);
+    DEV(slot_of, rows * 4);
+    s->permute_ws_bytes = ina_gpu_moe_permute_workspace_size(moe_tokens, (int32_t)K, (int32_t)E);
     DEV(permute_ws, s->permute_ws_bytes);
+  }
+  if (e->dp_size > 1) {
+    DEV(h_all, moe_tokens * Hd * 2);
+    DEV(page_ids_all, moe_tokens * 4);
   }
 #undef DEV
   return INA_OK;
@@ -491,14 +519,15 @@ static stage_layout_t stage_layout(int64_t T, int32_t batch, int64_t pages) {
 }
 
 /* Fill the pinned staging buffer (the sequences already grown) and copy it to the device.
- * rows >= the step's T tokens and batch: a graph step lays its inputs out for its bucket
- * (rows), the tokens and sequences past the step's being padding that writes no cache
- * entry (page id -1) and attends to nothing. */
-static ina_status_t stage_inputs(ina_engine_gpu_t *e, const ina_batch_t *b, int64_t rows, stage_layout_t *out) {
+ * rows >= the step's T tokens and seqs >= its batch: a graph step lays its inputs out for
+ * its bucket, an attention-DP step for the largest rank's shape; the tokens and sequences
+ * past the step's are padding that writes no cache entry (page id -1) and attends to
+ * nothing. */
+static ina_status_t stage_inputs(ina_engine_gpu_t *e, const ina_batch_t *b, int64_t rows, int32_t seqs,
+                                 stage_layout_t *out) {
   ina_status_t st = INA_OK;
   const int32_t page_size = ina_page_pool_page_size(e->kv);
   const int64_t T = b->qo_indptr[b->batch];
-  const int32_t seqs = rows > T ? (int32_t)rows : b->batch;
   const stage_layout_t l = stage_layout(rows, seqs, e->table.indptr[b->batch]);
   if (l.total > e->stage_cap) {
     const int64_t cap = round_up_pow2(l.total, 1024);
@@ -567,6 +596,18 @@ static ina_status_t copy_replaced_pages(ina_engine_gpu_t *e, const ina_batch_t *
     if (e->cow_page[i] < 0) continue;
     const int32_t now = b->seqs[i]->pages[e->cow_index[i]];
     if (now == e->cow_page[i]) continue;
+    if (e->dp_size > 1) {
+      /* Under attention DP only the owner has the entries. A copy on write of the first
+       * page (a one-page sequence forked mid-page) picks the owner again from the copy
+       * (ina_engine_split_owner); entries on another rank cannot follow, so such a step
+       * is refused, by every rank alike. */
+      const int32_t was = e->cow_index[i] == 0 ? e->cow_page[i] % e->dp_size : e->dp.owner[i];
+      INA_REQUIRE(was == e->dp.owner[i], INA_ERR_UNSUPPORTED,
+                  "forward: attention DP: sequence %d's shared first page was copied on write to a page "
+                  "of rank %d, but its cached entries are on rank %d",
+                  i, e->dp.owner[i], was);
+      if (e->dp.owner[i] != e->dp_rank) continue;
+    }
     for (int32_t l = 0; l < e->cfg->num_layers; l++) {
       char *base = (char *)e->cache + (size_t)l * e->cache_layer_bytes;
       INA_CUDA_CHECK(cudaMemcpyAsync(base + (size_t)now * e->cache_page_bytes,
@@ -908,7 +949,10 @@ fail:
   return st;
 }
 
-/* s.h (normalized) -> s.delta: routed experts weighted and summed, plus shared experts. */
+/* s.h (normalized) -> s.delta: routed experts weighted and summed, plus shared experts.
+ * Under attention DP the routed experts run over every rank's T rows, gathered in rank
+ * order (so every rank routes and permutes alike, as without DP), and each rank combines
+ * its own rows: the same values as one GPU computing all the rows. */
 static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const int32_t *page_ids) {
   ina_status_t st = INA_OK;
   const ina_model_config_t *c = e->cfg;
@@ -916,17 +960,29 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const i
   gpu_step_t *s = &e->s;
   const int64_t Hd = c->hidden_size;
   const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok;
+  const int64_t Ta = T * e->dp_size, mine = T * e->dp_rank; /* all rows; our first */
+  const uint16_t *h = s->h;
+  const int32_t *row_mask = page_ids;
+  if (e->dp_size > 1) {
+    INA_CHECK(gpu_split_mark(&e->split, SPLIT_EP_COMM, e->stream));
+    INA_CHECK(ina_comm_all_gather(e->ep_comm, s->h, s->h_all, (size_t)(T * Hd), INA_DTYPE_BF16, e->stream));
+    INA_CHECK(ina_comm_all_gather(e->ep_comm, page_ids, s->page_ids_all, (size_t)T, INA_DTYPE_I32, e->stream));
+    INA_CHECK(gpu_split_mark(&e->split, SPLIT_MOE, e->stream));
+    h = s->h_all;
+    row_mask = s->page_ids_all;
+  }
   /* The router in fp32 out: hi (+ lo for an f32 router, see engine_gpu.h). */
   const gpu_linear_t hi = {E, Hd, 0, L->router_hi, NULL}, lo = {E, Hd, 0, L->router_lo, NULL};
-  INA_CHECK(linear(e, &hi, s->h, T, s->router_logits, INA_DTYPE_F32, NULL));
-  if (L->router_lo) INA_CHECK(linear(e, &lo, s->h, T, s->router_logits, INA_DTYPE_F32, s->router_logits));
-  INA_CHECK(ina_gpu_router(&e->router, s->router_logits, L->router_bias, T, s->topk_ids, s->topk_weights, e->stream));
-  /* Load statistics: the step's real rows only (padding rows have no cache page). */
-  INA_CHECK(ina_gpu_moe_count(s->topk_ids, T, K, page_ids, E, e->expert_load_dev + (int64_t)e->moe_index[l] * E,
+  INA_CHECK(linear(e, &hi, h, Ta, s->router_logits, INA_DTYPE_F32, NULL));
+  if (L->router_lo) INA_CHECK(linear(e, &lo, h, Ta, s->router_logits, INA_DTYPE_F32, s->router_logits));
+  INA_CHECK(ina_gpu_router(&e->router, s->router_logits, L->router_bias, Ta, s->topk_ids, s->topk_weights, e->stream));
+  /* Load statistics: the step's real rows only (padding rows have no cache page); every
+   * rank counts every rank's rows, as without DP. */
+  INA_CHECK(ina_gpu_moe_count(s->topk_ids, Ta, K, row_mask, E, e->expert_load_dev + (int64_t)e->moe_index[l] * E,
                               e->stream));
   {
     ina_gpu_moe_permute_params_t p = INA_GPU_MOE_PERMUTE_PARAMS_INIT;
-    p.tokens = T;
+    p.tokens = Ta;
     p.top_k = K;
     p.num_experts = E;
     p.ids = s->topk_ids;
@@ -941,8 +997,8 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const i
   /* Every token takes top_k slots, so the rows are known here; only their split among the
    * experts lives on the device. Gather each slot's input row (the embedding gather with
    * h as the table). */
-  const int64_t rows = T * K;
-  INA_CHECK(ina_gpu_embedding(s->sorted_token, rows, s->h, INA_DTYPE_BF16, T, Hd, s->xe, NULL, e->stream));
+  const int64_t rows = Ta * K;
+  INA_CHECK(ina_gpu_embedding(s->sorted_token, rows, h, INA_DTYPE_BF16, Ta, Hd, s->xe, NULL, e->stream));
   /* Expert parallelism: our experts' rows, zeros elsewhere, then the sum over the group
    * gives every rank every row, exactly (one rank holds each row). */
   if (e->ep_comm) INA_CUDA_CHECK(cudaMemsetAsync(s->ye, 0, (size_t)(rows * Hd) * sizeof(uint16_t), e->stream));
@@ -951,9 +1007,13 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const i
     INA_CHECK(experts_grouped(e, L, S, rows));
   else
     INA_CHECK(experts_one_by_one(e, l, S, rows));
-  INA_CHECK(sum_over(e->ep_ar, s->ye, rows * Hd, e->stream));
+  if (e->ep_ar) {
+    INA_CHECK(gpu_split_mark(&e->split, SPLIT_EP_COMM, e->stream));
+    INA_CHECK(sum_over(e->ep_ar, s->ye, rows * Hd, e->stream));
+    INA_CHECK(gpu_split_mark(&e->split, SPLIT_MOE, e->stream));
+  }
   if (L->has_shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
-  INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of, s->topk_weights,
+  INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of + mine * K, s->topk_weights + mine * K,
                                 L->has_shared ? s->shared : NULL, s->delta, e->stream));
 fail:
   return st;
@@ -971,23 +1031,35 @@ static ina_status_t enqueue_forward(ina_engine_gpu_t *e, int64_t T, int64_t out_
   gpu_step_t *s = &e->s;
   const int64_t Hd = c->hidden_size;
   const float eps = (float)c->rms_norm_eps;
+  /* The part a norm belongs to: the TP all-reduce it is fused with, else the rest. */
+  const gpu_split_part_t norm_part = e->tp_ar ? SPLIT_TP_COMM : SPLIT_OTHER;
+  gpu_split_begin(&e->split);
+  INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream));
   INA_CHECK(ina_gpu_embedding(tokens_dev, T, e->w.embed, INA_DTYPE_BF16, c->vocab_size, Hd, s->x, NULL, e->stream));
   for (int32_t l = 0; l < c->num_layers; l++) {
     const gpu_layer_t *L = &e->w.layers[l];
     /* The residual stream s.x takes the previous block's output as it is normalized. */
-    if (l == 0)
+    if (l == 0) {
       INA_CHECK(rmsnorm(e, T, Hd, s->x, NULL, L->input_norm, eps, s->h));
-    else
+    } else {
+      INA_CHECK(gpu_split_mark(&e->split, norm_part, e->stream));
       INA_CHECK(add_and_norm(e, T, L->input_norm, eps));
+    }
+    INA_CHECK(gpu_split_mark(&e->split, SPLIT_ATTENTION, e->stream));
     INA_CHECK(attention_block(e, l, T, in));
+    INA_CHECK(gpu_split_mark(&e->split, norm_part, e->stream));
     INA_CHECK(add_and_norm(e, T, L->post_attention_norm, eps));
     if (L->is_moe) {
+      INA_CHECK(gpu_split_mark(&e->split, SPLIT_MOE, e->stream));
       INA_CHECK(moe_block(e, l, T, in->page_ids));
     } else {
+      INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream));
       INA_CHECK(mlp(e, &L->mlp, s->h, T, s->delta));
     }
   }
+  INA_CHECK(gpu_split_mark(&e->split, norm_part, e->stream));
   INA_CHECK(add_and_norm(e, T, e->w.final_norm, eps));
+  INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream));
   {
     const uint16_t *final_rows = s->h;
     if (!all_rows) {
@@ -997,6 +1069,7 @@ static ina_status_t enqueue_forward(ina_engine_gpu_t *e, int64_t T, int64_t out_
     }
     INA_CHECK(linear(e, &e->w.lm_head, final_rows, out_rows, s->logits, INA_DTYPE_F32, NULL));
   }
+  e->split.forward_marks = e->split.count;
 fail:
   return st;
 }
@@ -1042,45 +1115,69 @@ static int graph_step(const ina_engine_gpu_t *e, const ina_batch_t *b) {
   return e->use_graphs && b->batch <= MAX_GRAPH_BATCH && b->qo_indptr[b->batch] == b->batch;
 }
 
+/* The step's shape without attention DP: the whole batch, a graph step padded to its
+ * bucket. */
+static void whole_batch_shape(const ina_engine_gpu_t *e, const ina_batch_t *b, step_shape_t *sh) {
+  const int64_t T = b->qo_indptr[b->batch];
+  sh->mine = *b;
+  sh->graphed = graph_step(e, b);
+  sh->rows = sh->graphed ? round_up_pow2(b->batch, 1) : T;
+  sh->seqs = sh->graphed ? (int32_t)sh->rows : b->batch;
+  sh->out_rows = sh->graphed ? sh->rows : b->all_logits ? T : b->batch;
+}
+
 ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *logits) {
   ina_status_t st = INA_OK;
   int appended = 0;
+  step_shape_t sh;
   INA_CHECK(ina_engine_validate_batch(e->cfg, b));
   const int64_t T = b->qo_indptr[b->batch];
   if (T == 0) return INA_OK; /* no token: nothing grows, no logits row */
   INA_REQUIRE(logits != NULL, INA_ERR_INVALID_ARGUMENT, "forward: logits is NULL");
   INA_CUDA_CHECK(cudaSetDevice(e->device));
-  const int graphed = graph_step(e, b);
-  /* A graph step computes its whole bucket: rows and attention grid are the bucket's. */
-  const int64_t rows = graphed ? round_up_pow2(b->batch, 1) : T;
-  INA_CHECK(ensure_capacity(e, rows, (int32_t)(graphed ? rows : b->batch)));
+  /* Room for the whole batch's host scratch first (remember_last_pages). */
+  INA_CHECK(ensure_capacity(e, 0, b->batch));
   remember_last_pages(e, b);
   INA_CHECK(ina_engine_append_all(e->kv, b));
   appended = 1;
+  /* Under attention DP the sequences' ranks come from their pages, known only now. */
+  if (e->dp_size > 1)
+    INA_CHECK(gpu_dp_split(e, b, graph_step(e, b), &sh));
+  else
+    whole_batch_shape(e, b, &sh);
+  INA_CHECK(ensure_capacity(e, sh.rows, sh.seqs));
   INA_CHECK(copy_replaced_pages(e, b));
-  INA_CHECK(ina_page_table_build(&e->table, (const ina_kv_seq_t *const *)b->seqs, b->batch,
+  INA_CHECK(ina_page_table_build(&e->table, (const ina_kv_seq_t *const *)sh.mine.seqs, sh.mine.batch,
                                  ina_page_pool_page_size(e->kv)));
   {
     stage_layout_t l;
     step_inputs_t in;
     cudaGraphExec_t exec = NULL;
-    const int64_t out_rows = b->all_logits ? T : b->batch;
-    INA_CHECK(stage_inputs(e, b, rows, &l));
+    INA_CHECK(stage_inputs(e, &sh.mine, sh.rows, sh.seqs, &l));
     in.positions = e->stage_dev + l.positions;
     in.page_ids = e->stage_dev + l.page_ids;
     in.slots = e->stage_dev + l.slots;
     in.kv_indptr = e->stage_dev + l.kv_indptr;
     in.kv_indices = e->stage_dev + l.kv_indices;
-    INA_CHECK(plan_attention(e, b, (int32_t)(graphed ? rows : b->batch), &in.plan));
-    if (graphed) INA_CHECK(decode_graph(e, (int32_t)rows, &in, &l, &exec));
+    INA_CHECK(plan_attention(e, &sh.mine, sh.seqs, &in.plan));
+    if (sh.graphed) INA_CHECK(decode_graph(e, (int32_t)sh.rows, &in, &l, &exec));
     if (exec)
       INA_CUDA_CHECK(cudaGraphLaunch(exec, e->stream));
     else
-      INA_CHECK(enqueue_forward(e, T, out_rows, b->all_logits, &in, e->stage_dev + l.tokens,
+      INA_CHECK(enqueue_forward(e, sh.rows, sh.out_rows, b->all_logits, &in, e->stage_dev + l.tokens,
                                 e->stage_dev + l.last_rows));
-    INA_CUDA_CHECK(cudaMemcpyAsync(logits, e->s.logits, (size_t)out_rows * (size_t)e->cfg->vocab_size * sizeof(float),
-                                   cudaMemcpyDeviceToHost, e->stream));
+    /* The marks after the forward's own (a graph holds those): the logits' way out. */
+    e->split.count = e->split.forward_marks;
+    if (e->dp_size > 1) {
+      INA_CHECK(gpu_dp_copy_logits(e, b, &sh, logits));
+    } else {
+      const int64_t out_rows = b->all_logits ? T : b->batch;
+      INA_CUDA_CHECK(cudaMemcpyAsync(logits, e->s.logits, (size_t)out_rows * (size_t)e->cfg->vocab_size * sizeof(float),
+                                     cudaMemcpyDeviceToHost, e->stream));
+    }
+    INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream)); /* the end */
     INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
+    INA_CHECK(gpu_split_end_step(&e->split));
   }
   return INA_OK;
 fail:

@@ -40,6 +40,11 @@ typedef struct gpu_step {
   uint16_t *xe, *ye; /* bf16 [rows, hidden]: expert inputs / outputs in sorted-slot order */
   uint16_t *shared;  /* bf16 [cap, hidden] */
   uint16_t *fin;     /* bf16 [cap, hidden]: final-normed rows that get logits */
+  /* Attention data parallelism: every rank's rows of h and their page ids (padding rows
+   * negative), gathered in rank order for the MoE layers; the MoE buffers below hold
+   * dp_size * cap token rows. NULL without. */
+  uint16_t *h_all;   /* bf16 [dp_size * cap, hidden] */
+  int32_t *page_ids_all; /* [dp_size * cap] */
   float *router_logits;            /* f32 [cap, experts] */
   int32_t *topk_ids;               /* [cap, top_k] */
   float *topk_weights;             /* [cap, top_k] */
@@ -53,6 +58,63 @@ typedef struct gpu_step {
   void *owned[MAX_STEP_BUFFERS];
   int32_t num_owned;
 } gpu_step_t;
+
+/* The parts of a step whose device time ina_engine_step_split reports. */
+typedef enum gpu_split_part {
+  SPLIT_ATTENTION,
+  SPLIT_MOE,
+  SPLIT_EP_COMM,
+  SPLIT_TP_COMM,
+  SPLIT_OTHER,
+  SPLIT_PARTS
+} gpu_split_part_t;
+
+/* Step split timing (engine_gpu_split.c): events[i] marks where part[i] begins; count
+ * marks per step (the same for every step of an engine). */
+typedef struct gpu_split {
+  int on;
+  cudaEvent_t *events;
+  uint8_t *part;
+  int32_t cap, count;
+  int32_t forward_marks; /* those of enqueue_forward (a graph replays them) */
+  int64_t steps;
+  double ms[SPLIT_PARTS];
+} gpu_split_t;
+
+ina_status_t gpu_split_init(gpu_split_t *s, int32_t num_layers);
+void gpu_split_free(gpu_split_t *s);
+/* A step's marks start again (eager enqueue or graph capture). */
+void gpu_split_begin(gpu_split_t *s);
+/* Part `part` begins here on `stream` (nothing when off). */
+ina_status_t gpu_split_mark(gpu_split_t *s, gpu_split_part_t part, cudaStream_t stream);
+/* After the step synchronized: its intervals added to the sums. */
+ina_status_t gpu_split_end_step(gpu_split_t *s);
+
+/* Attention data parallelism's host state (engine_gpu_dp.c): this rank's sequences of
+ * the step's batch, and what every rank computes. Host arrays grow as needed. */
+typedef struct gpu_dp {
+  ina_kv_seq_t **seqs;       /* [batch_cap]: our sequences, in batch order */
+  int32_t *qo_indptr;        /* [batch_cap + 1]: their new tokens' rows */
+  int32_t *owner;            /* [batch_cap]: each sequence's rank */
+  int64_t *first_row;        /* [batch_cap]: its first logits row among its rank's */
+  int32_t batch_cap;
+  int32_t *tokens;           /* [token_cap]: our new tokens */
+  int64_t token_cap;
+  int64_t *rank_tokens, *rank_seqs, *rank_rows; /* [dp_size]: new tokens, sequences, logits rows */
+  float *logits_all;         /* device [dp_size * logits_rows, vocab]: every rank's logits rows */
+  int64_t logits_rows;       /* rows per rank logits_all has room for */
+} gpu_dp_t;
+
+/* What a step computes on this rank: its batch (the whole one, or its sequences under
+ * attention DP), padded alike on every rank to `rows` token rows, `seqs` sequences for
+ * the attention plan and the last-row list, and `out_rows` logits rows. */
+typedef struct step_shape {
+  ina_batch_t mine;
+  int graphed;      /* a decode step replayed from the graph of bucket `rows` */
+  int64_t rows;
+  int32_t seqs;
+  int64_t out_rows;
+} step_shape_t;
 
 /* A captured decode step for batches up to `bucket`. */
 typedef struct step_graph {
@@ -96,8 +158,12 @@ struct ina_engine_gpu {
   ina_comm_t *ep_comm;    /* NULL: this rank holds every routed expert */
   ina_custom_ar_t *tp_ar, *ep_ar; /* their all-reduces; NULL for one rank */
   int32_t local_experts;  /* routed experts held: w.expert_end - w.expert_begin */
-  int32_t ep_size;
-  int32_t *ep_ranges;     /* [2 * ep_size]: every expert-parallel rank's [begin, end) */
+  int32_t ep_size, ep_rank;
+  int32_t *ep_ranges;
+  /* Attention data parallelism (attention_dp 2): the expert-parallel ranks split the
+   * batch's sequences (dp_size = ep_size, dp_rank = ep_rank); else 1 and 0. */
+  int32_t dp_size, dp_rank;
+  gpu_dp_t dp;     /* [2 * ep_size]: every expert-parallel rank's [begin, end) */
   /* Tokens routed per (MoE layer, expert), counted on the device by every step (graphs
    * included) and read by any thread through load_stream; load_base (under load_mu)
    * holds the counts at the last reset. */
@@ -126,6 +192,7 @@ struct ina_engine_gpu {
   /* host scratch per sequence: attention lengths and the copy-on-write check */
   int32_t *kv_len, *cow_page, *cow_index, *cow_tokens;
   int32_t seq_cap;
+  gpu_split_t split;
   /* decode graphs */
   int use_graphs;            /* options: cuda_graphs, and every MoE layer grouped */
   step_graph_t graphs[MAX_GRAPHS];
@@ -139,5 +206,15 @@ void gpu_drop_graphs(ina_engine_gpu_t *e);
  * 1) and, with expert parallelism, its slot layers over the uploaded experts. */
 ina_status_t gpu_placement_init(ina_engine_gpu_t *e);
 void gpu_placement_free(ina_engine_gpu_t *e);
+
+/* engine_gpu_dp.c, attention data parallelism (e->dp_size > 1). */
+ina_status_t gpu_dp_init(ina_engine_gpu_t *e);
+void gpu_dp_free(ina_engine_gpu_t *e);
+/* This rank's sequences of batch b (grown already: their first pages pick their ranks)
+ * into sh->mine, and the rows, sequences and logits rows every rank computes. */
+ina_status_t gpu_dp_split(ina_engine_gpu_t *e, const ina_batch_t *b, int graphed, step_shape_t *sh);
+/* After the step's forward is enqueued (its logits rows in s.logits): every rank's rows
+ * gathered over ep_comm and copied to logits in batch order, on the step's stream. */
+ina_status_t gpu_dp_copy_logits(ina_engine_gpu_t *e, const ina_batch_t *b, const step_shape_t *sh, float *logits);
 
 #endif

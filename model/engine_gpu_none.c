@@ -54,3 +54,11 @@ ina_status_t ina_engine_gpu_apply_placement(ina_engine_gpu_t *engine, const ina_
 fail:
   return st;
 }
+
+ina_status_t ina_engine_gpu_step_split(ina_engine_gpu_t *engine, int reset, ina_engine_step_split_t *out) {
+  ina_status_t st = INA_OK;
+  (void)engine, (void)reset, (void)out;
+  INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "gpu engine: this build has no CUDA");
+fail:
+  return st;
+}

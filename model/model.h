@@ -119,12 +119,18 @@ typedef struct ina_engine_options {
    *   2  every rank passes the same batch (replicated schedulers): a sequence is
    *      computed by the rank its first page picks (page id mod ranks, stable while it
    *      lives, shared with its prefix), every rank's page bookkeeping grows alike, and
-   *      the logits rows travel to every rank, which returns them all. */
+   *      the logits rows travel to every rank, which returns them all.
+   * The CUDA backend takes mode 2: the MoE layers gather every rank's rows over ep_comm
+   * (NCCL, in the decode graphs too), each rank's rows padded to the largest rank's. */
   int32_t attention_dp;
+  /* Version 7. 1: the CUDA backend times the parts of every step on its device (CUDA events
+   * between them, replayed graphs included), read by ina_engine_step_split; 0 (default)
+   * off. Costs an event record per part (a few per layer). */
+  int32_t step_split;
 } ina_engine_options_t;
 
 #define INA_ENGINE_OPTIONS_INIT \
-  {sizeof(ina_engine_options_t), 6, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0}
+  {sizeof(ina_engine_options_t), 7, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0, 0}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);
@@ -172,6 +178,21 @@ ina_status_t ina_engine_get_placement(ina_engine_t *engine, ina_expert_placement
  * force (INA_ERR_UNSUPPORTED otherwise). */
 ina_status_t ina_engine_apply_placement(ina_engine_t *engine, const ina_expert_placement_t *p,
                                         int dry_run, int64_t *bytes_moved);
+
+/* Device time of the steps since creation or the last reset, split by part (the CUDA
+ * backend created with step_split 1; INA_ERR_UNSUPPORTED otherwise). Each part is the
+ * time between the events around it on the step's stream, so a collective's share holds
+ * its wait for the slowest peer. The parts add up to the steps' device time from the
+ * embedding to the logits. reset != 0 zeroes the sums after reading. Driver thread. */
+typedef struct ina_engine_step_split {
+  int64_t steps;       /* steps timed */
+  double attention_ms; /* q/kv projections, KV append, RoPE, MLA, o_proj */
+  double moe_ms;       /* router, permutation, routed and shared experts, weighted combine */
+  double ep_comm_ms;   /* expert parallelism: the expert outputs' sum, attention DP's gathers */
+  double tp_comm_ms;   /* tensor parallelism: the all-reduces with their residual add + RMSNorm */
+  double other_ms;     /* embedding, RMSNorm without TP, dense MLPs, the LM head, the logits */
+} ina_engine_step_split_t;
+ina_status_t ina_engine_step_split(ina_engine_t *engine, int reset, ina_engine_step_split_t *out);
 
 /* Run one step. logits: [qo_indptr[batch], vocab] when all_logits, else [batch, vocab].
  * Token ids outside [0, vocab) give INA_ERR_INVALID_ARGUMENT; INA_ERR_OUT_OF_PAGES leaves

@@ -16,10 +16,15 @@
  * by far more than ROW_BOUND. EP engines also switch to three random expert placements
  * (replicas, experts moved between GPUs), after each of which their logits and tokens
  * stay one GPU's bit for bit; an invalid placement and one over max_expert_bytes are
- * refused and change nothing. Experts a rank gives away free their device memory
- * (random:v2-lite's experts rotated between the GPUs and back). Labelled gpu: every rank exits 77 without a CUDA device. */
+ * refused and change nothing. Attention data parallelism over the EP ranks (each rank
+ * the attention of its own sequences, the MoE layers over all ranks' rows) is held to
+ * the TP bounds, on the fixture's prompts and on one prompt alone (the other ranks only
+ * pad); every rank must return the same logits. Experts a rank gives away free their
+ * device memory (random:v2-lite's experts rotated between the GPUs and back). Labelled
+ * gpu: every rank exits 77 without a CUDA device. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/bootstrap.h"
 #include "comm/comm.h"
@@ -46,13 +51,22 @@ static int32_t argmax(const float *row, int32_t n) {
   return best;
 }
 
-static ina_engine_t *make_engine(const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep, int32_t device) {
+/* How an engine splits its work: tensor and expert parallelism, attention DP (mode 2). */
+typedef struct layout {
+  ina_comm_t *tp, *ep;
+  int dp;
+} layout_t;
+
+static const layout_t k_one_gpu = {NULL, NULL, 0};
+
+static ina_engine_t *make_engine(const ina_model_t *m, layout_t lay, int32_t device) {
   ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
   eo.page_size = 16;
   eo.max_tokens = 4096;
   eo.device = device;
-  eo.tp_comm = tp;
-  eo.ep_comm = ep;
+  eo.tp_comm = lay.tp;
+  eo.ep_comm = lay.ep;
+  eo.attention_dp = lay.dp ? 2 : 0;
   ina_engine_t *e = NULL;
   CHECK_OK(ina_engine_create(m, &eo, &e));
   return e;
@@ -76,9 +90,9 @@ static int generate_on(ina_engine_t *e, const fixture_t *f, int32_t out[][GOLDEN
   return st == INA_OK;
 }
 
-static int generate(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep, int32_t device,
+static int generate(const fixture_t *f, const ina_model_t *m, layout_t lay, int32_t device,
                     int32_t out[][GOLDEN_MAX_NEW]) {
-  ina_engine_t *e = make_engine(m, tp, ep, device);
+  ina_engine_t *e = make_engine(m, lay, device);
   const int ok = e && generate_on(e, f, out);
   ina_engine_destroy(e);
   return ok;
@@ -118,9 +132,9 @@ fail:
   return NULL;
 }
 
-static float *forced_logits(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep,
-                            int32_t device, int32_t tokens[][GOLDEN_MAX_NEW], int32_t *rows) {
-  ina_engine_t *e = make_engine(m, tp, ep, device);
+static float *forced_logits(const fixture_t *f, const ina_model_t *m, layout_t lay, int32_t device,
+                            int32_t tokens[][GOLDEN_MAX_NEW], int32_t *rows) {
+  ina_engine_t *e = make_engine(m, lay, device);
   float *logits = e ? forced_logits_on(e, f, tokens, rows) : NULL;
   ina_engine_destroy(e);
   return logits;
@@ -132,10 +146,10 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static void check_layout(const char *name, const char *what, const fixture_t *f, const ina_model_t *whole,
-                         const ina_model_t *part, ina_comm_t *tp, ina_comm_t *ep, int32_t device, int exact) {
+                         const ina_model_t *part, layout_t lay, int32_t device, int exact) {
   const int32_t vocab = ina_model_config(whole)->vocab_size;
   int32_t ref[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW], got[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW];
-  if (!generate(f, whole, NULL, NULL, device, ref) || !generate(f, part, tp, ep, device, got)) return;
+  if (!generate(f, whole, k_one_gpu, device, ref) || !generate(f, part, lay, device, got)) return;
   int equal = 0;
   uint64_t h = 1469598103934665603ull;
   for (int32_t p = 0; p < f->count; p++) {
@@ -146,9 +160,14 @@ static void check_layout(const char *name, const char *what, const fixture_t *f,
   g_prompts += f->count;
   g_prompts_equal += equal;
   int32_t rows = 0, rows2 = 0;
-  float *a = forced_logits(f, whole, NULL, NULL, device, ref, &rows);
-  float *b = forced_logits(f, part, tp, ep, device, ref, &rows2);
+  float *a = forced_logits(f, whole, k_one_gpu, device, ref, &rows);
+  float *b = forced_logits(f, part, lay, device, ref, &rows2);
   if (a && b && rows == rows2) {
+    /* Every rank returns every row (under attention DP, gathered from their ranks). */
+    uint64_t lh = 1469598103934665603ull;
+    const unsigned char *bytes = (const unsigned char *)b;
+    for (size_t i = 0; i < (size_t)rows * vocab * sizeof *b; i++) lh = (lh ^ bytes[i]) * 1099511628211ull;
+    CHECKF(parallel_same_everywhere(g_world, lh), "%s %s: the ranks returned different logits", name, what);
     double *err = malloc((size_t)rows * sizeof *err);
     int32_t same_argmax = 0;
     for (int32_t r = 0; r < rows && err; r++) {
@@ -193,10 +212,10 @@ static void check_placements(const char *name, const fixture_t *f, const ina_mod
   const ina_model_config_t *c = ina_model_config(whole);
   int32_t layers = 0, ref[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW], got[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW];
   for (int32_t l = 0; l < c->num_layers; l++) layers += ina_cfg_layer_is_moe(c, l);
-  if (layers == 0 || !generate(f, whole, NULL, NULL, device, ref)) return;
+  if (layers == 0 || !generate(f, whole, k_one_gpu, device, ref)) return;
   int32_t rows = 0, rows2 = 0;
-  float *want = forced_logits(f, whole, NULL, NULL, device, ref, &rows);
-  ina_engine_t *e = make_engine(part, NULL, ep, device);
+  float *want = forced_logits(f, whole, k_one_gpu, device, ref, &rows);
+  ina_engine_t *e = make_engine(part, (layout_t){NULL, ep, 0}, device);
   int64_t moved_total = 0;
   for (int round = 0; round < 3 && e && want; round++) {
     ina_expert_placement_t p = {0}, now = {0};
@@ -288,7 +307,7 @@ static void check_expert_memory(ina_comm_t *ep, int32_t device) {
   mo.shard.expert_end = c.n_routed_experts * (g_rank + 1) / g_size;
   ina_model_t *m = NULL;
   CHECK_OK(ina_model_open("random:v2-lite", &mo, &m));
-  ina_engine_t *e = m ? make_engine(m, NULL, ep, device) : NULL;
+  ina_engine_t *e = m ? make_engine(m, (layout_t){NULL, ep, 0}, device) : NULL;
   int32_t layers = 0;
   for (int32_t l = 0; l < c.num_layers; l++) layers += ina_cfg_layer_is_moe(&c, l);
   for (int32_t shift = 1; e && shift >= 0; shift--) {
@@ -313,6 +332,58 @@ static void check_expert_memory(ina_comm_t *ep, int32_t device) {
   ina_model_destroy(m);
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The step split of an EP + attention-DP engine over a generation: every part that runs
+ * takes time (no tensor parallelism: its part stays 0), the parts add up to no more than
+ * the wall time, and timing the steps changes no token. */
+static void check_step_split(const char *name, const fixture_t *f, const ina_model_t *part, ina_comm_t *ep,
+                             int32_t device) {
+  int32_t plain[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW], timed[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW];
+  const layout_t lay = {NULL, ep, 1};
+  if (!generate(f, part, lay, device, plain)) return;
+  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+  eo.page_size = 16;
+  eo.max_tokens = 4096;
+  eo.device = device;
+  eo.ep_comm = ep;
+  eo.attention_dp = 2;
+  eo.step_split = 1;
+  ina_engine_t *e = NULL;
+  CHECK_OK(ina_engine_create(part, &eo, &e));
+  if (!e) return;
+  const double t0 = now_s();
+  const int ok = generate_on(e, f, timed);
+  const double wall_ms = 1e3 * (now_s() - t0);
+  ina_engine_step_split_t sp;
+  memset(&sp, 0, sizeof sp);
+  CHECK_OK(ina_engine_step_split(e, 1, &sp));
+  const double sum = sp.attention_ms + sp.moe_ms + sp.ep_comm_ms + sp.tp_comm_ms + sp.other_ms;
+  int same = ok;
+  for (int32_t p = 0; ok && p < f->count; p++) same &= memcmp(plain[p], timed[p], (size_t)f->max_new * 4) == 0;
+  CHECKF(same, "%s step split: timing the steps changed the tokens", name);
+  CHECKF(sp.steps >= f->max_new, "%s step split: %lld steps timed, the generation ran at least %d", name,
+         (long long)sp.steps, f->max_new);
+  CHECKF(sp.attention_ms > 0 && sp.moe_ms > 0 && sp.ep_comm_ms > 0 && sp.other_ms > 0 && sp.tp_comm_ms == 0,
+         "%s step split: attention %.3f, moe %.3f, ep %.3f, tp %.3f, other %.3f ms", name, sp.attention_ms,
+         sp.moe_ms, sp.ep_comm_ms, sp.tp_comm_ms, sp.other_ms);
+  CHECKF(sum <= wall_ms, "%s step split: parts add up to %.3f ms, more than the %.3f ms the steps took", name, sum,
+         wall_ms);
+  ina_engine_step_split_t after;
+  CHECK_OK(ina_engine_step_split(e, 0, &after));
+  CHECKF(after.steps == 0 && after.moe_ms == 0, "%s step split: the reset left %lld steps", name,
+         (long long)after.steps);
+  if (g_rank == 0)
+    printf("  %s step split (ep+dp, %lld steps): attention %.2f, moe %.2f, ep comm %.2f, other %.2f ms of %.2f ms "
+           "wall\n",
+           name, (long long)sp.steps, sp.attention_ms, sp.moe_ms, sp.ep_comm_ms, sp.other_ms, wall_ms);
+  ina_engine_destroy(e);
+}
+
 static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina_comm_t *ep, int32_t device,
                           test_rng_t *rng) {
   fixture_t f;
@@ -328,7 +399,7 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina
     mo.shard.tp_size = g_size;
     const ina_status_t st = ina_model_open(dir, &mo, &part);
     if (st == INA_OK)
-      check_layout(name, "tp", &f, whole, part, tp, NULL, device, 0);
+      check_layout(name, "tp", &f, whole, part, (layout_t){tp, NULL, 0}, device, 0);
     else if (g_rank == 0)
       printf("  %s tp: skipped (%s)\n", name, ina_last_error());
     ina_model_destroy(part);
@@ -342,8 +413,18 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina
     mo.shard.expert_begin = (int32_t)((int64_t)c->n_routed_experts * g_rank / g_size);
     mo.shard.expert_end = (int32_t)((int64_t)c->n_routed_experts * (g_rank + 1) / g_size);
     CHECK_OK(ina_model_open(dir, &mo, &part));
-    if (part) check_layout(name, "ep", &f, whole, part, NULL, ep, device, 1);
+    if (part) check_layout(name, "ep", &f, whole, part, (layout_t){NULL, ep, 0}, device, 1);
     if (part) check_placements(name, &f, whole, part, ep, device, rng);
+    /* Attention DP over the EP ranks: each computes the attention of its own sequences,
+     * whose plans and GEMM shapes differ from one GPU's, so rounding differs. Then one
+     * sequence alone: the other ranks only pad their rows. */
+    if (part) check_layout(name, "ep+dp", &f, whole, part, (layout_t){NULL, ep, 1}, device, 0);
+    if (part) {
+      fixture_t one = f;
+      one.count = 1;
+      check_layout(name, "ep+dp, one sequence", &one, whole, part, (layout_t){NULL, ep, 1}, device, 0);
+    }
+    if (part && c->n_routed_experts > 0) check_step_split(name, &f, part, ep, device);
   }
 done:
   ina_model_destroy(part);
