@@ -223,6 +223,9 @@ static void test_errors_change_nothing(ina_model_t *m) {
   CHECK(ina_engine_forward(e, &bad_batch, logits) == INA_ERR_INVALID_ARGUMENT);
   CHECK(strstr(ina_last_error(), "outside the vocabulary") != NULL);
   CHECK(a.num_tokens == 5);
+  /* the CPU backend does not time its steps' parts */
+  ina_engine_step_split_t split;
+  CHECK(ina_engine_step_split(e, 0, &split) == INA_ERR_UNSUPPORTED);
   ina_log_set_quiet_errors(0);
   /* the engine still serves: decode one token on a */
   ina_batch_t one = {1, seqs, qo1, tokens, 0};
