@@ -49,6 +49,9 @@ static void usage(FILE *f) {
           "                       e.g. mpirun -np 4 ina generate --tp 2 --ep 2 ... With GPUs\n"
           "                       each rank uses the GPU of its local rank (NCCL between them;\n"
           "                       --device cpu keeps the job on the CPU)\n"
+          "  --dp                 with --ep: attention data parallelism, the groups computing\n"
+          "                       attention for different prompts (each on the group its first\n"
+          "                       KV page picks) and the MoE layers over all of them\n"
           "  -h, --help           this help\n"
           "\n"
           "With --server HOST:PORT the prompts run on a running ina-agent instead (see\n"
@@ -129,7 +132,7 @@ static int job_shard(const ina_parallel_job_t *job, const char *spec, ina_shard_
 int cmd_generate(int argc, char **argv) {
   if (wants_server(argc, argv)) return cmd_generate_remote(argc, argv);
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
-         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP };
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -139,7 +142,7 @@ int cmd_generate(int argc, char **argv) {
       {"dtype", required_argument, 0, O_DTYPE},       {"page-size", required_argument, 0, O_PAGE},
       {"threads", required_argument, 0, O_THREADS},   {"device", required_argument, 0, O_DEVICE},
       {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS}, {"ep", optional_argument, 0, O_EP},
-      {"tp", required_argument, 0, O_TP},
+      {"tp", required_argument, 0, O_TP},             {"dp", no_argument, 0, O_DP},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
@@ -189,6 +192,7 @@ int cmd_generate(int argc, char **argv) {
       }
       break;
     case O_TP: if (cli_parse_int("--tp", optarg, 1, 1024, &tp_size)) goto done; break;
+    case O_DP: eopts.attention_dp = 2; break; /* every rank runs the same batch */
     case 'h': usage(stdout); rc = 0; goto done;
     default: usage(stderr); rc = 2; goto done;
     }
@@ -201,6 +205,11 @@ int cmd_generate(int argc, char **argv) {
   if (!model_spec || prompts.count == 0) {
     fprintf(stderr, "ina generate: --model and at least one --prompt-ids are required\n\n");
     usage(stderr);
+    rc = 2;
+    goto done;
+  }
+  if (eopts.attention_dp && !use_ep) {
+    fprintf(stderr, "ina generate: --dp needs --ep (the groups share the MoE layers)\n");
     rc = 2;
     goto done;
   }
@@ -237,8 +246,8 @@ int cmd_generate(int argc, char **argv) {
   }
   if (multi_rank) {
     if (job.rank == 0)
-      printf("device: %s, %d ranks: tensor parallel %d, expert parallel %d\n", device >= 0 ? "cuda" : "cpu",
-             job.size, job.tp_size, use_ep ? job.groups : 1);
+      printf("device: %s, %d ranks: tensor parallel %d, expert parallel %d%s\n", device >= 0 ? "cuda" : "cpu",
+             job.size, job.tp_size, use_ep ? job.groups : 1, eopts.attention_dp ? ", attention data parallel" : "");
   } else if (device < 0) {
     printf("device: cpu\n");
   } else {

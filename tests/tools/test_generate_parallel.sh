@@ -1,8 +1,9 @@
 #!/bin/bash
 # `ina generate` over several ranks of an mpirun job prints the same tokens as one rank:
 # --ep on 2 and 3 ranks (even and uneven expert shares; the built-in tiny model and a
-# golden fixture), --tp 2 on 2 ranks and --tp 2 --ep on 4 (a fixture with 4 heads), greedy
-# and sampled. Bad layouts and a GPU device are refused.
+# golden fixture), --tp 2 on 2 ranks and --tp 2 --ep on 4 (a fixture with 4 heads), and
+# with attention data parallelism (--dp), greedy and sampled. Bad layouts and a GPU device
+# are refused.
 # usage: test_generate_parallel.sh MPIEXEC INA FIXTURES_DIR
 set -u
 mpiexec=$1 ina=$2 fixtures=$3
@@ -31,9 +32,9 @@ compare() {
   done
 }
 
-compare tiny "2 --ep" "3 --ep"
+compare tiny "2 --ep" "3 --ep" "2 --ep --dp" "3 --ep --dp"
 compare "$fixtures/v3_sigmoid" "2 --ep" "3 --ep"
-compare "$fixtures/v3_mscale" "2 --tp 2" "4 --tp 2 --ep" "2 --ep"
+compare "$fixtures/v3_mscale" "2 --tp 2" "4 --tp 2 --ep" "2 --ep" "4 --tp 2 --ep --dp"
 
 refused() { # EXPECTED_TEXT CMD...: exit status 2 (usage) and the text on stderr
   local text=$1; shift
@@ -50,5 +51,6 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   refused "need a CUDA device" "$ina" generate --model tiny --prompt-ids 1 --ep --device cuda
 fi
 refused "must be exactly --tp" "$mpiexec" --oversubscribe -np 4 "$ina" generate --model "$fixtures/v3_mscale" --prompt-ids 1 --tp 2
+refused "needs --ep" "$ina" generate --model tiny --prompt-ids 1 --dp
 refused "not divisible by tp_size 2" "$mpiexec" --oversubscribe -np 2 "$ina" generate --model tiny --prompt-ids 1 --tp 2
 exit $failed
