@@ -260,6 +260,14 @@ ina_status_t ina_gpu_moe_combine(int64_t tokens, int32_t top_k, int64_t hidden,
 ina_status_t ina_gpu_moe_count(const int32_t *ids, int64_t tokens, int32_t top_k, const int32_t *row_mask,
                                int32_t num_experts, uint64_t *counts, void *stream);
 
+/* Takes a step's padding rows out of routing: ids[t, j] = -1 for every j of each row with
+ * row_mask[t] < 0 (other rows unchanged), so the permutation drops their entries and no
+ * expert computes them (ina_gpu_moe_permute, ina_gpu_moe_combine: a dropped entry adds
+ * nothing).
+ *   ids       int32 [tokens, top_k], in place; row_mask int32 [tokens]. */
+ina_status_t ina_gpu_moe_drop_rows(int32_t *ids, int64_t tokens, int32_t top_k, const int32_t *row_mask,
+                                   void *stream);
+
 /* The rows each expert slot of an expert-parallel rank computes, in the permutation by
  * expert (offsets [num_experts + 1] from ina_gpu_moe_permute): slot s holds expert
  * slot_info[3s] (-1: empty) as replica slot_info[3s + 1] of slot_info[3s + 2]; an

@@ -73,6 +73,12 @@ ina_status_t ina_gpu_moe_count(const int32_t *ids, int64_t tokens, int32_t top_k
   return unsupported("ina_gpu_moe_count");
 }
 
+ina_status_t ina_gpu_moe_drop_rows(int32_t *ids, int64_t tokens, int32_t top_k, const int32_t *row_mask,
+                                   void *stream) {
+  (void)ids, (void)tokens, (void)top_k, (void)row_mask, (void)stream;
+  return unsupported("ina_gpu_moe_drop_rows");
+}
+
 ina_status_t ina_gpu_moe_slot_rows(const int32_t *offsets, int32_t num_experts, const int32_t *slot_info,
                                    int32_t slots, int32_t *begins, int32_t *ends, void *stream) {
   (void)offsets, (void)num_experts, (void)slot_info, (void)slots, (void)begins, (void)ends, (void)stream;

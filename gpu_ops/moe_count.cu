@@ -1,6 +1,7 @@
-/* Tokens routed per expert (gpu_ops/gpu_ops.h, ina_gpu_moe_count): one thread per
- * (token, k) entry adds one to its expert's 64-bit counter. Integer sums do not depend on
- * the order of the atomics, so the counts are exact and deterministic. */
+/* The padding rows of a step's routing (gpu_ops/gpu_ops.h): counting tokens routed per
+ * expert without them (ina_gpu_moe_count: one thread per (token, k) entry adds one to its
+ * expert's 64-bit counter; integer sums do not depend on the order of the atomics, so the
+ * counts are exact and deterministic), and dropping them (ina_gpu_moe_drop_rows). */
 #define INA_LOG_SUBSYS "gpu_ops"
 #include "gpu_ops/gpu_ops.h"
 
@@ -23,6 +24,12 @@ __global__ void __launch_bounds__(kThreads)
   if (x >= 0 && x < experts) atomicAdd(&counts[x], 1ull);
 }
 
+__global__ void __launch_bounds__(kThreads)
+    drop_kernel(int32_t *ids, int64_t entries, int32_t top_k, const int32_t *row_mask) {
+  const int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (i < entries && row_mask[i / top_k] < 0) ids[i] = -1;
+}
+
 }  // namespace
 
 extern "C" ina_status_t ina_gpu_moe_count(const int32_t *ids, int64_t tokens, int32_t top_k, const int32_t *row_mask,
@@ -39,6 +46,25 @@ extern "C" ina_status_t ina_gpu_moe_count(const int32_t *ids, int64_t tokens, in
     const int64_t entries = tokens * top_k;
     count_kernel<<<(unsigned)((entries + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         ids, entries, top_k, row_mask, num_experts, reinterpret_cast<unsigned long long *>(counts));
+    INA_CUDA_CHECK_LAUNCH();
+  }
+fail:
+  return st;
+}
+
+extern "C" ina_status_t ina_gpu_moe_drop_rows(int32_t *ids, int64_t tokens, int32_t top_k, const int32_t *row_mask,
+                                              void *stream) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(tokens >= 0 && top_k >= 1 && tokens <= INT_MAX / top_k, INA_ERR_INVALID_ARGUMENT,
+              "ina_gpu_moe_drop_rows: tokens %lld and top_k %d out of range", (long long)tokens, (int)top_k);
+  if (tokens == 0) return INA_OK;
+  INA_REQUIRE(ids && row_mask, INA_ERR_INVALID_ARGUMENT, "ina_gpu_moe_drop_rows: NULL ids or row_mask");
+  INA_REQUIRE(ina_gpu_aligned(ids, 4) && ina_gpu_aligned(row_mask, 4), INA_ERR_INVALID_ARGUMENT,
+              "ina_gpu_moe_drop_rows: pointers must be 4-byte aligned");
+  {
+    const int64_t entries = tokens * top_k;
+    drop_kernel<<<(unsigned)((entries + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        ids, entries, top_k, row_mask);
     INA_CUDA_CHECK_LAUNCH();
   }
 fail:

@@ -767,6 +767,7 @@ static ina_status_t sum_over(ina_custom_ar_t *ar, uint16_t *x, int64_t n, cudaSt
 typedef struct step_inputs {
   const int32_t *positions, *page_ids, *slots, *kv_indptr, *kv_indices; /* device */
   ina_mla_plan_info_t plan;
+  int padded; /* the step may hold padding rows (page id -1): a graph bucket, attention DP */
 } step_inputs_t;
 
 /* s.h (normalized) -> s.delta (attention output). */
@@ -916,8 +917,8 @@ static ina_status_t experts_one_by_one(ina_engine_gpu_t *e, int32_t l, const gpu
                                  cudaMemcpyDeviceToHost, e->stream));
   INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
   const int32_t *off = e->offsets_host;
-  INA_REQUIRE(off[all] == rows, INA_ERR_INTERNAL, "gpu engine: layer %d routed %d rows, expected %lld", l, off[all],
-              (long long)rows);
+  INA_REQUIRE(off[all] <= rows, INA_ERR_INTERNAL, "gpu engine: layer %d routed %d rows, at most %lld expected", l,
+              off[all], (long long)rows);
   for (int pass = 0; pass < 2; pass++) {
     if (pass == 1 && rows > 0) INA_CHECK(ina_gpu_silu_mul(rows, inter, s->g, s->u, inter, s->a, NULL, NULL, e->stream));
     for (int32_t g = 0; g < groups; g++) {
@@ -953,7 +954,7 @@ fail:
  * Under attention DP the routed experts run over every rank's T rows, gathered in rank
  * order (so every rank routes and permutes alike, as without DP), and each rank combines
  * its own rows: the same values as one GPU computing all the rows. */
-static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const int32_t *page_ids) {
+static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const int32_t *page_ids, int padded) {
   ina_status_t st = INA_OK;
   const ina_model_config_t *c = e->cfg;
   const gpu_layer_t *L = &e->w.layers[l];
@@ -976,6 +977,9 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const i
   INA_CHECK(linear(e, &hi, h, Ta, s->router_logits, INA_DTYPE_F32, NULL));
   if (L->router_lo) INA_CHECK(linear(e, &lo, h, Ta, s->router_logits, INA_DTYPE_F32, s->router_logits));
   INA_CHECK(ina_gpu_router(&e->router, s->router_logits, L->router_bias, Ta, s->topk_ids, s->topk_weights, e->stream));
+  /* Padding rows go to no expert: they would cost expert reads (a whole rank's share of
+   * them under attention DP at small batches) for rows nobody keeps. */
+  if (padded) INA_CHECK(ina_gpu_moe_drop_rows(s->topk_ids, Ta, K, row_mask, e->stream));
   /* Load statistics: the step's real rows only (padding rows have no cache page); every
    * rank counts every rank's rows, as without DP. */
   INA_CHECK(ina_gpu_moe_count(s->topk_ids, Ta, K, row_mask, E, e->expert_load_dev + (int64_t)e->moe_index[l] * E,
@@ -994,9 +998,10 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const i
     p.workspace_bytes = s->permute_ws_bytes;
     INA_CHECK(ina_gpu_moe_permute(&p, e->stream));
   }
-  /* Every token takes top_k slots, so the rows are known here; only their split among the
-   * experts lives on the device. Gather each slot's input row (the embedding gather with
-   * h as the table). */
+  /* Every token takes top_k slots (a padding row's are dropped: the slots past the last
+   * expert's stay unused), so a bound on the rows is known here; only their split among
+   * the experts lives on the device. Gather each slot's input row (the embedding gather
+   * with h as the table). */
   const int64_t rows = Ta * K;
   INA_CHECK(ina_gpu_embedding(s->sorted_token, rows, h, INA_DTYPE_BF16, Ta, Hd, s->xe, NULL, e->stream));
   /* Expert parallelism: our experts' rows, zeros elsewhere, then the sum over the group
@@ -1051,7 +1056,7 @@ static ina_status_t enqueue_forward(ina_engine_gpu_t *e, int64_t T, int64_t out_
     INA_CHECK(add_and_norm(e, T, L->post_attention_norm, eps));
     if (L->is_moe) {
       INA_CHECK(gpu_split_mark(&e->split, SPLIT_MOE, e->stream));
-      INA_CHECK(moe_block(e, l, T, in->page_ids));
+      INA_CHECK(moe_block(e, l, T, in->page_ids, in->padded));
     } else {
       INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream));
       INA_CHECK(mlp(e, &L->mlp, s->h, T, s->delta));
@@ -1159,6 +1164,7 @@ ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *e, const ina_batch_t *b, f
     in.slots = e->stage_dev + l.slots;
     in.kv_indptr = e->stage_dev + l.kv_indptr;
     in.kv_indices = e->stage_dev + l.kv_indices;
+    in.padded = sh.graphed || e->dp_size > 1;
     INA_CHECK(plan_attention(e, &sh.mine, sh.seqs, &in.plan));
     if (sh.graphed) INA_CHECK(decode_graph(e, (int32_t)sh.rows, &in, &l, &exec));
     if (exec)

@@ -15,6 +15,7 @@
 #include "comm/comm.h"
 #include "core/check.h"
 #include "core/cuda_check.h"
+#include "gpu_ops/gpu_ops.h"
 #include "model/engine_gpu_internal.h"
 
 ina_status_t gpu_dp_init(ina_engine_gpu_t *e) {
@@ -41,6 +42,9 @@ void gpu_dp_free(ina_engine_gpu_t *e) {
   free(d->rank_seqs);
   free(d->rank_rows);
   cudaFree(d->logits_all);
+  cudaFree(d->logits_ordered);
+  cudaFreeHost(d->order_host);
+  cudaFree(d->order_dev);
   memset(d, 0, sizeof *d);
 }
 
@@ -122,7 +126,8 @@ fail:
   return st;
 }
 
-/* Room for every rank's out_rows logits rows. The device is idle (between steps). */
+/* Room for every rank's out_rows logits rows, gathered and ordered. The device is idle
+ * (between steps). */
 static ina_status_t reserve_logits(ina_engine_gpu_t *e, int64_t out_rows) {
   ina_status_t st = INA_OK;
   gpu_dp_t *d = &e->dp;
@@ -130,10 +135,18 @@ static ina_status_t reserve_logits(ina_engine_gpu_t *e, int64_t out_rows) {
   int64_t rows = d->logits_rows > 0 ? d->logits_rows : 16;
   while (rows < out_rows) rows *= 2;
   cudaFree(d->logits_all);
-  d->logits_all = NULL;
+  cudaFree(d->logits_ordered);
+  cudaFreeHost(d->order_host);
+  cudaFree(d->order_dev);
+  d->logits_all = d->logits_ordered = NULL;
+  d->order_host = d->order_dev = NULL;
   d->logits_rows = 0;
-  INA_CUDA_CHECK(cudaMalloc((void **)&d->logits_all,
-                            (size_t)e->dp_size * (size_t)rows * (size_t)e->cfg->vocab_size * sizeof(float)));
+  const size_t all_rows = (size_t)e->dp_size * (size_t)rows;
+  const size_t bytes = all_rows * (size_t)e->cfg->vocab_size * sizeof(float);
+  INA_CUDA_CHECK(cudaMalloc((void **)&d->logits_all, bytes));
+  INA_CUDA_CHECK(cudaMalloc((void **)&d->logits_ordered, bytes));
+  INA_CUDA_CHECK(cudaHostAlloc((void **)&d->order_host, all_rows * sizeof(int32_t), cudaHostAllocDefault));
+  INA_CUDA_CHECK(cudaMalloc((void **)&d->order_dev, all_rows * sizeof(int32_t)));
   d->logits_rows = rows;
 fail:
   return st;
@@ -142,35 +155,27 @@ fail:
 ina_status_t gpu_dp_copy_logits(ina_engine_gpu_t *e, const ina_batch_t *b, const step_shape_t *sh, float *logits) {
   ina_status_t st = INA_OK;
   gpu_dp_t *d = &e->dp;
-  const size_t V = (size_t)e->cfg->vocab_size;
+  const int64_t V = e->cfg->vocab_size;
   INA_CHECK(reserve_logits(e, sh->out_rows));
   INA_CHECK(gpu_split_mark(&e->split, SPLIT_EP_COMM, e->stream));
-  INA_CHECK(ina_comm_all_gather(e->ep_comm, e->s.logits, d->logits_all, (size_t)sh->out_rows * V, INA_DTYPE_F32,
+  INA_CHECK(ina_comm_all_gather(e->ep_comm, e->s.logits, d->logits_all, (size_t)(sh->out_rows * V), INA_DTYPE_F32,
                                 e->stream));
   INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream));
-  /* Batch order: runs of sequences whose rows lie one after another in the gather (the
-   * same rank, consecutive rows) go in one copy. */
-  int64_t dst = 0, run_src = 0, run_rows = 0, run_dst = 0;
-  for (int32_t i = 0; i <= b->batch; i++) {
-    int64_t src = -1, rows = 0;
-    if (i < b->batch) {
-      rows = b->all_logits ? b->qo_indptr[i + 1] - b->qo_indptr[i] : 1;
-      src = (int64_t)d->owner[i] * sh->out_rows + d->first_row[i]; /* rank r's block at r * out_rows */
-    }
-    if (i == b->batch || (run_rows > 0 && src != run_src + run_rows)) {
-      if (run_rows > 0)
-        INA_CUDA_CHECK(cudaMemcpyAsync(logits + (size_t)run_dst * V, d->logits_all + (size_t)run_src * V,
-                                       (size_t)run_rows * V * sizeof(float), cudaMemcpyDeviceToHost, e->stream));
-      run_rows = 0;
-    }
-    if (i == b->batch) break;
-    if (run_rows == 0) {
-      run_src = src;
-      run_dst = dst;
-    }
-    run_rows += rows;
-    dst += rows;
+  /* Batch order: each row's place in the gather (rank r's block starts at r * out_rows),
+   * then one row gather on the device and one copy out. The gather copies the f32 rows
+   * as pairs of bf16 values, bit for bit. */
+  int64_t total = 0;
+  for (int32_t i = 0; i < b->batch; i++) {
+    const int64_t rows = b->all_logits ? b->qo_indptr[i + 1] - b->qo_indptr[i] : 1;
+    const int64_t src = (int64_t)d->owner[i] * sh->out_rows + d->first_row[i];
+    for (int64_t j = 0; j < rows; j++) d->order_host[total++] = (int32_t)(src + j);
   }
+  INA_CUDA_CHECK(cudaMemcpyAsync(d->order_dev, d->order_host, (size_t)total * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                 e->stream));
+  INA_CHECK(ina_gpu_embedding(d->order_dev, total, d->logits_all, INA_DTYPE_BF16, e->dp_size * sh->out_rows, 2 * V,
+                              (uint16_t *)d->logits_ordered, NULL, e->stream));
+  INA_CUDA_CHECK(cudaMemcpyAsync(logits, d->logits_ordered, (size_t)(total * V) * sizeof(float),
+                                 cudaMemcpyDeviceToHost, e->stream));
 fail:
   return st;
 }

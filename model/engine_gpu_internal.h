@@ -102,7 +102,10 @@ typedef struct gpu_dp {
   int64_t token_cap;
   int64_t *rank_tokens, *rank_seqs, *rank_rows; /* [dp_size]: new tokens, sequences, logits rows */
   float *logits_all;         /* device [dp_size * logits_rows, vocab]: every rank's logits rows */
-  int64_t logits_rows;       /* rows per rank logits_all has room for */
+  float *logits_ordered;     /* device, as large: those rows in batch order */
+  int64_t logits_rows;       /* rows per rank they have room for */
+  int32_t *order_host, *order_dev; /* pinned / device [dp_size * logits_rows]: each batch
+                                    * row's place in logits_all */
 } gpu_dp_t;
 
 /* What a step computes on this rank: its batch (the whole one, or its sequences under

@@ -382,6 +382,40 @@ done:
   free(got);
 }
 
+/* Dropping padding rows: random ids and masks against the host's rule; the other rows'
+ * ids stay as they were. */
+static void run_drop_case(int64_t T, int32_t K, int32_t E, test_rng_t *rng) {
+  char what[96];
+  snprintf(what, sizeof what, "moe drop rows T %lld k %d", (long long)T, K);
+  const int64_t N = T * K;
+  int32_t *ids = malloc((size_t)(N > 0 ? N : 1) * 4), *mask = malloc((size_t)(T > 0 ? T : 1) * 4);
+  int32_t *want = malloc((size_t)(N > 0 ? N : 1) * 4), *got = malloc((size_t)(N > 0 ? N : 1) * 4);
+  if (!ids || !mask || !want || !got) {
+    CHECK(0);
+    goto done;
+  }
+  for (int64_t i = 0; i < N; i++) ids[i] = (int32_t)test_rng_int(rng, -1, E);
+  for (int64_t t = 0; t < T; t++) mask[t] = test_rng_int(rng, 0, 3) == 0 ? -1 - (int32_t)test_rng_int(rng, 0, 5)
+                                                                          : (int32_t)test_rng_int(rng, 0, 1000);
+  for (int64_t i = 0; i < N; i++) want[i] = mask[i / K] < 0 ? -1 : ids[i];
+  dev_buf_t dids = dev_buf_from(ids, (size_t)N * 4, 0), dmask = dev_buf_from(mask, (size_t)T * 4, 0);
+  CHECK_OK(ina_gpu_moe_drop_rows(dids.p, T, K, dmask.p, NULL));
+  CHECK_OK(ina_cuda_synchronize());
+  dev_buf_read(&dids, got, what);
+  CHECKF(memcmp(got, want, (size_t)N * 4) == 0, "%s: ids differ from the host's", what);
+  ina_log_set_quiet_errors(1);
+  CHECK(ina_gpu_moe_drop_rows(dids.p, T, 0, dmask.p, NULL) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_gpu_moe_drop_rows(dids.p, T, K, NULL, NULL) == INA_ERR_INVALID_ARGUMENT);
+  ina_log_set_quiet_errors(0);
+  dev_buf_free(&dids);
+  dev_buf_free(&dmask);
+done:
+  free(ids);
+  free(mask);
+  free(want);
+  free(got);
+}
+
 /* Slot rows: random experts' offsets and slots (replicas, empty and malformed slots)
  * against the cut computed on the host. */
 static void run_slot_rows_case(int32_t E, int32_t slots, test_rng_t *rng) {
@@ -463,6 +497,9 @@ int main(int argc, char **argv) {
   run_range_case(gpu_test_quick ? 2000 : 20000, 8, 256, 37, 64, &rng);
   run_range_case(5, 2, 8, 7, 1, &rng);
   run_count_case(1, 6, 64, &rng);
+  run_drop_case(1, 8, 256, &rng);
+  run_drop_case(333, 6, 64, &rng);
+  run_drop_case(gpu_test_quick ? 2000 : 20000, 8, 256, &rng);
   run_slot_rows_case(8, 5, &rng);
   run_slot_rows_case(256, 300, &rng);
   run_count_case(300, 8, 256, &rng);
