@@ -215,6 +215,7 @@ static int follow(const ina_agent_options_t *o, const ina_parallel_job_t *job) {
   mo.seed = o->model_seed;
   mo.dtype = o->model_dtype;
   mo.shard = o->shard;
+  mo.random_on_device = o->device >= 0; /* as rank 0's (agent.c): random weights made on the GPU */
   ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
   eo.page_size = o->page_size > 0 ? o->page_size : 16;
   eo.max_tokens = o->max_tokens > 0 ? o->max_tokens : 65536;
