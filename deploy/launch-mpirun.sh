@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts ina-agent on every host of an MPI hostfile through one mpirun and
-# deploy/agent-rank.sh: either one independent single-rank agent per GPU, or (--tp/--ep,
-# on the CPU for now) one multi-rank job whose rank 0 serves. Run with --help.
+# deploy/agent-rank.sh: either one independent single-rank agent per GPU, or (--tp/--ep)
+# one multi-rank job whose rank 0 serves, on the GPUs or with --cpu on the CPUs. Run with
+# --help.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
