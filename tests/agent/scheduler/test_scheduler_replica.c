@@ -63,7 +63,9 @@ static void make_cases(req_case_t *cases, int32_t vocab, uint64_t seed) {
     for (int32_t t = 0; t < c->prompt_len; t++)
       c->prompt[t] = i % 3 == 0 && t < 16 ? shared[t] : (int32_t)test_rng_int(&rng, 2, vocab - 1);
     c->max_new = (int32_t)test_rng_int(&rng, 4, MAX_NEW);
-    if (i >= 5 && i <= 8) { /* four that outgrow the pool together: preemption */
+    if (i >= 5) { /* 8 pages each: 5, 8 and 9 run to the end (6 and 7 are cancelled) and
+                   * need 24 of the 18 pages together, so some are preempted whatever the
+                   * seed */
       c->prompt_len = 12;
       c->max_new = 20;
     }
