@@ -99,6 +99,19 @@ fail:
   return st;
 }
 
+float *ina_engine_logits_alloc(ina_engine_t *e, int64_t rows) {
+  const size_t bytes = (size_t)(rows > 0 ? rows : 1) * (size_t)ina_engine_config(e)->vocab_size * sizeof(float);
+  return e->gpu ? ina_engine_gpu_host_alloc(bytes) : malloc(bytes);
+}
+
+void ina_engine_logits_free(ina_engine_t *e, float *logits) {
+  if (!e || !logits) return;
+  if (e->gpu)
+    ina_engine_gpu_host_free(logits);
+  else
+    free(logits);
+}
+
 ina_status_t ina_engine_forward(ina_engine_t *e, const ina_batch_t *b, float *logits) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(e != NULL, INA_ERR_INVALID_ARGUMENT, "forward: engine is NULL");

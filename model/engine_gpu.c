@@ -1195,3 +1195,16 @@ fail:
   }
   return st;
 }
+
+void *ina_engine_gpu_host_alloc(size_t bytes) {
+  void *p = NULL;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  return p;
+}
+
+void ina_engine_gpu_host_free(void *p) {
+  if (p) cudaFreeHost(p);
+}

@@ -136,7 +136,7 @@ ina_status_t ina_generate(ina_engine_t *engine, ina_generate_request_t *reqs, in
   g.qo = malloc((size_t)(count + 1) * sizeof *g.qo);
   g.tokens = malloc((size_t)(total > count ? total : count) * sizeof *g.tokens);
   g.active = malloc((size_t)count * sizeof *g.active);
-  g.logits = malloc((size_t)(any_logits ? total : count) * (size_t)g.vocab * sizeof(float));
+  g.logits = ina_engine_logits_alloc(engine, any_logits ? total : count);
   INA_CHECK_ALLOC(g.seqs);
   INA_CHECK_ALLOC(g.seq_ptrs);
   INA_CHECK_ALLOC(g.samplers);
@@ -158,6 +158,6 @@ fail:
   free(g.qo);
   free(g.tokens);
   free(g.active);
-  free(g.logits);
+  ina_engine_logits_free(engine, g.logits);
   return st;
 }

@@ -194,6 +194,14 @@ typedef struct ina_engine_step_split {
 } ina_engine_step_split_t;
 ina_status_t ina_engine_step_split(ina_engine_t *engine, int reset, ina_engine_step_split_t *out);
 
+/* A host buffer for the logits of `rows` rows ([rows, vocab] f32) that this engine's
+ * forward writes fastest: page-locked memory for the CUDA backend (its copy from the
+ * device then runs at the link's speed, several times a pageable copy's), plain memory
+ * for the CPU one. NULL when out of memory. Free it with ina_engine_logits_free on the
+ * same engine, before the engine is destroyed. */
+float *ina_engine_logits_alloc(ina_engine_t *engine, int64_t rows);
+void ina_engine_logits_free(ina_engine_t *engine, float *logits);
+
 /* Run one step. logits: [qo_indptr[batch], vocab] when all_logits, else [batch, vocab].
  * Token ids outside [0, vocab) give INA_ERR_INVALID_ARGUMENT; INA_ERR_OUT_OF_PAGES leaves
  * every sequence as it was. */

@@ -101,7 +101,7 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   s->batch_seqs = malloc(R * sizeof *s->batch_seqs);
   s->qo_indptr = malloc((R + 1) * sizeof *s->qo_indptr);
   s->batch_tokens = malloc((size_t)s->max_batch_tokens * sizeof *s->batch_tokens);
-  s->logits = malloc(R * (size_t)s->vocab * sizeof *s->logits);
+  s->logits = ina_engine_logits_alloc(engine, (int64_t)R); /* page-locked for a GPU engine */
   s->match_pages = malloc((size_t)num_pages * sizeof *s->match_pages);
   INA_CHECK_ALLOC(s->running);
   INA_CHECK_ALLOC(s->batch_reqs);
@@ -131,7 +131,7 @@ fail:
     free(s->batch_seqs);
     free(s->qo_indptr);
     free(s->batch_tokens);
-    free(s->logits);
+    ina_engine_logits_free(s->engine, s->logits);
     free(s->match_pages);
     sched_replica_free(s);
     free(s);
@@ -185,7 +185,7 @@ void ina_scheduler_destroy(ina_scheduler_t *s) {
   free(s->batch_seqs);
   free(s->qo_indptr);
   free(s->batch_tokens);
-  free(s->logits);
+  ina_engine_logits_free(s->engine, s->logits);
   free(s->match_pages);
   free(s->events);
   free(s->finished);
