@@ -114,6 +114,7 @@ int ina_model_random_on_device(const ina_model_t *m, uint64_t *seed, ina_dtype_t
 }
 
 int64_t ina_model_weight_bytes(const ina_model_t *m) {
+  if (m->random_on_device) return ina_weights_random_bytes(&m->weights, m->dtype);
   ina_weight_spec_t *specs = NULL;
   int32_t count = 0;
   int64_t bytes = 0;

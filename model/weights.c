@@ -508,15 +508,21 @@ static int random_quantized(const ina_weight_spec_t *s, ina_dtype_t dtype) {
   return dtype == INA_DTYPE_FP8_E4M3 && s->role == INA_WEIGHT_LINEAR;
 }
 
+/* The dtype random weights of `dtype` store tensor s in: FP8 only for linears (the rest
+ * bf16), the router's bias always f32. */
+static ina_dtype_t random_store_dtype(const ina_weight_spec_t *s, ina_dtype_t dtype) {
+  if (s->role == INA_WEIGHT_ROUTER_BIAS) return INA_DTYPE_F32;
+  if (dtype == INA_DTYPE_FP8_E4M3 && !random_quantized(s, dtype)) return INA_DTYPE_BF16;
+  return dtype;
+}
+
 static ina_status_t make_random(const ina_weight_spec_t *s, uint64_t seed, ina_dtype_t dtype,
                                 const ina_model_config_t *cfg) {
   ina_status_t st = INA_OK;
   float *tmp = NULL;
   const int64_t n = s->ndim == 2 ? s->shape[0] * s->shape[1] : s->shape[0];
   const int quantize = random_quantized(s, dtype);
-  ina_dtype_t store = dtype;
-  if (dtype == INA_DTYPE_FP8_E4M3 && !quantize) store = INA_DTYPE_BF16;
-  if (s->role == INA_WEIGHT_ROUTER_BIAS) store = INA_DTYPE_F32;
+  const ina_dtype_t store = random_store_dtype(s, dtype);
   tmp = malloc((size_t)(n > 0 ? n : 1) * sizeof *tmp);
   INA_CHECK_ALLOC(tmp);
   fill_random(s, seed, tmp);
@@ -559,6 +565,24 @@ static ina_status_t random_prepare(const ina_model_config_t *cfg_in, ina_dtype_t
       INA_CHECK(check_fp8_slice(&(*specs)[i], cfg.fp8_block_rows, cfg.fp8_block_cols, "random weights"));
 fail:
   return st;
+}
+
+int64_t ina_weights_random_bytes(const ina_weights_t *shell, ina_dtype_t dtype) {
+  ina_weight_spec_t *specs = NULL;
+  int32_t count = 0;
+  int64_t bytes = 0;
+  if (ina_weight_specs((ina_weights_t *)shell, &specs, &count) != INA_OK) return -1;
+  const ina_model_config_t *c = &shell->config;
+  for (int32_t i = 0; i < count; i++) {
+    const ina_weight_spec_t *s = &specs[i];
+    const int64_t rows = s->shape[0], cols = s->ndim == 2 ? s->shape[1] : 1;
+    bytes += rows * cols * (int64_t)ina_dtype_size(random_store_dtype(s, dtype));
+    if (random_quantized(s, dtype)) /* f32 scales of the 128 x 128 blocks */
+      bytes += 4 * ((rows + c->fp8_block_rows - 1) / c->fp8_block_rows) *
+               ((cols + c->fp8_block_cols - 1) / c->fp8_block_cols);
+  }
+  free(specs);
+  return bytes;
 }
 
 ina_status_t ina_weights_random_shell(const ina_model_config_t *cfg, ina_dtype_t dtype, const ina_shard_t *shard,

@@ -152,6 +152,9 @@ ina_status_t ina_weights_random(const ina_model_config_t *cfg, uint64_t seed, in
  * layer arrays, every tensor empty; it fails where ina_weights_random would on the
  * shard. For an engine that generates the same weights in its own memory (the spec
  * list of w then gives each tensor's slice of the whole). */
+/* Bytes the random weights of `dtype` take in the shard `shell` describes (a shell from
+ * ina_weights_random_shell: shapes, no data); -1 on error. */
+int64_t ina_weights_random_bytes(const ina_weights_t *shell, ina_dtype_t dtype);
 ina_status_t ina_weights_random_shell(const ina_model_config_t *cfg, ina_dtype_t dtype, const ina_shard_t *shard,
                                       ina_weights_t *w);
 

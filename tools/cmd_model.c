@@ -89,7 +89,9 @@ static int model_info(int argc, char **argv) {
     return 2;
   }
   ina_model_t *m;
-  if (ina_model_open(spec, NULL, &m) != INA_OK) {
+  ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+  mo.random_on_device = 1; /* random weights: their shapes only, none generated */
+  if (ina_model_open(spec, &mo, &m) != INA_OK) {
     fprintf(stderr, "ina model info: %s\n", ina_last_error());
     return 1;
   }

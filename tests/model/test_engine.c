@@ -255,6 +255,19 @@ static void test_random_roundtrip(void) {
     CHECK_OK(ina_model_open(dir, NULL, &disk));
     CHECK(disk && ina_model_config(disk)->fp8_block_scaled == (dtypes[i] == INA_DTYPE_FP8_E4M3));
     CHECK(ina_model_weight_bytes(disk) == ina_model_weight_bytes(mem));
+    {
+      /* A model whose random weights are left for a device counts the same bytes. */
+      ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+      mo.seed = 7;
+      mo.dtype = dtypes[i];
+      mo.random_on_device = 1;
+      ina_model_t *shell = NULL;
+      CHECK_OK(ina_model_open("random:tiny", &mo, &shell));
+      CHECKF(shell && ina_model_weight_bytes(shell) == ina_model_weight_bytes(mem),
+             "dtype %s: a shell counts %lld bytes, the weights take %lld", ina_dtype_name(dtypes[i]),
+             shell ? (long long)ina_model_weight_bytes(shell) : -1LL, (long long)ina_model_weight_bytes(mem));
+      ina_model_destroy(shell);
+    }
     int32_t prompt[5] = {5, 900, 17, 3, 256};
     ina_engine_t *e1 = make_engine(mem, 16, 1024, 0), *e2 = disk ? make_engine(disk, 16, 1024, 0) : NULL;
     float *a = e1 ? run_greedy(e1, prompt, 5, 4, NULL) : NULL;
