@@ -3,11 +3,13 @@
  * all-or-nothing page appends both backends share, so they accept and refuse the same
  * batches with the same errors. */
 #define INA_LOG_SUBSYS "model"
+#include <math.h>
 #include <stdlib.h>
 
 #include "core/check.h"
 #include "model/engine_backend.h"
 #include "model/model.h"
+#include "model/sampler.h"
 
 struct ina_engine {
   ina_engine_cpu_t *cpu; /* exactly one of cpu and gpu is set */
@@ -117,6 +119,28 @@ ina_status_t ina_engine_forward(ina_engine_t *e, const ina_batch_t *b, float *lo
   INA_REQUIRE(e != NULL, INA_ERR_INVALID_ARGUMENT, "forward: engine is NULL");
   return e->cpu ? ina_engine_cpu_forward(e->cpu, b, logits) : ina_engine_gpu_forward(e->gpu, b, logits);
 fail:
+  return st;
+}
+
+ina_status_t ina_engine_forward_greedy(ina_engine_t *e, const ina_batch_t *b, int32_t *tokens) {
+  ina_status_t st = INA_OK;
+  float *logits = NULL;
+  INA_REQUIRE(e != NULL && b != NULL && tokens != NULL, INA_ERR_INVALID_ARGUMENT, "forward: NULL argument");
+  if (e->gpu) return ina_engine_gpu_forward_greedy(e->gpu, b, tokens);
+  /* The CPU computes the logits anyway: the argmax of each row here. */
+  INA_CHECK(ina_engine_validate_batch(ina_engine_config(e), b));
+  const int64_t rows = b->all_logits ? b->qo_indptr[b->batch] : b->batch;
+  const int32_t V = ina_engine_config(e)->vocab_size;
+  logits = malloc((size_t)(rows > 0 ? rows : 1) * (size_t)V * sizeof *logits);
+  INA_CHECK_ALLOC(logits);
+  INA_CHECK(ina_engine_cpu_forward(e->cpu, b, logits));
+  for (int64_t r = 0; r < rows; r++) {
+    const float *row = logits + r * V;
+    tokens[r] = ina_argmax_f32(row, V);
+    if (isnan(row[tokens[r]])) tokens[r] = -1; /* every logit NaN */
+  }
+fail:
+  free(logits);
   return st;
 }
 

@@ -73,6 +73,7 @@ void ina_engine_gpu_destroy(ina_engine_gpu_t *engine);
 ina_page_pool_t *ina_engine_gpu_page_pool(ina_engine_gpu_t *engine);
 const ina_model_config_t *ina_engine_gpu_config(const ina_engine_gpu_t *engine);
 ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *engine, const ina_batch_t *batch, float *logits);
+ina_status_t ina_engine_gpu_forward_greedy(ina_engine_gpu_t *engine, const ina_batch_t *batch, int32_t *tokens);
 ina_status_t ina_engine_gpu_expert_load(ina_engine_gpu_t *engine, int reset, uint64_t *counts,
                                         int64_t capacity, int32_t *num_moe_layers);
 ina_status_t ina_engine_gpu_get_placement(ina_engine_gpu_t *engine, ina_expert_placement_t *out);

@@ -360,6 +360,8 @@ void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
   cudaFreeHost(e->mla_host_ws);
   cudaFree(e->mla_dev_ws);
   cudaFreeHost(e->offsets_host);
+  cudaFree(e->tokens_dev);
+  cudaFree(e->greedy_params_dev);
   ina_page_table_release(&e->table);
   free(e->kv_len);
   free(e->cow_page);
@@ -1131,15 +1133,44 @@ static void whole_batch_shape(const ina_engine_gpu_t *e, const ina_batch_t *b, s
   sh->out_rows = sh->graphed ? sh->rows : b->all_logits ? T : b->batch;
 }
 
-ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *logits) {
+/* Room for the greedy tokens of n rows on the device, with their sampling parameters
+ * (temperature 0: greedy). */
+static ina_status_t ensure_tokens(ina_engine_gpu_t *e, int64_t n) {
+  ina_status_t st = INA_OK;
+  ina_gpu_sampling_row_t *params = NULL;
+  if (n <= e->tokens_cap) return INA_OK;
+  const int64_t cap = round_up_pow2(n, 256);
+  cudaFree(e->tokens_dev);
+  cudaFree(e->greedy_params_dev);
+  e->tokens_dev = NULL;
+  e->greedy_params_dev = NULL;
+  e->tokens_cap = 0;
+  params = malloc((size_t)cap * sizeof *params);
+  INA_CHECK_ALLOC(params);
+  for (int64_t i = 0; i < cap; i++) params[i] = (ina_gpu_sampling_row_t){0.0f, 0, 1.0f, 0, 0, 0};
+  INA_CUDA_CHECK(cudaMalloc((void **)&e->tokens_dev, (size_t)cap * sizeof(int32_t)));
+  INA_CUDA_CHECK(cudaMalloc((void **)&e->greedy_params_dev, (size_t)cap * sizeof *params));
+  INA_CUDA_CHECK(cudaMemcpy(e->greedy_params_dev, params, (size_t)cap * sizeof *params, cudaMemcpyHostToDevice));
+  e->tokens_cap = cap;
+fail:
+  free(params);
+  return st;
+}
+
+/* The step of ina_engine_gpu_forward (logits) or ina_engine_gpu_forward_greedy (tokens):
+ * exactly one of them is set. */
+static ina_status_t forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *logits, int32_t *tokens) {
   ina_status_t st = INA_OK;
   int appended = 0;
   step_shape_t sh;
   INA_CHECK(ina_engine_validate_batch(e->cfg, b));
   const int64_t T = b->qo_indptr[b->batch];
   if (T == 0) return INA_OK; /* no token: nothing grows, no logits row */
-  INA_REQUIRE(logits != NULL, INA_ERR_INVALID_ARGUMENT, "forward: logits is NULL");
+  INA_REQUIRE((logits != NULL) != (tokens != NULL), INA_ERR_INVALID_ARGUMENT, "forward: %s is NULL",
+              tokens ? "tokens" : "logits");
+  const int64_t out_rows = b->all_logits ? T : b->batch; /* the caller's rows */
   INA_CUDA_CHECK(cudaSetDevice(e->device));
+  if (tokens) INA_CHECK(ensure_tokens(e, out_rows));
   /* Room for the whole batch's host scratch first (remember_last_pages). */
   INA_CHECK(ensure_capacity(e, 0, b->batch));
   remember_last_pages(e, b);
@@ -1174,12 +1205,18 @@ ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *e, const ina_batch_t *b, f
                                 e->stage_dev + l.last_rows));
     /* The marks after the forward's own (a graph holds those): the logits' way out. */
     e->split.count = e->split.forward_marks;
-    if (e->dp_size > 1) {
-      INA_CHECK(gpu_dp_copy_logits(e, b, &sh, logits));
+    const float *rows_dev = e->s.logits; /* the caller's rows, in batch order */
+    if (e->dp_size > 1) INA_CHECK(gpu_dp_order_logits(e, b, &sh, &rows_dev));
+    const int64_t V = e->cfg->vocab_size;
+    if (logits) {
+      INA_CUDA_CHECK(cudaMemcpyAsync(logits, rows_dev, (size_t)(out_rows * V) * sizeof(float), cudaMemcpyDeviceToHost,
+                                     e->stream));
     } else {
-      const int64_t out_rows = b->all_logits ? T : b->batch;
-      INA_CUDA_CHECK(cudaMemcpyAsync(logits, e->s.logits, (size_t)out_rows * (size_t)e->cfg->vocab_size * sizeof(float),
-                                     cudaMemcpyDeviceToHost, e->stream));
+      /* Greedy sampling: the argmax, and -1 for a row of NaN only (as the CPU sampler). */
+      INA_CHECK(ina_gpu_sample(rows_dev, INA_DTYPE_F32, out_rows, V, V, e->greedy_params_dev, 0, e->tokens_dev,
+                               NULL, e->stream));
+      INA_CUDA_CHECK(cudaMemcpyAsync(tokens, e->tokens_dev, (size_t)out_rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                     e->stream));
     }
     INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream)); /* the end */
     INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
@@ -1194,6 +1231,14 @@ fail:
     ina_engine_truncate_all(e->kv, b);
   }
   return st;
+}
+
+ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *logits) {
+  return forward(e, b, logits, NULL);
+}
+
+ina_status_t ina_engine_gpu_forward_greedy(ina_engine_gpu_t *e, const ina_batch_t *b, int32_t *tokens) {
+  return forward(e, b, NULL, tokens);
 }
 
 void *ina_engine_gpu_host_alloc(size_t bytes) {

@@ -152,7 +152,8 @@ fail:
   return st;
 }
 
-ina_status_t gpu_dp_copy_logits(ina_engine_gpu_t *e, const ina_batch_t *b, const step_shape_t *sh, float *logits) {
+ina_status_t gpu_dp_order_logits(ina_engine_gpu_t *e, const ina_batch_t *b, const step_shape_t *sh,
+                                 const float **out) {
   ina_status_t st = INA_OK;
   gpu_dp_t *d = &e->dp;
   const int64_t V = e->cfg->vocab_size;
@@ -162,8 +163,8 @@ ina_status_t gpu_dp_copy_logits(ina_engine_gpu_t *e, const ina_batch_t *b, const
                                 e->stream));
   INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream));
   /* Batch order: each row's place in the gather (rank r's block starts at r * out_rows),
-   * then one row gather on the device and one copy out. The gather copies the f32 rows
-   * as pairs of bf16 values, bit for bit. */
+   * then one row gather on the device, which copies the f32 rows as pairs of bf16
+   * values, bit for bit. */
   int64_t total = 0;
   for (int32_t i = 0; i < b->batch; i++) {
     const int64_t rows = b->all_logits ? b->qo_indptr[i + 1] - b->qo_indptr[i] : 1;
@@ -174,8 +175,7 @@ ina_status_t gpu_dp_copy_logits(ina_engine_gpu_t *e, const ina_batch_t *b, const
                                  e->stream));
   INA_CHECK(ina_gpu_embedding(d->order_dev, total, d->logits_all, INA_DTYPE_BF16, e->dp_size * sh->out_rows, 2 * V,
                               (uint16_t *)d->logits_ordered, NULL, e->stream));
-  INA_CUDA_CHECK(cudaMemcpyAsync(logits, d->logits_ordered, (size_t)(total * V) * sizeof(float),
-                                 cudaMemcpyDeviceToHost, e->stream));
+  *out = d->logits_ordered;
 fail:
   return st;
 }

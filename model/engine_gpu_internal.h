@@ -191,6 +191,9 @@ struct ina_engine_gpu {
   void *mla_host_ws, *mla_dev_ws;
   size_t mla_host_cap, mla_dev_cap;
   int32_t *offsets_host;  /* pinned [experts + 1] */
+  int32_t *tokens_dev;    /* [tokens_cap]: a greedy step's tokens */
+  ina_gpu_sampling_row_t *greedy_params_dev; /* [tokens_cap]: temperature 0 */
+  int64_t tokens_cap;
   ina_page_table_t table;
   /* host scratch per sequence: attention lengths and the copy-on-write check */
   int32_t *kv_len, *cow_page, *cow_index, *cow_tokens;
@@ -217,7 +220,9 @@ void gpu_dp_free(ina_engine_gpu_t *e);
  * into sh->mine, and the rows, sequences and logits rows every rank computes. */
 ina_status_t gpu_dp_split(ina_engine_gpu_t *e, const ina_batch_t *b, int graphed, step_shape_t *sh);
 /* After the step's forward is enqueued (its logits rows in s.logits): every rank's rows
- * gathered over ep_comm and copied to logits in batch order, on the step's stream. */
-ina_status_t gpu_dp_copy_logits(ina_engine_gpu_t *e, const ina_batch_t *b, const step_shape_t *sh, float *logits);
+ * gathered over ep_comm and put in batch order on the device (*out), on the step's
+ * stream. */
+ina_status_t gpu_dp_order_logits(ina_engine_gpu_t *e, const ina_batch_t *b, const step_shape_t *sh,
+                                 const float **out);
 
 #endif

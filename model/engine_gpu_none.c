@@ -69,3 +69,11 @@ void *ina_engine_gpu_host_alloc(size_t bytes) {
 }
 
 void ina_engine_gpu_host_free(void *p) { (void)p; }
+
+ina_status_t ina_engine_gpu_forward_greedy(ina_engine_gpu_t *engine, const ina_batch_t *batch, int32_t *tokens) {
+  ina_status_t st = INA_OK;
+  (void)engine, (void)batch, (void)tokens;
+  INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "gpu engine: this build has no CUDA");
+fail:
+  return st;
+}

@@ -21,16 +21,21 @@ typedef struct gen_state {
   ina_kv_seq_t **seq_ptrs;
   ina_sampler_t **samplers;
   int32_t *qo, *tokens, *active; /* active: requests still generating */
+  int32_t *chosen;                /* [count]: a greedy decode step's tokens */
   int32_t nactive;
   float *logits;
 } gen_state_t;
 
-/* Take a request's next token from its logits row; *finished when it is done. */
-static ina_status_t take_token(gen_state_t *g, int32_t r, const float *row, int *finished) {
+/* Take a request's next token from its logits row, or the engine's greedy choice when
+ * row is NULL; *finished when it is done. */
+static ina_status_t take_token(gen_state_t *g, int32_t r, const float *row, int32_t greedy, int *finished) {
   ina_status_t st = INA_OK;
   ina_generate_request_t *q = &g->reqs[r];
-  int32_t token;
-  INA_CHECK(ina_sampler_sample(g->samplers[r], row, &token));
+  int32_t token = greedy;
+  if (row)
+    INA_CHECK(ina_sampler_sample(g->samplers[r], row, &token));
+  else
+    INA_REQUIRE(token >= 0, INA_ERR_INVALID_ARGUMENT, "sampler: all %d logits are NaN", (int)g->vocab);
   q->output[q->num_generated++] = token;
   *finished = q->num_generated >= q->max_new_tokens || (!q->ignore_eos && token == g->eos);
 fail:
@@ -58,7 +63,7 @@ static ina_status_t prefill(gen_state_t *g, int any_logits, ina_generate_stats_t
     if (q->logits && any_logits)
       memcpy(q->logits, g->logits + (int64_t)g->qo[r] * V, (size_t)q->prompt_len * V * sizeof(float));
     int finished = q->max_new_tokens == 0;
-    if (!finished) INA_CHECK(take_token(g, r, last, &finished));
+    if (!finished) INA_CHECK(take_token(g, r, last, -1, &finished));
     if (!finished) g->active[n++] = r;
   }
   g->nactive = n;
@@ -80,9 +85,19 @@ static ina_status_t decode(gen_state_t *g, ina_generate_stats_t *stats) {
       g->tokens[k] = q->output[q->num_generated - 1];
       g->qo[k + 1] = k + 1;
     }
+    /* Greedy requests that keep no logits need only each row's argmax: the engine then
+     * returns the tokens (a GPU copies 4 bytes a row instead of the row's logits). */
+    int greedy = 1;
+    for (int32_t k = 0; k < n; k++) {
+      const ina_generate_request_t *q = &g->reqs[g->active[k]];
+      greedy &= q->sampling.temperature == 0.0f && !q->logits;
+    }
     const double t0 = now_seconds();
     ina_batch_t b = {n, ptrs, g->qo, g->tokens, 0};
-    INA_CHECK(ina_engine_forward(g->engine, &b, g->logits));
+    if (greedy)
+      INA_CHECK(ina_engine_forward_greedy(g->engine, &b, g->chosen));
+    else
+      INA_CHECK(ina_engine_forward(g->engine, &b, g->logits));
     stats->decode_seconds += now_seconds() - t0;
     stats->decode_tokens += n;
     stats->decode_steps++;
@@ -90,11 +105,11 @@ static ina_status_t decode(gen_state_t *g, ina_generate_stats_t *stats) {
     for (int32_t k = 0; k < n; k++) {
       const int32_t r = g->active[k];
       ina_generate_request_t *q = &g->reqs[r];
-      const float *row = g->logits + (int64_t)k * V;
+      const float *row = greedy ? NULL : g->logits + (int64_t)k * V;
       if (q->logits)
         memcpy(q->logits + (int64_t)(q->prompt_len + q->num_generated - 1) * V, row, (size_t)V * sizeof(float));
       int finished;
-      INA_CHECK(take_token(g, r, row, &finished));
+      INA_CHECK(take_token(g, r, row, greedy ? g->chosen[k] : -1, &finished));
       if (!finished) g->active[still++] = r;
     }
     n = still;
@@ -136,6 +151,7 @@ ina_status_t ina_generate(ina_engine_t *engine, ina_generate_request_t *reqs, in
   g.qo = malloc((size_t)(count + 1) * sizeof *g.qo);
   g.tokens = malloc((size_t)(total > count ? total : count) * sizeof *g.tokens);
   g.active = malloc((size_t)count * sizeof *g.active);
+  g.chosen = malloc((size_t)count * sizeof *g.chosen);
   g.logits = ina_engine_logits_alloc(engine, any_logits ? total : count);
   INA_CHECK_ALLOC(g.seqs);
   INA_CHECK_ALLOC(g.seq_ptrs);
@@ -143,6 +159,7 @@ ina_status_t ina_generate(ina_engine_t *engine, ina_generate_request_t *reqs, in
   INA_CHECK_ALLOC(g.qo);
   INA_CHECK_ALLOC(g.tokens);
   INA_CHECK_ALLOC(g.active);
+  INA_CHECK_ALLOC(g.chosen);
   INA_CHECK_ALLOC(g.logits);
   for (int32_t r = 0; r < count; r++) INA_CHECK(ina_sampler_create(g.vocab, &reqs[r].sampling, &g.samplers[r]));
   INA_CHECK(prefill(&g, any_logits, stats));
@@ -158,6 +175,7 @@ fail:
   free(g.qo);
   free(g.tokens);
   free(g.active);
+  free(g.chosen);
   ina_engine_logits_free(engine, g.logits);
   return st;
 }

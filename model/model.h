@@ -207,6 +207,14 @@ void ina_engine_logits_free(ina_engine_t *engine, float *logits);
  * every sequence as it was. */
 ina_status_t ina_engine_forward(ina_engine_t *engine, const ina_batch_t *batch, float *logits);
 
+/* The same step, returning instead of each logits row its greedy token: tokens[row] =
+ * ina_argmax_f32 of that row (model/sampler.h: the first largest logit, NaN skipped), or
+ * -1 when every logit of the row is NaN (where a greedy ina_sampler_sample fails), with
+ * the rows of ina_engine_forward's logits. The CUDA backend chooses on the device
+ * (ina_gpu_sample at temperature 0: the same tokens) and copies only the tokens to the
+ * host, not the [rows, vocab] f32 logits. */
+ina_status_t ina_engine_forward_greedy(ina_engine_t *engine, const ina_batch_t *batch, int32_t *tokens);
+
 #ifdef __cplusplus
 }
 #endif

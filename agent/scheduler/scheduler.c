@@ -102,6 +102,7 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   s->qo_indptr = malloc((R + 1) * sizeof *s->qo_indptr);
   s->batch_tokens = malloc((size_t)s->max_batch_tokens * sizeof *s->batch_tokens);
   s->logits = ina_engine_logits_alloc(engine, (int64_t)R); /* page-locked for a GPU engine */
+  s->greedy_tokens = malloc(R * sizeof *s->greedy_tokens);
   s->match_pages = malloc((size_t)num_pages * sizeof *s->match_pages);
   INA_CHECK_ALLOC(s->running);
   INA_CHECK_ALLOC(s->batch_reqs);
@@ -109,6 +110,7 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   INA_CHECK_ALLOC(s->qo_indptr);
   INA_CHECK_ALLOC(s->batch_tokens);
   INA_CHECK_ALLOC(s->logits);
+  INA_CHECK_ALLOC(s->greedy_tokens);
   INA_CHECK_ALLOC(s->match_pages);
   INA_REQUIRE(pthread_mutex_init(&s->mu, NULL) == 0, INA_ERR_INTERNAL, "scheduler: pthread_mutex_init failed");
   mu_ready = 1;
@@ -132,6 +134,7 @@ fail:
     free(s->qo_indptr);
     free(s->batch_tokens);
     ina_engine_logits_free(s->engine, s->logits);
+    free(s->greedy_tokens);
     free(s->match_pages);
     sched_replica_free(s);
     free(s);
@@ -186,6 +189,7 @@ void ina_scheduler_destroy(ina_scheduler_t *s) {
   free(s->qo_indptr);
   free(s->batch_tokens);
   ina_engine_logits_free(s->engine, s->logits);
+  free(s->greedy_tokens);
   free(s->match_pages);
   free(s->events);
   free(s->finished);

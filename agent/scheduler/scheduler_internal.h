@@ -108,6 +108,8 @@ struct ina_scheduler {
   int32_t *qo_indptr;            /* [max_running + 1] */
   int32_t *batch_tokens;         /* [max_batch_tokens] */
   float *logits;                 /* [max_running, vocab] */
+  int32_t *greedy_tokens;        /* [max_running]: the step's tokens when every request is greedy */
+  int batch_greedy;              /* this step took greedy tokens from the engine, not logits */
   int32_t batch_size;
   int32_t budget;                /* tokens left in this step */
   int32_t reserved_pages;        /* pool pages this step's batch will take */

@@ -217,8 +217,14 @@ static void after_forward(ina_scheduler_t *s, double now) {
     if (was_prefilling && !is_prefilling(r) && s->cache && r->prefill_len >= 2)
       ina_prefix_cache_insert(s->cache, r->tokens, r->prefill_len / s->page_size, r->seq.pages);
     if (r->num_computed < r->num_tokens) continue; /* a prompt chunk: nothing to sample yet */
-    int32_t token;
-    const ina_status_t st = ina_sampler_sample(r->sampler, s->logits + (int64_t)k * s->vocab, &token);
+    int32_t token = -1;
+    ina_status_t st = INA_OK;
+    if (!s->batch_greedy)
+      st = ina_sampler_sample(r->sampler, s->logits + (int64_t)k * s->vocab, &token);
+    else if ((token = s->greedy_tokens[k]) < 0) { /* the engine's mark of a row of NaN logits */
+      ina_error(INA_LOG_SUBSYS, "sampler: all %d logits are NaN", (int)s->vocab);
+      st = INA_ERR_INVALID_ARGUMENT;
+    }
     if (st != INA_OK) {
       sched_finish(s, r, INA_FINISH_ERROR, st, ina_last_error());
       continue;
@@ -247,7 +253,15 @@ static ina_status_t run_batch(ina_scheduler_t *s) {
     s->qo_indptr[k + 1] = s->qo_indptr[k] + r->step_tokens;
   }
   const ina_batch_t batch = {s->batch_size, s->batch_seqs, s->qo_indptr, s->batch_tokens, 0};
-  INA_CHECK(ina_engine_forward(s->engine, &batch, s->logits));
+  /* Greedy requests need only each row's argmax (the sampler's greedy choice): when every
+   * request of the step is greedy, the engine returns the tokens instead of the logits
+   * (a GPU then copies 4 bytes a row instead of the vocabulary's f32 logits). */
+  s->batch_greedy = 1;
+  for (int32_t k = 0; k < s->batch_size; k++) s->batch_greedy &= s->batch_reqs[k]->sampling.temperature == 0.0f;
+  if (s->batch_greedy)
+    INA_CHECK(ina_engine_forward_greedy(s->engine, &batch, s->greedy_tokens));
+  else
+    INA_CHECK(ina_engine_forward(s->engine, &batch, s->logits));
 fail:
   return st;
 }

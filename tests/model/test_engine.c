@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "model/sampler.h"
 #include "../test_util.h"
 #include "model_test_util.h"
 
@@ -237,6 +238,38 @@ static void test_errors_change_nothing(ina_model_t *m) {
   ina_engine_destroy(e);
 }
 
+/* ina_engine_forward_greedy returns the argmax of each row ina_engine_forward would
+ * return, for a prefill of every row's logits and of the last rows. */
+static void test_forward_greedy(ina_model_t *m, test_rng_t *rng) {
+  const int32_t vocab = ina_model_config(m)->vocab_size;
+  for (int all = 0; all < 2; all++) {
+    ina_engine_t *a = make_engine(m, 16, 1024, 0), *b = make_engine(m, 16, 1024, 0);
+    ina_kv_seq_t sa[3] = {INA_KV_SEQ_INIT, INA_KV_SEQ_INIT, INA_KV_SEQ_INIT};
+    ina_kv_seq_t sb[3] = {INA_KV_SEQ_INIT, INA_KV_SEQ_INIT, INA_KV_SEQ_INIT};
+    ina_kv_seq_t *pa[3] = {&sa[0], &sa[1], &sa[2]}, *pb[3] = {&sb[0], &sb[1], &sb[2]};
+    int32_t qo[4] = {0}, tokens[48], chosen[48];
+    for (int k = 0; k < 3; k++) qo[k + 1] = qo[k] + 1 + (int32_t)test_rng_int(rng, 0, 14);
+    for (int32_t t = 0; t < qo[3]; t++) tokens[t] = (int32_t)test_rng_int(rng, 0, vocab - 1);
+    const int32_t rows = all ? qo[3] : 3;
+    float *logits = malloc((size_t)rows * vocab * sizeof *logits);
+    if (a && b && logits) {
+      const ina_batch_t ba = {3, pa, qo, tokens, all}, bb = {3, pb, qo, tokens, all};
+      CHECK_OK(ina_engine_forward(a, &ba, logits));
+      CHECK_OK(ina_engine_forward_greedy(b, &bb, chosen));
+      int same = 1;
+      for (int32_t r = 0; r < rows; r++) same &= chosen[r] == ina_argmax_f32(logits + (int64_t)r * vocab, vocab);
+      CHECKF(same, "forward_greedy (all_logits %d): a token is not its row's argmax", all);
+      for (int k = 0; k < 3; k++) {
+        ina_kv_seq_release(ina_engine_page_pool(a), &sa[k]);
+        ina_kv_seq_release(ina_engine_page_pool(b), &sb[k]);
+      }
+    }
+    free(logits);
+    ina_engine_destroy(a);
+    ina_engine_destroy(b);
+  }
+}
+
 /* Random weights depend only on the seed: the in-memory model equals the one written
  * by `ina model init` and loaded back, for f32, bf16 and fp8 storage. */
 static void test_random_roundtrip(void) {
@@ -296,6 +329,7 @@ int main(void) {
     test_chunks_and_prefix_sharing(tiny, &rng);
     test_errors_change_nothing(tiny);
     test_expert_load(tiny, &rng);
+    test_forward_greedy(tiny, &rng);
   }
   ina_model_destroy(tiny);
   test_random_roundtrip();

@@ -43,6 +43,7 @@
 #include "core/npy.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "model/sampler.h"
 #include "../test_util.h"
 #include "../golden/golden_fixture.h"
 
@@ -586,6 +587,48 @@ static void test_graphs(test_rng_t *rng) {
   }
 }
 
+/* Greedy tokens chosen on the device (ina_engine_forward_greedy, which ina_generate takes
+ * when no request keeps its logits) equal the host's argmax of the logits, on decode
+ * graphs with a padding row (3 prompts, bucket 4), in bf16 and FP8. */
+static void test_greedy_tokens(test_rng_t *rng) {
+  const ina_dtype_t dtypes[2] = {INA_DTYPE_BF16, INA_DTYPE_FP8_E4M3};
+  for (int d = 0; d < 2; d++) {
+    ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
+    ina_model_t *m = NULL;
+    mo.seed = test_rng_next(rng);
+    mo.dtype = dtypes[d];
+    CHECK_OK(ina_model_open("random:tiny", &mo, &m));
+    if (!m) continue;
+    const int32_t vocab = ina_model_config(m)->vocab_size, n = 3, max_new = 8;
+    int32_t buf[3][20], lens[3], on_host[MAX_PROMPTS][MAX_NEW], on_device[MAX_PROMPTS][MAX_NEW];
+    int32_t *prompts[3] = {buf[0], buf[1], buf[2]};
+    for (int32_t k = 0; k < n; k++) {
+      lens[k] = 1 + (int32_t)test_rng_int(rng, 0, 19);
+      for (int32_t t = 0; t < lens[k]; t++) buf[k][t] = (int32_t)test_rng_int(rng, 0, vocab - 1);
+    }
+    ina_engine_t *a = make(m, 0, 16, 4096), *b = make(m, 0, 16, 4096);
+    run_t logits = {0};
+    if (a && b && greedy(a, prompts, lens, n, max_new, on_host, &logits) == 0 &&
+        greedy(b, prompts, lens, n, max_new, on_device, NULL) == 0) {
+      int same = 1, argmax_ok = 1;
+      for (int32_t k = 0; k < n; k++)
+        for (int32_t t = 0; t < max_new; t++) {
+          same &= on_host[k][t] == on_device[k][t];
+          const float *row = logits.logits[k] + (int64_t)(lens[k] + t - 1) * vocab;
+          argmax_ok &= ina_argmax_f32(row, vocab) == on_host[k][t];
+        }
+      CHECKF(argmax_ok, "%s: the logits path's tokens are not its rows' argmax", ina_dtype_name(dtypes[d]));
+      CHECKF(same, "%s: tokens chosen on the device differ from the host's argmax", ina_dtype_name(dtypes[d]));
+      printf("  greedy tokens on the device, %s: %d x %d tokens as the host's argmax\n", ina_dtype_name(dtypes[d]),
+             n, max_new);
+    }
+    free_run(&logits);
+    ina_engine_destroy(a);
+    ina_engine_destroy(b);
+    ina_model_destroy(m);
+  }
+}
+
 /* 5. Tokens per expert: three prompts generated with graphs (a padding row in every decode
  * bucket): each MoE layer counts (prompt + new - 1) x top_k entries per prompt, no padding
  * row, and a reset reads zeros next. */
@@ -646,6 +689,7 @@ int main(int argc, char **argv) {
   test_vs_cpu(&rng);
   test_errors(&rng);
   test_graphs(&rng);
+  test_greedy_tokens(&rng);
   test_expert_load(&rng);
   return test_finish("test_engine_gpu");
 }
