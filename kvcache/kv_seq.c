@@ -52,6 +52,14 @@ static int last_page_needs_copy(const ina_page_pool_t *pool, const ina_kv_seq_t 
          ina_page_pool_refcount(pool, seq->pages[seq->num_pages - 1]) > 1;
 }
 
+int32_t ina_kv_seq_stripe(const ina_page_pool_t *pool, const ina_kv_seq_t *seq) {
+  const int32_t stripes = ina_page_pool_stripes(pool);
+  if (stripes == 1) return 0;
+  if (seq->num_pages > 0) return seq->pages[0] % stripes;
+  if (seq->stripe_pick > 0 && seq->stripe_pick <= stripes) return seq->stripe_pick - 1;
+  return ina_page_pool_roomiest_stripe(pool);
+}
+
 int64_t ina_kv_seq_pages_needed(const ina_page_pool_t *pool, const ina_kv_seq_t *seq, int64_t n) {
   if (!pool || !seq || n < 0 || !seq_is_consistent(seq, ina_page_pool_page_size(pool)) ||
       n > INT64_MAX - seq->num_tokens)
@@ -78,20 +86,21 @@ ina_status_t ina_kv_seq_append(ina_page_pool_t *pool, ina_kv_seq_t *seq, int64_t
 
   int64_t new_pages = pages_for_tokens(seq->num_tokens + n, page_size) - seq->num_pages;
   int copy_last = last_page_needs_copy(pool, seq);
-  int32_t num_free = ina_page_pool_free_pages(pool);
+  const int32_t stripe = ina_kv_seq_stripe(pool, seq);
+  int32_t num_free = ina_page_pool_stripe_free(pool, stripe);
   INA_REQUIRE(new_pages + copy_last <= num_free, INA_ERR_OUT_OF_PAGES,
-              "kv_seq append: %lld tokens need %lld pages (%lld new%s), only %d of %d free",
+              "kv_seq append: %lld tokens need %lld pages (%lld new%s), only %d of %d free%s",
               (long long)n, (long long)(new_pages + copy_last), (long long)new_pages,
-              copy_last ? " + 1 copy on write" : "", (int)num_free,
-              (int)ina_page_pool_num_pages(pool));
+              copy_last ? " + 1 copy on write" : "", (int)num_free, (int)ina_page_pool_num_pages(pool),
+              ina_page_pool_stripes(pool) > 1 ? " in the sequence's stripe" : "");
   /* From here the page count fits in int32: it is at most the pool's size. */
   int32_t old_pages = seq->num_pages;
   int32_t total_pages = old_pages + (int32_t)new_pages;
   INA_CHECK(reserve_pages(seq, total_pages));
 
   int32_t fresh_last = -1;
-  if (copy_last) INA_CHECK(ina_page_pool_alloc(pool, 1, &fresh_last));
-  ina_status_t alloc_st = ina_page_pool_alloc(pool, (int32_t)new_pages, seq->pages + old_pages);
+  if (copy_last) INA_CHECK(ina_page_pool_alloc_in(pool, stripe, 1, &fresh_last));
+  ina_status_t alloc_st = ina_page_pool_alloc_in(pool, stripe, (int32_t)new_pages, seq->pages + old_pages);
   if (alloc_st != INA_OK) {
     /* Cannot happen after the free-page check above; undo the copy page anyway. */
     if (copy_last) ina_page_pool_unref(pool, fresh_last);

@@ -27,12 +27,20 @@ typedef struct ina_kv_seq {
   int32_t num_pages;
   int32_t capacity; /* of the pages array */
   int64_t num_tokens;
+  /* Striped pools (kvcache/page_pool.h): a sequence's pages all come from the stripe of
+   * its first page. Before it has one: 1 + the stripe to take it from, or 0 (what
+   * INA_KV_SEQ_INIT and zeroing give) for the pool's roomiest stripe at that time. */
+  int32_t stripe_pick;
 } ina_kv_seq_t;
 
-#define INA_KV_SEQ_INIT {NULL, 0, 0, 0}
+#define INA_KV_SEQ_INIT {NULL, 0, 0, 0, 0}
 
-/* Grow the sequence by n tokens: allocate the pages they need and copy a shared
- * partial last page on write. The caller then writes the entries of positions
+/* The stripe seq's pages come from: its first page's, else its pick, else the pool's
+ * roomiest (0 with one stripe). */
+int32_t ina_kv_seq_stripe(const ina_page_pool_t *pool, const ina_kv_seq_t *seq);
+
+/* Grow the sequence by n tokens: allocate the pages they need (from its stripe) and copy
+ * a shared partial last page on write. The caller then writes the entries of positions
  * [old num_tokens, old num_tokens + n). n = 0 does nothing. On INA_ERR_OUT_OF_PAGES (or
  * out of memory) the sequence and the pool are unchanged. */
 ina_status_t ina_kv_seq_append(ina_page_pool_t *pool, ina_kv_seq_t *seq, int64_t n);

@@ -1,6 +1,6 @@
 /* Page pool: one host buffer of KV entries, a refcount per page and a stack of free
- * page ids. The stack makes alloc and free O(1) and hands back recently freed pages
- * first (warm in cache). */
+ * page ids per stripe. A stack makes alloc and free O(1) and hands back recently freed
+ * pages first (warm in cache). */
 #define INA_LOG_SUBSYS "kvcache"
 
 #include "kvcache/page_pool.h"
@@ -30,8 +30,10 @@ struct ina_page_pool {
   unsigned char *storage; /* [num_layers][num_pages][page_size][entry_elems]; NULL when
                              the pool stores no entries */
   int32_t *refcount;      /* [num_pages]; 0 means free */
-  int32_t *free_stack;    /* [num_pages]; free page ids in [0, num_free) */
-  int32_t num_free;
+  int32_t stripes;
+  int32_t *free_stack;    /* [num_pages]: stripe s's free ids at [base[s], base[s] + free[s]) */
+  int32_t *stripe_base, *stripe_free; /* [stripes] */
+  int32_t num_free;       /* over every stripe */
 };
 
 /* a * b into *out; 0 when the product does not fit in size_t. */
@@ -54,6 +56,10 @@ static ina_status_t validate_config(const ina_page_pool_config_t *c) {
               "page pool: entry_elems %d must be >= 1", (int)c->entry_elems);
   INA_REQUIRE((int)c->dtype >= 0 && c->dtype < INA_DTYPE_COUNT, INA_ERR_INVALID_ARGUMENT,
               "page pool: dtype %d is not a valid ina_dtype_t", (int)c->dtype);
+  INA_REQUIRE(c->struct_size < offsetof(ina_page_pool_config_t, stripes) + sizeof(int32_t) ||
+                  (c->stripes >= 0 && c->stripes <= c->num_pages),
+              INA_ERR_INVALID_ARGUMENT, "page pool: stripes %d outside 0..num_pages (%d)", (int)c->stripes,
+              (int)c->num_pages);
   INA_REQUIRE(c->device.type == INA_DEVICE_CPU, INA_ERR_UNSUPPORTED,
               "page pool: device type %d (index %d) is not supported: this version keeps the "
               "KV cache in host memory only (use INA_CPU)",
@@ -104,10 +110,25 @@ ina_status_t ina_page_pool_create(const ina_page_pool_config_t *config, ina_page
               pool->entry_bytes);
   pool->refcount = calloc((size_t)config->num_pages, sizeof *pool->refcount);
   INA_CHECK_ALLOC(pool->refcount);
+  pool->stripes = config->struct_size >= offsetof(ina_page_pool_config_t, stripes) + sizeof(int32_t) &&
+                          config->stripes > 1
+                      ? config->stripes
+                      : 1;
   pool->free_stack = malloc((size_t)config->num_pages * sizeof *pool->free_stack);
+  pool->stripe_base = malloc((size_t)pool->stripes * sizeof *pool->stripe_base);
+  pool->stripe_free = malloc((size_t)pool->stripes * sizeof *pool->stripe_free);
   INA_CHECK_ALLOC(pool->free_stack);
-  /* Page 0 on top, so a fresh pool hands out pages 0, 1, 2, ... in order. */
-  for (int32_t i = 0; i < config->num_pages; i++) pool->free_stack[i] = config->num_pages - 1 - i;
+  INA_CHECK_ALLOC(pool->stripe_base);
+  INA_CHECK_ALLOC(pool->stripe_free);
+  /* Each stripe's lowest page on top, so a fresh pool hands out a stripe's pages in
+   * order (0, 1, 2, ... with one stripe). */
+  for (int32_t s = 0, at = 0; s < pool->stripes; s++) {
+    const int32_t count = (config->num_pages - s + pool->stripes - 1) / pool->stripes;
+    pool->stripe_base[s] = at;
+    pool->stripe_free[s] = count;
+    for (int32_t i = 0; i < count; i++) pool->free_stack[at + i] = s + (count - 1 - i) * pool->stripes;
+    at += count;
+  }
   pool->num_free = config->num_pages;
 
   *out = pool;
@@ -122,12 +143,26 @@ void ina_page_pool_destroy(ina_page_pool_t *pool) {
   free(pool->storage);
   free(pool->refcount);
   free(pool->free_stack);
+  free(pool->stripe_base);
+  free(pool->stripe_free);
   free(pool);
 }
 
 int32_t ina_page_pool_page_size(const ina_page_pool_t *pool) { return pool->page_size; }
 int32_t ina_page_pool_num_pages(const ina_page_pool_t *pool) { return pool->num_pages; }
 int32_t ina_page_pool_free_pages(const ina_page_pool_t *pool) { return pool->num_free; }
+int32_t ina_page_pool_stripes(const ina_page_pool_t *pool) { return pool->stripes; }
+
+int32_t ina_page_pool_stripe_free(const ina_page_pool_t *pool, int32_t stripe) {
+  return stripe >= 0 && stripe < pool->stripes ? pool->stripe_free[stripe] : 0;
+}
+
+int32_t ina_page_pool_roomiest_stripe(const ina_page_pool_t *pool) {
+  int32_t best = 0;
+  for (int32_t s = 1; s < pool->stripes; s++)
+    if (pool->stripe_free[s] > pool->stripe_free[best]) best = s;
+  return best;
+}
 int32_t ina_page_pool_entry_elems(const ina_page_pool_t *pool) { return pool->entry_elems; }
 int32_t ina_page_pool_num_layers(const ina_page_pool_t *pool) { return pool->num_layers; }
 ina_dtype_t ina_page_pool_dtype(const ina_page_pool_t *pool) { return pool->dtype; }
@@ -136,22 +171,41 @@ static int page_in_range(const ina_page_pool_t *pool, int32_t page) {
   return page >= 0 && page < pool->num_pages;
 }
 
-ina_status_t ina_page_pool_alloc(ina_page_pool_t *pool, int32_t n, int32_t *pages) {
+ina_status_t ina_page_pool_alloc_in(ina_page_pool_t *pool, int32_t stripe, int32_t n, int32_t *pages) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(pool != NULL, INA_ERR_INVALID_ARGUMENT, "page pool alloc: pool is NULL");
   INA_REQUIRE(n >= 0, INA_ERR_INVALID_ARGUMENT, "page pool alloc: page count %d is negative",
               (int)n);
   INA_REQUIRE(n == 0 || pages != NULL, INA_ERR_INVALID_ARGUMENT,
               "page pool alloc: output array is NULL for %d pages", (int)n);
+  INA_REQUIRE(stripe >= 0 && stripe < pool->stripes, INA_ERR_INVALID_ARGUMENT,
+              "page pool alloc: stripe %d outside 0..%d", (int)stripe, (int)pool->stripes - 1);
   /* Checked before taking anything, so a failure leaves the pool untouched. */
-  INA_REQUIRE(n <= pool->num_free, INA_ERR_OUT_OF_PAGES,
-              "page pool: cannot allocate %d pages: only %d of %d free", (int)n,
-              (int)pool->num_free, (int)pool->num_pages);
+  if (pool->stripes == 1)
+    INA_REQUIRE(n <= pool->num_free, INA_ERR_OUT_OF_PAGES,
+                "page pool: cannot allocate %d pages: only %d of %d free", (int)n,
+                (int)pool->num_free, (int)pool->num_pages);
+  else
+    INA_REQUIRE(n <= pool->stripe_free[stripe], INA_ERR_OUT_OF_PAGES,
+                "page pool: cannot allocate %d pages in stripe %d: only %d of its pages free (%d of %d "
+                "in all)",
+                (int)n, (int)stripe, (int)pool->stripe_free[stripe], (int)pool->num_free,
+                (int)pool->num_pages);
+  int32_t *stack = pool->free_stack + pool->stripe_base[stripe];
   for (int32_t i = 0; i < n; i++) {
-    int32_t page = pool->free_stack[--pool->num_free];
+    int32_t page = stack[--pool->stripe_free[stripe]];
     pool->refcount[page] = 1;
     pages[i] = page;
   }
+  pool->num_free -= n;
+fail:
+  return st;
+}
+
+ina_status_t ina_page_pool_alloc(ina_page_pool_t *pool, int32_t n, int32_t *pages) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(pool != NULL, INA_ERR_INVALID_ARGUMENT, "page pool alloc: pool is NULL");
+  return ina_page_pool_alloc_in(pool, ina_page_pool_roomiest_stripe(pool), n, pages);
 fail:
   return st;
 }
@@ -179,7 +233,11 @@ void ina_page_pool_unref(ina_page_pool_t *pool, int32_t page) {
               (int)pool->num_pages);
     return;
   }
-  if (--pool->refcount[page] == 0) pool->free_stack[pool->num_free++] = page;
+  if (--pool->refcount[page] == 0) {
+    const int32_t s = page % pool->stripes;
+    pool->free_stack[pool->stripe_base[s] + pool->stripe_free[s]++] = page;
+    pool->num_free++;
+  }
 }
 
 int32_t ina_page_pool_refcount(const ina_page_pool_t *pool, int32_t page) {
@@ -244,15 +302,23 @@ ina_status_t ina_page_pool_check(const ina_page_pool_t *pool) {
               (int)pool->num_pages);
   on_free_list = calloc((size_t)pool->num_pages, 1);
   INA_CHECK_ALLOC(on_free_list);
-  for (int32_t i = 0; i < pool->num_free; i++) {
-    int32_t page = pool->free_stack[i];
-    INA_REQUIRE(page_in_range(pool, page), INA_ERR_INTERNAL,
-                "page pool check: free list entry %d holds page %d, out of range (%d pages)",
-                (int)i, (int)page, (int)pool->num_pages);
-    INA_REQUIRE(!on_free_list[page], INA_ERR_INTERNAL,
-                "page pool check: page %d is on the free list twice", (int)page);
-    on_free_list[page] = 1;
+  int32_t listed = 0;
+  for (int32_t s = 0; s < pool->stripes; s++) {
+    for (int32_t i = 0; i < pool->stripe_free[s]; i++) {
+      int32_t page = pool->free_stack[pool->stripe_base[s] + i];
+      INA_REQUIRE(page_in_range(pool, page), INA_ERR_INTERNAL,
+                  "page pool check: free list entry %d of stripe %d holds page %d, out of range (%d pages)",
+                  (int)i, (int)s, (int)page, (int)pool->num_pages);
+      INA_REQUIRE(page % pool->stripes == s, INA_ERR_INTERNAL,
+                  "page pool check: page %d is on the free list of stripe %d", (int)page, (int)s);
+      INA_REQUIRE(!on_free_list[page], INA_ERR_INTERNAL,
+                  "page pool check: page %d is on the free list twice", (int)page);
+      on_free_list[page] = 1;
+    }
+    listed += pool->stripe_free[s];
   }
+  INA_REQUIRE(listed == pool->num_free, INA_ERR_INTERNAL, "page pool check: %d pages listed free, %d counted",
+              (int)listed, (int)pool->num_free);
   for (int32_t page = 0; page < pool->num_pages; page++) {
     INA_REQUIRE(pool->refcount[page] >= 0, INA_ERR_INTERNAL,
                 "page pool check: page %d has negative refcount %d", (int)page,

@@ -9,6 +9,11 @@
  * a page returns to the free list when its count drops to 0. Allocation never fails
  * halfway: INA_ERR_OUT_OF_PAGES leaves the pool as it was.
  *
+ * Stripes: a pool may split its pages into `stripes` classes, page p in stripe
+ * p % stripes, each with its own free list. A sequence takes all its pages from one
+ * stripe (kvcache/kv_seq.h), so ranks that split sequences by stripe (attention data
+ * parallelism) each store only their stripe's pages: page p at p / stripes.
+ *
  * Ownership: the pool owns its storage. Thread safety: none; the scheduler owns the
  * pool and serializes access. */
 #ifndef INA_KVCACHE_PAGE_POOL_H
@@ -42,10 +47,12 @@ typedef struct ina_page_pool_config {
    * ina_page_pool_layer an empty tensor, and ina_page_pool_copy copies nothing (the
    * owner of the entries copies them). */
   int store_entries;
+  /* Version 3. Stripes, 1 .. num_pages (0 or 1: one). */
+  int32_t stripes;
 } ina_page_pool_config_t;
 
 #define INA_PAGE_POOL_CONFIG_INIT \
-  {sizeof(ina_page_pool_config_t), 2, 16, 0, 1, 576, INA_DTYPE_F32, {INA_DEVICE_CPU, 0}, 1}
+  {sizeof(ina_page_pool_config_t), 3, 16, 0, 1, 576, INA_DTYPE_F32, {INA_DEVICE_CPU, 0}, 1, 1}
 
 /* Validates the config (struct_size at least the version-1 size, version >= 1, every
  * count >= 1, storage size within size_t) and allocates the storage, whose contents are
@@ -57,13 +64,21 @@ void ina_page_pool_destroy(ina_page_pool_t *pool);
 int32_t ina_page_pool_page_size(const ina_page_pool_t *pool);
 int32_t ina_page_pool_num_pages(const ina_page_pool_t *pool);
 int32_t ina_page_pool_free_pages(const ina_page_pool_t *pool);
+int32_t ina_page_pool_stripes(const ina_page_pool_t *pool);
+/* Free pages of one stripe (0 for a stripe out of range). */
+int32_t ina_page_pool_stripe_free(const ina_page_pool_t *pool, int32_t stripe);
+/* The stripe with the most free pages (the lowest of equals). */
+int32_t ina_page_pool_roomiest_stripe(const ina_page_pool_t *pool);
 int32_t ina_page_pool_entry_elems(const ina_page_pool_t *pool);
 int32_t ina_page_pool_num_layers(const ina_page_pool_t *pool);
 ina_dtype_t ina_page_pool_dtype(const ina_page_pool_t *pool);
 
-/* Take n free pages (refcount 1 each) into pages[0..n). All or nothing: when fewer than
- * n are free, returns INA_ERR_OUT_OF_PAGES (the message says how many were asked and how
- * many are free) and the pool is unchanged. n = 0 succeeds. */
+/* Take n free pages (refcount 1 each) of stripe `stripe` into pages[0..n). All or
+ * nothing: when fewer than n are free there, returns INA_ERR_OUT_OF_PAGES (the message
+ * says how many were asked and how many are free) and the pool is unchanged. n = 0
+ * succeeds. */
+ina_status_t ina_page_pool_alloc_in(ina_page_pool_t *pool, int32_t stripe, int32_t n, int32_t *pages);
+/* The same from the roomiest stripe (with one stripe: any free pages). */
 ina_status_t ina_page_pool_alloc(ina_page_pool_t *pool, int32_t n, int32_t *pages);
 /* Add / drop one reference. Dropping the last returns the page to the free list. A page
  * id out of range or a page that is free (refcount 0) is a caller bug: it is logged as
@@ -85,7 +100,8 @@ ina_tensor_t ina_page_pool_layer(ina_page_pool_t *pool, int32_t layer);
 void ina_page_pool_copy(ina_page_pool_t *pool, int32_t src, int32_t dst, int32_t ntokens);
 
 /* Self-check of the bookkeeping, for tests and debugging: every free-list entry is in
- * range and listed once, and a page is on the free list exactly when its refcount is 0.
+ * range, of its list's stripe and listed once, and a page is on a free list exactly when
+ * its refcount is 0.
  * INA_ERR_INTERNAL (with a message naming the page) when broken. O(num_pages). */
 ina_status_t ina_page_pool_check(const ina_page_pool_t *pool);
 

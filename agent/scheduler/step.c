@@ -116,7 +116,7 @@ static int32_t share_cached_prefix(ina_scheduler_t *s, sched_request_t *r) {
   if (n == 0) return 0;
   /* A view of the cached pages as a sequence (it owns no references); the fork takes
    * one reference per page for r. */
-  const ina_kv_seq_t cached = {s->match_pages, n, n, (int64_t)n * s->page_size};
+  const ina_kv_seq_t cached = {s->match_pages, n, n, (int64_t)n * s->page_size, 0};
   if (ina_kv_seq_fork(s->pool, &cached, cached.num_tokens, &r->seq) != INA_OK) return 0;
   return n;
 }

@@ -291,6 +291,47 @@ static void test_truncate(int32_t ps) {
 
 /* A failed append, because of new pages or of a copy on write, changes nothing; freeing
  * pages makes the same request succeed. */
+/* Sequences of a striped pool keep every page in one stripe: the one picked, or the
+ * roomiest; through appends, a copy on write of a shared first page, and forks. A full
+ * stripe refuses an append while others have pages. */
+static void test_stripes(void) {
+  ina_page_pool_config_t c = INA_PAGE_POOL_CONFIG_INIT;
+  c.page_size = 4;
+  c.num_pages = 12; /* stripes of pages {0,3,6,9}, {1,4,7,10}, {2,5,8,11} */
+  c.entry_elems = 2;
+  c.stripes = 3;
+  c.store_entries = 0;
+  ina_page_pool_t *pool = NULL;
+  CHECK_OK(ina_page_pool_create(&c, &pool));
+  if (!pool) return;
+  ina_kv_seq_t a = INA_KV_SEQ_INIT, b = INA_KV_SEQ_INIT, d = INA_KV_SEQ_INIT;
+  a.stripe_pick = 1 + 2;
+  CHECK(ina_kv_seq_stripe(pool, &a) == 2);
+  CHECK_OK(ina_kv_seq_append(pool, &a, 6)); /* 2 pages of stripe 2 */
+  CHECK(a.num_pages == 2 && a.pages[0] % 3 == 2 && a.pages[1] % 3 == 2);
+  CHECK(ina_page_pool_stripe_free(pool, 2) == 2);
+  /* No pick: the roomiest stripe (0, the lowest of the two with 4 free). */
+  CHECK_OK(ina_kv_seq_append(pool, &b, 2));
+  CHECK(b.pages[0] % 3 == 0);
+  /* A fork of a's first 6 tokens shares a partial last page: its copy on write comes
+   * from a's stripe. */
+  CHECK_OK(ina_kv_seq_fork(pool, &a, 6, &d));
+  CHECK_OK(ina_kv_seq_append(pool, &d, 1));
+  CHECK(d.num_pages == 2 && d.pages[1] != a.pages[1] && d.pages[1] % 3 == 2 && ina_kv_seq_stripe(pool, &d) == 2);
+  CHECK(ina_page_pool_stripe_free(pool, 2) == 1);
+  ina_log_set_quiet_errors(1);
+  CHECK(ina_kv_seq_append(pool, &a, 7) == INA_ERR_OUT_OF_PAGES); /* 2 new pages, 1 left in stripe 2 */
+  CHECKF(strstr(ina_last_error(), "in the sequence's stripe") != NULL, "message: %s", ina_last_error());
+  ina_log_set_quiet_errors(0);
+  CHECK(a.num_tokens == 6 && ina_page_pool_free_pages(pool) == 12 - 4); /* a 2, b 1, d 1 of its own */
+  CHECK_OK(ina_page_pool_check(pool));
+  ina_kv_seq_release(pool, &a);
+  ina_kv_seq_release(pool, &b);
+  ina_kv_seq_release(pool, &d);
+  CHECK(ina_page_pool_free_pages(pool) == 12 && a.stripe_pick == 0);
+  ina_page_pool_destroy(pool);
+}
+
 static void test_out_of_pages(void) {
   const int32_t ps = 4, num_pages = 4;
   ina_page_pool_t *pool = kv_test_pool(ps, num_pages, 2, 2, INA_DTYPE_F32);
@@ -424,6 +465,7 @@ int main(void) {
     test_fork_prefixes(page_sizes[i]);
     test_truncate(page_sizes[i]);
   }
+  test_stripes();
   test_out_of_pages();
   test_page_table();
   return test_finish("test_kv_seq");

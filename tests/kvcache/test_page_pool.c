@@ -263,6 +263,66 @@ static void test_random_churn(test_rng_t *rng) {
   ina_page_pool_destroy(pool);
 }
 
+/* A striped pool against a model of refcounts: allocations from one stripe succeed
+ * exactly when that stripe has the pages (whatever the others hold), hand out only its
+ * pages, and each stripe's free count follows; the roomiest stripe is the one with the
+ * most free pages. */
+static void test_striped_churn(test_rng_t *rng) {
+  const int32_t num_pages = (int32_t)test_rng_int(rng, 3, 40);
+  const int32_t stripes = (int32_t)test_rng_int(rng, 2, num_pages < 5 ? num_pages : 5);
+  ina_page_pool_config_t c = INA_PAGE_POOL_CONFIG_INIT;
+  c.page_size = 4;
+  c.num_pages = num_pages;
+  c.entry_elems = 2;
+  c.stripes = stripes;
+  c.store_entries = 0;
+  ina_page_pool_t *pool = NULL;
+  CHECK_OK(ina_page_pool_create(&c, &pool));
+  int32_t *model = calloc((size_t)num_pages, sizeof *model), *got = malloc((size_t)num_pages * sizeof *got);
+  int mismatches = 0;
+  for (int step = 0; pool && step < 3000; step++) {
+    int32_t model_free[5] = {0};
+    for (int32_t p = 0; p < num_pages; p++) model_free[p % stripes] += model[p] == 0;
+    if (test_rng_int(rng, 0, 1) == 0) {
+      const int32_t s = (int32_t)test_rng_int(rng, 0, stripes - 1), n = (int32_t)test_rng_int(rng, 0, 4);
+      ina_log_set_quiet_errors(1);
+      const ina_status_t st = ina_page_pool_alloc_in(pool, s, n, got);
+      ina_log_set_quiet_errors(0);
+      mismatches += st != (n > model_free[s] ? INA_ERR_OUT_OF_PAGES : INA_OK);
+      for (int32_t i = 0; i < n && st == INA_OK; i++) {
+        const int fresh = got[i] >= 0 && got[i] < num_pages && model[got[i]] == 0 && got[i] % stripes == s;
+        mismatches += !fresh;
+        if (fresh) model[got[i]] = 1;
+      }
+    } else {
+      const int32_t p = (int32_t)test_rng_int(rng, 0, num_pages - 1);
+      if (model[p] > 0) {
+        ina_page_pool_unref(pool, p);
+        model[p]--;
+      }
+    }
+    int32_t now_free[5] = {0}, best = 0;
+    for (int32_t p = 0; p < num_pages; p++) now_free[p % stripes] += model[p] == 0;
+    for (int32_t s = 0; s < stripes; s++) {
+      mismatches += ina_page_pool_stripe_free(pool, s) != now_free[s];
+      if (now_free[s] > now_free[best]) best = s;
+    }
+    mismatches += ina_page_pool_roomiest_stripe(pool) != best;
+    mismatches += ina_page_pool_check(pool) != INA_OK;
+  }
+  CHECKF(mismatches == 0, "%d mismatches against the striped model (%d pages, %d stripes)", mismatches,
+         (int)num_pages, (int)stripes);
+  ina_log_set_quiet_errors(1);
+  CHECK(!pool || ina_page_pool_alloc_in(pool, stripes, 1, got) == INA_ERR_INVALID_ARGUMENT);
+  c.stripes = num_pages + 1;
+  ina_page_pool_t *bad = NULL;
+  CHECK(ina_page_pool_create(&c, &bad) == INA_ERR_INVALID_ARGUMENT && bad == NULL);
+  ina_log_set_quiet_errors(0);
+  free(model);
+  free(got);
+  ina_page_pool_destroy(pool);
+}
+
 static void test_layout_and_copy(test_rng_t *rng) {
   const int32_t page_size = 3, num_pages = 5, num_layers = 3, elems = 7;
   ina_page_pool_t *pool = kv_test_pool(page_size, num_pages, num_layers, elems, INA_DTYPE_BF16);
@@ -366,6 +426,7 @@ int main(void) {
   test_alloc_all_or_nothing();
   test_refcounts_and_misuse();
   for (int i = 0; i < 6; i++) test_random_churn(&rng);
+  for (int i = 0; i < 6; i++) test_striped_churn(&rng);
   test_layout_and_copy(&rng);
   return test_finish("test_page_pool");
 }
