@@ -104,6 +104,8 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
     pc.num_layers = e->cfg->num_layers;
     pc.entry_elems = e->cfg->kv_lora_rank + e->cfg->qk_rope_head_dim;
     pc.dtype = INA_DTYPE_F32;
+    /* A batch split by sequence: each rank's sequences in a stripe of their own. */
+    if (e->attention_dp == 2) pc.stripes = ina_comm_size(ina_engine_options_ep_comm(options));
     INA_CHECK(ina_page_pool_create(&pc, &e->kv));
   }
   e->inv_freq = malloc((size_t)e->cfg->qk_rope_head_dim / 2 * sizeof(float));

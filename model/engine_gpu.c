@@ -47,8 +47,9 @@
  * (engine_gpu_split.c).
  *
  * Device memory: weights (engine_gpu_weights.c), the latent cache [layers][num_pages]
- * [page_size][kv_lora_rank + rope] bf16, and step buffers sized for the largest step
- * seen so far (grown, never shrunk). The page pool keeps only the bookkeeping
+ * [page_size][kv_lora_rank + rope] bf16 (under attention DP only this rank's stripe of
+ * the pool: page p at p / ranks), and step buffers sized for the largest step seen so far
+ * (grown, never shrunk). The page pool keeps only the bookkeeping
  * (store_entries 0); a copy on write of a shared last page is done here, on the device. */
 #define INA_LOG_SUBSYS "model"
 #include <pthread.h>
@@ -287,9 +288,13 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
     pc.entry_elems = c->kv_lora_rank + c->qk_rope_head_dim;
     pc.dtype = INA_DTYPE_BF16;
     pc.store_entries = 0; /* the entries live in e->cache, on the device */
+    /* Attention DP: each rank's sequences take the pages of its stripe, and only those
+     * are on its device (page p at p / dp_size). */
+    pc.stripes = e->dp_size;
     INA_CHECK(ina_page_pool_create(&pc, &e->kv));
+    const int64_t local_pages = (pages + e->dp_size - 1) / e->dp_size;
     e->cache_page_bytes = (size_t)options->page_size * (size_t)pc.entry_elems * sizeof(uint16_t);
-    e->cache_layer_bytes = e->cache_page_bytes * (size_t)pages;
+    e->cache_layer_bytes = e->cache_page_bytes * (size_t)local_pages;
     INA_CUDA_CHECK(cudaMalloc(&e->cache, e->cache_layer_bytes * (size_t)c->num_layers));
     /* Zeros, not whatever the memory held: a benchmark may size sequences through the pool
      * without computing their entries. */
@@ -502,6 +507,11 @@ fail:
 
 /* ---- host inputs of a step ---------------------------------------------------------- */
 
+/* Where page p of the pool is in this device's cache: p itself, or under attention DP its
+ * place among this rank's stripe (every page this rank reads or writes is of it). */
+static int32_t device_page(const ina_engine_gpu_t *e, int32_t p) { return p / e->dp_size; }
+
+
 /* Offsets (in int32 values) of the step's inputs in the staging buffers. */
 typedef struct stage_layout {
   int64_t tokens, positions, page_ids, slots, last_rows, kv_indptr, kv_indices, total;
@@ -552,7 +562,7 @@ static ina_status_t stage_inputs(ina_engine_gpu_t *e, const ina_batch_t *b, int6
       int32_t page, slot;
       ina_kv_seq_locate(b->seqs[i], page_size, first + j, &page, &slot);
       h[l.positions + q0 + j] = (int32_t)(first + j);
-      h[l.page_ids + q0 + j] = page;
+      h[l.page_ids + q0 + j] = device_page(e, page);
       h[l.slots + q0 + j] = slot;
     }
     h[l.last_rows + i] = n > 0 ? b->qo_indptr[i + 1] - 1 : 0;
@@ -568,7 +578,13 @@ static ina_status_t stage_inputs(ina_engine_gpu_t *e, const ina_batch_t *b, int6
     h[l.last_rows + i] = 0;
     h[l.kv_indptr + i + 1] = e->table.indptr[b->batch];
   }
-  memcpy(h + l.kv_indices, e->table.indices, (size_t)e->table.indptr[b->batch] * sizeof(int32_t));
+  for (int32_t i = 0; i < e->table.indptr[b->batch]; i++) {
+    /* Every page of our sequences is of our stripe (kv_seq takes a sequence's pages from
+     * one stripe); another would be a bookkeeping bug, not a cache access. */
+    INA_REQUIRE(e->dp_size == 1 || e->table.indices[i] % e->dp_size == e->dp_rank, INA_ERR_INTERNAL,
+                "gpu engine: page %d of this step is not of rank %d's stripe", e->table.indices[i], e->dp_rank);
+    h[l.kv_indices + i] = device_page(e, e->table.indices[i]);
+  }
   INA_CUDA_CHECK(cudaMemcpyAsync(e->stage_dev, h, (size_t)l.total * sizeof(int32_t), cudaMemcpyHostToDevice,
                                  e->stream));
   *out = l;
@@ -598,22 +614,12 @@ static ina_status_t copy_replaced_pages(ina_engine_gpu_t *e, const ina_batch_t *
     if (e->cow_page[i] < 0) continue;
     const int32_t now = b->seqs[i]->pages[e->cow_index[i]];
     if (now == e->cow_page[i]) continue;
-    if (e->dp_size > 1) {
-      /* Under attention DP only the owner has the entries. A copy on write of the first
-       * page (a one-page sequence forked mid-page) picks the owner again from the copy
-       * (ina_engine_split_owner); entries on another rank cannot follow, so such a step
-       * is refused, by every rank alike. */
-      const int32_t was = e->cow_index[i] == 0 ? e->cow_page[i] % e->dp_size : e->dp.owner[i];
-      INA_REQUIRE(was == e->dp.owner[i], INA_ERR_UNSUPPORTED,
-                  "forward: attention DP: sequence %d's shared first page was copied on write to a page "
-                  "of rank %d, but its cached entries are on rank %d",
-                  i, e->dp.owner[i], was);
-      if (e->dp.owner[i] != e->dp_rank) continue;
-    }
+    /* Under attention DP only the owner has the entries (the copy is of its stripe too). */
+    if (e->dp_size > 1 && e->dp.owner[i] != e->dp_rank) continue;
     for (int32_t l = 0; l < e->cfg->num_layers; l++) {
       char *base = (char *)e->cache + (size_t)l * e->cache_layer_bytes;
-      INA_CUDA_CHECK(cudaMemcpyAsync(base + (size_t)now * e->cache_page_bytes,
-                                     base + (size_t)e->cow_page[i] * e->cache_page_bytes,
+      INA_CUDA_CHECK(cudaMemcpyAsync(base + (size_t)device_page(e, now) * e->cache_page_bytes,
+                                     base + (size_t)device_page(e, e->cow_page[i]) * e->cache_page_bytes,
                                      (size_t)e->cow_tokens[i] * entry_bytes, cudaMemcpyDeviceToDevice, e->stream));
     }
   }

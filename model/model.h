@@ -119,7 +119,10 @@ typedef struct ina_engine_options {
    *   2  every rank passes the same batch (replicated schedulers): a sequence is
    *      computed by the rank its first page picks (page id mod ranks, stable while it
    *      lives, shared with its prefix), every rank's page bookkeeping grows alike, and
-   *      the logits rows travel to every rank, which returns them all.
+   *      the logits rows travel to every rank, which returns them all. The page pool
+   *      then has a stripe per rank (kvcache/page_pool.h), so a sequence keeps to its
+   *      rank's pages, and the CUDA backend stores only its own stripe: each GPU holds
+   *      1 / ranks of max_tokens.
    * The CUDA backend takes mode 2: the MoE layers gather every rank's rows over ep_comm
    * (NCCL, in the decode graphs too), each rank's rows padded to the largest rank's. */
   int32_t attention_dp;

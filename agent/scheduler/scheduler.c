@@ -59,15 +59,18 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   ina_page_pool_t *pool = ina_engine_page_pool(engine);
   const ina_model_config_t *mc = ina_engine_config(engine);
   const int32_t page_size = ina_page_pool_page_size(pool), num_pages = ina_page_pool_num_pages(pool);
-  const int64_t pool_tokens = (int64_t)page_size * num_pages;
+  /* A request's pages all come from one stripe of the pool: the smallest bounds it. */
+  const int32_t stripes = ina_page_pool_stripes(pool), stripe_pages = num_pages / stripes;
+  const int64_t pool_tokens = (int64_t)page_size * stripe_pages;
   int64_t max_context = config->max_context;
   if (max_context == 0) {
     max_context = mc->max_position_embeddings > 0 ? mc->max_position_embeddings : pool_tokens;
     if (max_context > pool_tokens) max_context = pool_tokens;
   }
   INA_REQUIRE(max_context >= 2 && max_context <= pool_tokens, INA_ERR_INVALID_ARGUMENT,
-              "scheduler config: max_context %lld must be in [2, %lld] (the KV pool's %d pages of %d tokens)",
-              (long long)max_context, (long long)pool_tokens, num_pages, page_size);
+              "scheduler config: max_context %lld must be in [2, %lld] (the KV pool's %d pages of %d tokens%s)",
+              (long long)max_context, (long long)pool_tokens, stripe_pages, page_size,
+              stripes > 1 ? " in one stripe: a request's pages come from one" : "");
   int32_t cache_pages = config->prefix_cache_pages < 0 ? num_pages / 2 : config->prefix_cache_pages;
   INA_REQUIRE(cache_pages <= num_pages, INA_ERR_INVALID_ARGUMENT,
               "scheduler config: prefix_cache_pages %d exceeds the pool's %d pages", cache_pages, num_pages);
@@ -77,6 +80,7 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   s->engine = engine;
   s->pool = pool;
   s->page_size = page_size;
+  s->stripes = ina_page_pool_stripes(pool);
   s->vocab = mc->vocab_size;
   s->eos = mc->eos_token_id;
   s->max_batch_tokens = config->max_batch_tokens;
@@ -103,6 +107,7 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   s->batch_tokens = malloc((size_t)s->max_batch_tokens * sizeof *s->batch_tokens);
   s->logits = ina_engine_logits_alloc(engine, (int64_t)R); /* page-locked for a GPU engine */
   s->greedy_tokens = malloc(R * sizeof *s->greedy_tokens);
+  s->reserved_pages = calloc((size_t)s->stripes, sizeof *s->reserved_pages);
   s->match_pages = malloc((size_t)num_pages * sizeof *s->match_pages);
   INA_CHECK_ALLOC(s->running);
   INA_CHECK_ALLOC(s->batch_reqs);
@@ -111,6 +116,7 @@ ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_conf
   INA_CHECK_ALLOC(s->batch_tokens);
   INA_CHECK_ALLOC(s->logits);
   INA_CHECK_ALLOC(s->greedy_tokens);
+  INA_CHECK_ALLOC(s->reserved_pages);
   INA_CHECK_ALLOC(s->match_pages);
   INA_REQUIRE(pthread_mutex_init(&s->mu, NULL) == 0, INA_ERR_INTERNAL, "scheduler: pthread_mutex_init failed");
   mu_ready = 1;
@@ -135,6 +141,7 @@ fail:
     free(s->batch_tokens);
     ina_engine_logits_free(s->engine, s->logits);
     free(s->greedy_tokens);
+    free(s->reserved_pages);
     free(s->match_pages);
     sched_replica_free(s);
     free(s);
@@ -190,6 +197,7 @@ void ina_scheduler_destroy(ina_scheduler_t *s) {
   free(s->batch_tokens);
   ina_engine_logits_free(s->engine, s->logits);
   free(s->greedy_tokens);
+  free(s->reserved_pages);
   free(s->match_pages);
   free(s->events);
   free(s->finished);

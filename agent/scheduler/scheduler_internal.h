@@ -112,7 +112,8 @@ struct ina_scheduler {
   int batch_greedy;              /* this step took greedy tokens from the engine, not logits */
   int32_t batch_size;
   int32_t budget;                /* tokens left in this step */
-  int32_t reserved_pages;        /* pool pages this step's batch will take */
+  int32_t stripes;               /* the pool's (kvcache/page_pool.h): 1 but under attention DP */
+  int32_t *reserved_pages;       /* [stripes]: pool pages this step's batch will take */
   sched_event_t *events;
   int32_t num_events, events_capacity;
   sched_request_t **finished;    /* requests whose final event is queued */

@@ -5,7 +5,10 @@
  *
  * Planning happens on the driver thread without the lock: it alone touches the queues,
  * the pool and the prefix cache. Pages are never taken during planning: the plan
- * counts them (reserved_pages) and the engine's forward appends them, all or nothing. */
+ * counts them (reserved_pages) and the engine's forward appends them, all or nothing.
+ * A striped pool (attention data parallelism: a stripe per rank) is counted per stripe:
+ * a request takes all its pages from its stripe, chosen at admission (the one with the
+ * most pages available), and makes room by preempting requests of its own stripe. */
 #define INA_LOG_SUBSYS "scheduler"
 #include <stdio.h>
 #include <string.h>
@@ -15,8 +18,21 @@
 
 static int is_prefilling(const sched_request_t *r) { return r->num_computed < r->prefill_len; }
 
-static int32_t available_pages(const ina_scheduler_t *s) {
-  return ina_page_pool_free_pages(s->pool) - s->reserved_pages;
+static int32_t available_pages(const ina_scheduler_t *s, int32_t stripe) {
+  return ina_page_pool_stripe_free(s->pool, stripe) - s->reserved_pages[stripe];
+}
+
+/* The stripe r's pages come from (0 with one stripe). */
+static int32_t stripe_of(const ina_scheduler_t *s, const sched_request_t *r) {
+  return ina_kv_seq_stripe(s->pool, &r->seq);
+}
+
+/* The stripe with the most pages available (the lowest of equals). */
+static int32_t roomiest_stripe(const ina_scheduler_t *s) {
+  int32_t best = 0;
+  for (int32_t k = 1; k < s->stripes; k++)
+    if (available_pages(s, k) > available_pages(s, best)) best = k;
+  return best;
 }
 
 /* Tokens of a request to run this step, given what it still needs and the budget left;
@@ -35,7 +51,7 @@ static void schedule(ina_scheduler_t *s, sched_request_t *r, int32_t tokens, int
   r->step_tokens = tokens;
   r->step_pages = pages;
   s->budget -= tokens;
-  s->reserved_pages += pages;
+  s->reserved_pages[stripe_of(s, r)] += pages;
   s->batch_reqs[s->batch_size++] = r;
 }
 
@@ -45,16 +61,17 @@ static void unschedule(ina_scheduler_t *s, sched_request_t *r) {
   memmove(s->batch_reqs + k, s->batch_reqs + k + 1, (size_t)(s->batch_size - k - 1) * sizeof *s->batch_reqs);
   s->batch_size--;
   s->budget += r->step_tokens;
-  s->reserved_pages -= r->step_pages;
+  s->reserved_pages[stripe_of(s, r)] -= r->step_pages;
   r->step_tokens = r->step_pages = 0;
 }
 
-/* Preemption by recompute of the youngest running request: its pages go back now and
- * it returns to the front of the queue. Everything it knows (prompt and generated
- * tokens) becomes its prompt; its sampler keeps its draw counter, so sampling resumes
- * where it stopped. */
-static void preempt_youngest(ina_scheduler_t *s) {
-  sched_request_t *r = s->running[--s->num_running];
+/* Preemption by recompute of running request i: its pages go back now and it returns to
+ * the front of the queue. Everything it knows (prompt and generated tokens) becomes its
+ * prompt; its sampler keeps its draw counter, so sampling resumes where it stopped. */
+static void preempt(ina_scheduler_t *s, int32_t i) {
+  sched_request_t *r = s->running[i];
+  memmove(s->running + i, s->running + i + 1, (size_t)(s->num_running - i - 1) * sizeof *s->running);
+  s->num_running--;
   if (r->step_tokens > 0) unschedule(s, r);
   ina_kv_seq_release(s->pool, &r->seq);
   r->num_computed = 0;
@@ -66,16 +83,19 @@ static void preempt_youngest(ina_scheduler_t *s) {
             r->num_generated);
 }
 
-/* Make `pages` pages available to running request r: evict unused prefix cache pages,
- * then preempt the youngest running requests. 0 when r is itself the youngest and
- * still short: it then waits, keeping its pages. */
+/* Make `pages` pages of its stripe available to running request r: evict unused prefix
+ * cache pages, then preempt the youngest running requests of that stripe. 0 when r is
+ * itself the youngest and still short: it then waits, keeping its pages. */
 static int make_room(ina_scheduler_t *s, const sched_request_t *r, int32_t pages) {
+  const int32_t stripe = stripe_of(s, r);
   for (;;) {
-    const int32_t shortfall = pages - available_pages(s);
+    const int32_t shortfall = pages - available_pages(s, stripe);
     if (shortfall <= 0) return 1;
     if (s->cache && ina_prefix_cache_evict(s->cache, shortfall) > 0) continue;
-    if (s->running[s->num_running - 1] == r) return 0;
-    preempt_youngest(s);
+    int32_t youngest = s->num_running - 1;
+    while (stripe_of(s, s->running[youngest]) != stripe) youngest--; /* r itself is one */
+    if (s->running[youngest] == r) return 0;
+    preempt(s, youngest);
   }
 }
 
@@ -129,13 +149,16 @@ static void plan_admissions(ina_scheduler_t *s, double now) {
     sched_request_t *r = sched_queue_at(&s->waiting, 0);
     const int32_t shared = share_cached_prefix(s, r);
     r->num_computed = shared * s->page_size;
+    /* A shared prefix fixes the stripe; else the one with the most room. */
+    if (shared == 0) r->seq.stripe_pick = 1 + roomiest_stripe(s);
+    const int32_t stripe = stripe_of(s, r);
     const int32_t n = chunk_tokens(r->prefill_len - r->num_computed, s->budget);
     const int32_t need = pages_for_tokens(r->prefill_len, s->page_size) - shared;
-    if (n > 0 && need > available_pages(s) && s->cache) {
-      const int32_t shortfall = need - available_pages(s);
+    if (n > 0 && need > available_pages(s, stripe) && s->cache) {
+      const int32_t shortfall = need - available_pages(s, stripe);
       if (ina_prefix_cache_reclaimable(s->cache) >= shortfall) ina_prefix_cache_evict(s->cache, shortfall);
     }
-    if (n == 0 || need > available_pages(s)) {
+    if (n == 0 || need > available_pages(s, stripe)) {
       ina_kv_seq_release(s->pool, &r->seq);
       r->num_computed = 0;
       return;
@@ -286,7 +309,7 @@ ina_status_t sched_step(ina_scheduler_t *s, int32_t *num_scheduled) {
   const double t0 = sched_now();
   s->batch_size = 0;
   s->budget = s->max_batch_tokens;
-  s->reserved_pages = 0;
+  memset(s->reserved_pages, 0, (size_t)s->stripes * sizeof *s->reserved_pages);
   if (st == INA_OK) {
     const int blocked = plan_running(s);
     /* Admit nobody while a running request waits for pages: newcomers would take them. */
