@@ -43,9 +43,11 @@ static inline ina_engine_t *sched_test_engine(const ina_model_t *m, int32_t page
 }
 
 /* Rank `rank` of `size`'s expert-parallel shard of the tiny model (as sched_test_model)
- * into *part, and a one-thread CPU engine on it over `ep`. Exits on failure. */
+ * into *part, and a one-thread CPU engine on it over `ep` (attention_dp: its engine
+ * option). Exits on failure. */
 static inline ina_engine_t *sched_test_ep_engine(uint64_t seed, int32_t rank, int32_t size, ina_comm_t *ep,
-                                                 int32_t page_size, int32_t num_pages, ina_model_t **part) {
+                                                 int32_t page_size, int32_t num_pages, int32_t attention_dp,
+                                                 ina_model_t **part) {
   ina_model_config_t cfg;
   ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
   ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
@@ -58,6 +60,7 @@ static inline ina_engine_t *sched_test_ep_engine(uint64_t seed, int32_t rank, in
   eo.num_threads = 1;
   eo.device = -1;
   eo.ep_comm = ep;
+  eo.attention_dp = attention_dp;
   if (ina_model_spec_config("tiny", &cfg) != INA_OK) goto fail;
   mo.shard.expert_begin = (int32_t)((int64_t)cfg.n_routed_experts * rank / size);
   mo.shard.expert_end = (int32_t)((int64_t)cfg.n_routed_experts * (rank + 1) / size);

@@ -249,7 +249,7 @@ int main(int argc, char **argv) {
   const ina_model_config_t *cfg = ina_model_config(whole);
   const int32_t vocab = cfg->vocab_size;
   ina_model_t *part = NULL;
-  ina_engine_t *engine = sched_test_ep_engine(7, rank, size, ep, PAGE_SIZE, POOL_PAGES, &part);
+  ina_engine_t *engine = sched_test_ep_engine(7, rank, size, ep, PAGE_SIZE, POOL_PAGES, 0, &part);
   static rank_log_t log;
   log.comm = ctl;
   log.rank = rank;
