@@ -24,6 +24,9 @@
  *   step time      = median over the timed steps of the maximum over ranks of the rank
  *                    step times (a step is done when its slowest rank is).
  *   tokens/s       = batch / step time.
+ * With --token-steps the steps call ina_engine_forward_greedy: each row's greedy token is
+ * chosen on the device and only the tokens reach the host (the layout's name ends in
+ * ",tokens").
  * Step split (engine option step_split): the device time of the timed steps by part
  * (ina_engine_step_split_t: attention, moe, ep_comm, tp_comm, other), as per-step means
  * in ms = part sum / steps timed, for rank 0 and as the maximum over ranks of each part;
@@ -96,6 +99,7 @@ typedef struct options {
   int32_t greedy_prompts, greedy_tokens; /* prompts 0: no greedy check */
   uint64_t seed;
   int cuda_graphs;
+  int token_steps; /* steps return greedy tokens (ina_engine_forward_greedy), not logits */
 } options_t;
 
 /* What a shape's run on one rank sends to the others: int64 values, times in ns. */
@@ -232,7 +236,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: mpirun -np N %s [--model SPEC] [--dtype bf16|fp8] [--tp T] [--ep [E]] [--dp]\n"
           "           [--batch 1,64,256] [--context 1024] [--steps 20] [--page-size 64] [--greedy P,G]\n"
-          "           [--seed S] [--no-cuda-graphs] [--help]\n"
+          "           [--seed S] [--no-cuda-graphs] [--token-steps] [--help]\n"
           "  decode tokens/s of the CUDA engine over the GPUs of an mpirun job (one rank per GPU),\n"
           "  the split of a step's device time, and a greedy-generation hash to compare layouts\n"
           "  --model SPEC      model (default %s: DeepSeek-V3 shapes, 4 layers, random weights)\n"
@@ -249,6 +253,8 @@ static void usage(FILE *f) {
           "                    0 skips (default 8,32)\n"
           "  --seed S          seed of the tokens and prompts, the same on every rank (default 1)\n"
           "  --no-cuda-graphs  run decode steps eagerly (to compare with graph replay)\n"
+          "  --token-steps     steps return each row's greedy token (ina_engine_forward_greedy) instead\n"
+          "                    of the [batch, vocab] f32 logits, as a server with greedy requests runs\n"
           "  without --tp and --ep the job must have one rank (the one-GPU baseline)\n",
           PROGRAM, DEFAULT_MODEL, MAX_BATCH, WARMUP_STEPS, GREEDY_MIN_PROMPT, GREEDY_MAX_PROMPT);
 }
@@ -300,7 +306,7 @@ static int parse_dtype(const char *text, options_t *o) {
 /* 0: options parsed; else the exit code (0 after --help, 2 for a bad option). */
 static int parse_options(int argc, char **argv, options_t *o) {
   enum { O_MODEL = 256, O_DTYPE, O_TP, O_EP, O_DP, O_BATCH, O_CONTEXT, O_STEPS, O_PAGE, O_GREEDY, O_SEED,
-         O_NOGRAPHS };
+         O_NOGRAPHS, O_TOKENS };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},     {"dtype", required_argument, 0, O_DTYPE},
       {"tp", required_argument, 0, O_TP},           {"ep", optional_argument, 0, O_EP},
@@ -308,7 +314,8 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"context", required_argument, 0, O_CONTEXT}, {"steps", required_argument, 0, O_STEPS},
       {"page-size", required_argument, 0, O_PAGE},  {"greedy", required_argument, 0, O_GREEDY},
       {"seed", required_argument, 0, O_SEED},       {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS},
-      {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+      {"token-steps", no_argument, 0, O_TOKENS},    {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
   int64_t v = 0;
   int c;
   memset(o, 0, sizeof *o);
@@ -353,6 +360,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       o->seed = (uint64_t)v;
       break;
     case O_NOGRAPHS: o->cuda_graphs = 0; break;
+    case O_TOKENS: o->token_steps = 1; break;
     case 'h': usage(stdout); return -1;
     default: usage(stderr); return 2; /* getopt_long named the option */
     }
@@ -530,11 +538,11 @@ static void decode_shape(ina_engine_t *e, const run_t *run, int64_t batch, uint6
   ina_kv_seq_t *seqs = calloc((size_t)batch, sizeof *seqs);
   ina_kv_seq_t **seq_ptrs = calloc((size_t)batch, sizeof *seq_ptrs);
   int32_t *qo_indptr = malloc((size_t)(batch + 1) * sizeof *qo_indptr);
-  int32_t *tokens = malloc((size_t)batch * sizeof *tokens);
+  int32_t *tokens = malloc((size_t)batch * sizeof *tokens), *chosen = malloc((size_t)batch * sizeof *chosen);
   split_state_t split = SPLIT_UNAVAILABLE;
   rec[REC_STATUS] = SHAPE_STEP_ERROR;
   rec[REC_SPLIT] = SPLIT_UNAVAILABLE;
-  if (!seqs || !seq_ptrs || !qo_indptr || !tokens) {
+  if (!seqs || !seq_ptrs || !qo_indptr || !tokens || !chosen) {
     rank_error("batch %" PRId64 ": out of memory", batch);
     goto done;
   }
@@ -560,8 +568,9 @@ static void decode_shape(ina_engine_t *e, const run_t *run, int64_t batch, uint6
       poison(logits, batch * vocab); /* the timed steps must write every row */
     }
     random_tokens(rng, vocab, tokens, batch);
+    for (int64_t i = 0; i < batch; i++) chosen[i] = -2; /* no token: a row the step did not choose for */
     const double t0 = now_s();
-    const ina_status_t st = ina_engine_forward(e, &b, logits);
+    const ina_status_t st = o->token_steps ? ina_engine_forward_greedy(e, &b, chosen) : ina_engine_forward(e, &b, logits);
     const double t1 = now_s();
     if (st != INA_OK) {
       rank_error("batch %" PRId64 " %s step %d: %s", batch, timed < 0 ? "warm-up" : "timed", timed < 0 ? s : timed,
@@ -572,10 +581,19 @@ static void decode_shape(ina_engine_t *e, const run_t *run, int64_t batch, uint6
     for (int64_t i = 0; i < batch; i++) ina_kv_seq_truncate(pool, &seqs[i], 1);
     if (timed < 0) continue;
     rec[REC_STEPS + timed] = llround((t1 - t0) * 1e9);
+    if (o->token_steps) {
+      for (int64_t i = 0; i < batch; i++)
+        if (chosen[i] < 0 || chosen[i] >= vocab) {
+          rank_error("batch %" PRId64 " step %d: row %" PRId64 " chose token %d", batch, timed, i, chosen[i]);
+          rec[REC_STATUS] = SHAPE_FAILED;
+          break;
+        }
+      continue;
+    }
     if (timed < o->steps - 1 && !check_rows(logits, batch, vocab, timed)) rec[REC_STATUS] = SHAPE_FAILED;
   }
   /* After the last step every row (the earlier steps' first and last rows were checked). */
-  for (int64_t r = 0; r < batch; r++) {
+  for (int64_t r = 0; !o->token_steps && r < batch; r++) {
     const int64_t bad = first_non_finite(logits + r * vocab, vocab);
     if (bad < 0) continue;
     rank_error("batch %" PRId64 " last step: logit %" PRId64 " of row %" PRId64 " is %g", batch, bad, r,
@@ -592,6 +610,7 @@ done:
   free(seq_ptrs);
   free(qo_indptr);
   free(tokens);
+  free(chosen);
 }
 
 /* Combines every rank's record (all: [ranks][REC_STEPS + steps]) into r. */
@@ -786,8 +805,9 @@ static void print_json(const run_t *run, const greedy_result_t *g, int split_una
          o->dtype_name, run->job->size, run->job->tp_size, run->ep_size, o->dp ? "true" : "false");
   json_string(run->layout);
   printf(", \"context\": %" PRId64 ", \"page_size\": %" PRId64 ", \"steps\": %d, \"warmup_steps\": %d, "
-         "\"cuda_graphs\": %s, \"seed\": %" PRIu64 ", \"step_split\": ",
-         o->context, o->page_size, o->steps, WARMUP_STEPS, o->cuda_graphs ? "true" : "false", o->seed);
+         "\"cuda_graphs\": %s, \"token_steps\": %s, \"seed\": %" PRIu64 ", \"step_split\": ",
+         o->context, o->page_size, o->steps, WARMUP_STEPS, o->cuda_graphs ? "true" : "false",
+         o->token_steps ? "true" : "false", o->seed);
   if (split_unavailable) {
     printf("{\"available\": false, \"reason\": ");
     json_string(run->split_reason);
@@ -958,8 +978,8 @@ static int run_shapes(ina_engine_t *e, run_t *run, float *logits, shape_result_t
 /* The layout's name in every figure: dtype, tp, ep, dp, eager. */
 static void name_layout(run_t *run) {
   const options_t *o = run->o;
-  snprintf(run->layout, sizeof run->layout, "%s,tp%d,ep%d%s%s", o->dtype_name, run->job->tp_size, run->ep_size,
-           o->dp ? ",dp" : "", o->cuda_graphs ? "" : ",eager");
+  snprintf(run->layout, sizeof run->layout, "%s,tp%d,ep%d%s%s%s", o->dtype_name, run->job->tp_size, run->ep_size,
+           o->dp ? ",dp" : "", o->cuda_graphs ? "" : ",eager", o->token_steps ? ",tokens" : "");
 }
 
 int main(int argc, char **argv) {

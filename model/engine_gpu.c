@@ -1176,7 +1176,6 @@ static ina_status_t forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *lo
               tokens ? "tokens" : "logits");
   const int64_t out_rows = b->all_logits ? T : b->batch; /* the caller's rows */
   INA_CUDA_CHECK(cudaSetDevice(e->device));
-  if (tokens) INA_CHECK(ensure_tokens(e, out_rows));
   /* Room for the whole batch's host scratch first (remember_last_pages). */
   INA_CHECK(ensure_capacity(e, 0, b->batch));
   remember_last_pages(e, b);
@@ -1188,6 +1187,8 @@ static ina_status_t forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *lo
   else
     whole_batch_shape(e, b, &sh);
   INA_CHECK(ensure_capacity(e, sh.rows, sh.seqs));
+  /* Greedy tokens: the caller's rows; under attention DP ours, then every rank's. */
+  if (tokens) INA_CHECK(ensure_tokens(e, e->dp_size > 1 ? (e->dp_size + 1) * sh.out_rows : out_rows));
   INA_CHECK(copy_replaced_pages(e, b));
   INA_CHECK(ina_page_table_build(&e->table, (const ina_kv_seq_t *const *)sh.mine.seqs, sh.mine.batch,
                                  ina_page_pool_page_size(e->kv)));
@@ -1211,22 +1212,26 @@ static ina_status_t forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *lo
                                 e->stage_dev + l.last_rows));
     /* The marks after the forward's own (a graph holds those): the logits' way out. */
     e->split.count = e->split.forward_marks;
-    const float *rows_dev = e->s.logits; /* the caller's rows, in batch order */
-    if (e->dp_size > 1) INA_CHECK(gpu_dp_order_logits(e, b, &sh, &rows_dev));
     const int64_t V = e->cfg->vocab_size;
-    if (logits) {
-      INA_CUDA_CHECK(cudaMemcpyAsync(logits, rows_dev, (size_t)(out_rows * V) * sizeof(float), cudaMemcpyDeviceToHost,
-                                     e->stream));
-    } else {
+    if (tokens && e->dp_size > 1) {
+      /* Each rank chooses its own rows' tokens: only those travel, not the logits. */
+      INA_CHECK(gpu_dp_greedy_tokens(e, &sh));
+    } else if (tokens) {
       /* Greedy sampling: the argmax, and -1 for a row of NaN only (as the CPU sampler). */
-      INA_CHECK(ina_gpu_sample(rows_dev, INA_DTYPE_F32, out_rows, V, V, e->greedy_params_dev, 0, e->tokens_dev,
+      INA_CHECK(ina_gpu_sample(e->s.logits, INA_DTYPE_F32, out_rows, V, V, e->greedy_params_dev, 0, e->tokens_dev,
                                NULL, e->stream));
       INA_CUDA_CHECK(cudaMemcpyAsync(tokens, e->tokens_dev, (size_t)out_rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                     e->stream));
+    } else {
+      const float *rows_dev = e->s.logits; /* the caller's rows, in batch order */
+      if (e->dp_size > 1) INA_CHECK(gpu_dp_order_logits(e, b, &sh, &rows_dev));
+      INA_CUDA_CHECK(cudaMemcpyAsync(logits, rows_dev, (size_t)(out_rows * V) * sizeof(float), cudaMemcpyDeviceToHost,
                                      e->stream));
     }
     INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream)); /* the end */
     INA_CUDA_CHECK(cudaStreamSynchronize(e->stream));
     INA_CHECK(gpu_split_end_step(&e->split));
+    if (tokens && e->dp_size > 1) gpu_dp_order_tokens(e, b, &sh, tokens);
   }
   return INA_OK;
 fail:

@@ -45,6 +45,7 @@ void gpu_dp_free(ina_engine_gpu_t *e) {
   cudaFree(d->logits_ordered);
   cudaFreeHost(d->order_host);
   cudaFree(d->order_dev);
+  free(d->tokens_host);
   memset(d, 0, sizeof *d);
 }
 
@@ -178,4 +179,37 @@ ina_status_t gpu_dp_order_logits(ina_engine_gpu_t *e, const ina_batch_t *b, cons
   *out = d->logits_ordered;
 fail:
   return st;
+}
+
+ina_status_t gpu_dp_greedy_tokens(ina_engine_gpu_t *e, const step_shape_t *sh) {
+  ina_status_t st = INA_OK;
+  gpu_dp_t *d = &e->dp;
+  const int64_t V = e->cfg->vocab_size, all = (int64_t)e->dp_size * sh->out_rows;
+  if (all > d->tokens_cap) {
+    int32_t *grown = realloc(d->tokens_host, (size_t)all * sizeof *grown);
+    INA_CHECK_ALLOC(grown);
+    d->tokens_host = grown;
+    d->tokens_cap = all;
+  }
+  /* Greedy sampling of our rows: the argmax, -1 for a row of NaN only. */
+  INA_CHECK(ina_gpu_sample(e->s.logits, INA_DTYPE_F32, sh->out_rows, V, V, e->greedy_params_dev, 0, e->tokens_dev,
+                           NULL, e->stream));
+  INA_CHECK(gpu_split_mark(&e->split, SPLIT_EP_COMM, e->stream));
+  INA_CHECK(ina_comm_all_gather(e->ep_comm, e->tokens_dev, e->tokens_dev + sh->out_rows, (size_t)sh->out_rows,
+                                INA_DTYPE_I32, e->stream));
+  INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream));
+  INA_CUDA_CHECK(cudaMemcpyAsync(d->tokens_host, e->tokens_dev + sh->out_rows, (size_t)all * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, e->stream));
+fail:
+  return st;
+}
+
+void gpu_dp_order_tokens(const ina_engine_gpu_t *e, const ina_batch_t *b, const step_shape_t *sh, int32_t *tokens) {
+  const gpu_dp_t *d = &e->dp;
+  int64_t row = 0;
+  for (int32_t i = 0; i < b->batch; i++) {
+    const int64_t rows = b->all_logits ? b->qo_indptr[i + 1] - b->qo_indptr[i] : 1;
+    const int64_t src = (int64_t)d->owner[i] * sh->out_rows + d->first_row[i];
+    for (int64_t j = 0; j < rows; j++) tokens[row++] = d->tokens_host[src + j];
+  }
 }

@@ -106,6 +106,8 @@ typedef struct gpu_dp {
   int64_t logits_rows;       /* rows per rank they have room for */
   int32_t *order_host, *order_dev; /* pinned / device [dp_size * logits_rows]: each batch
                                     * row's place in logits_all */
+  int32_t *tokens_host;      /* [tokens_cap]: every rank's greedy tokens, as gathered */
+  int64_t tokens_cap;
 } gpu_dp_t;
 
 /* What a step computes on this rank: its batch (the whole one, or its sequences under
@@ -224,5 +226,10 @@ ina_status_t gpu_dp_split(ina_engine_gpu_t *e, const ina_batch_t *b, int graphed
  * stream. */
 ina_status_t gpu_dp_order_logits(ina_engine_gpu_t *e, const ina_batch_t *b, const step_shape_t *sh,
                                  const float **out);
+/* The greedy alternative: each rank's tokens of its logits rows (e->tokens_dev, then
+ * every rank's after them), gathered and copied to e->dp.tokens_host, on the step's
+ * stream; after it synchronized, gpu_dp_order_tokens puts them in batch order. */
+ina_status_t gpu_dp_greedy_tokens(ina_engine_gpu_t *e, const step_shape_t *sh);
+void gpu_dp_order_tokens(const ina_engine_gpu_t *e, const ina_batch_t *b, const step_shape_t *sh, int32_t *tokens);
 
 #endif
