@@ -7,6 +7,8 @@
 #   decode  bench_decode_parallel on random:v3-layers, bf16: one GPU, TP N, EP N,
 #           attention DP N + EP N, batch 1/64/256, context 1024; greedy hashes compared
 #           with the one-GPU run's
+#   tokens  the decode runs again with steps that return greedy tokens (--token-steps:
+#           no logits to the host, as a server with greedy requests steps)
 #   place   placement_under_load.sh: expert moves while K clients stream (EP N agent)
 #   fp8     the same decode runs in fp8 for one GPU, EP N and DP N + EP N
 # Each step runs under `timeout` and within the --budget; a failed or skipped step is
@@ -25,8 +27,8 @@ usage: bench/scale/run.sh --gpus N --out DIR [--build build] [--quick] [options]
   --out DIR        where every log goes (created)
   --build DIR      build directory (default build)
   --quick          leave out the fp8 decode runs
-  --parts LIST     comma-separated steps to run, in this order: comm,decode,place,fp8
-                   (default all of them; with --quick comm,decode,place)
+  --parts LIST     comma-separated steps to run, in this order: comm,decode,tokens,place,fp8
+                   (default all of them; with --quick comm,decode,tokens,place)
   --budget S       seconds for the whole run (default 540: a device call may last 600);
                    a step that no longer fits is recorded as "skipped (time budget)"
   --steps N        timed decode steps per batch (default: the bench's, 20)
@@ -68,11 +70,11 @@ if [[ ! $gpus =~ ^[1-9][0-9]*$ ]] || ((gpus < 2)); then die "--gpus N (2, 4 or 8
 [[ -z $steps || $steps =~ ^[1-9][0-9]*$ ]] || die "--steps '$steps': expected a positive number"
 [[ -z $greedy || $greedy =~ ^[0-9]+,[0-9]+$ ]] || die "--greedy '$greedy': expected P,G"
 if [[ -z $parts ]]; then
-  parts=comm,decode,place,fp8
-  ((!quick)) || parts=comm,decode,place
+  parts=comm,decode,tokens,place,fp8
+  ((!quick)) || parts=comm,decode,tokens,place
 fi
 for p in ${parts//,/ }; do
-  [[ $p =~ ^(comm|decode|place|fp8)$ ]] || die "--parts: unknown step '$p' (comm, decode, place, fp8)"
+  [[ $p =~ ^(comm|decode|tokens|place|fp8)$ ]] || die "--parts: unknown step '$p' (comm, decode, tokens, place, fp8)"
 done
 wants() { [[ ,$parts, == *,$1,* ]]; }
 [[ -d $build ]] || die "build directory '$build' not found (--build)"
@@ -253,14 +255,17 @@ decode_common=(--batch "1,64,256" --context 1024)
 decode_runs=() # the layouts run, for the tables: NAME:DTYPE
 
 # decode_run NAME DTYPE NP ARGS...: one bench_decode_parallel job into decode-NAME-DTYPE.txt.
+# DTYPE bf16-tokens: bf16 with --token-steps.
 decode_run() {
   local name=$1 dtype=$2 np=$3
   shift 3
   decode_runs+=("$name:$dtype")
   need "decode-$name-$dtype" "$decode_bin" || return
   mpi "$np"
+  local mode=(--dtype "$dtype")
+  [[ $dtype != bf16-tokens ]] || mode=(--dtype bf16 --token-steps)
   run_step "decode-$name-$dtype" "$out/decode-$name-$dtype.txt" 240 45 \
-    "${launch[@]}" "$decode_bin" --dtype "$dtype" "${decode_common[@]}" "$@"
+    "${launch[@]}" "$decode_bin" "${mode[@]}" "${decode_common[@]}" "$@"
 }
 
 decode() { # DTYPE: the one-GPU reference, then the layouts of N GPUs
@@ -348,6 +353,7 @@ place() {
 # ---- run -------------------------------------------------------------------------------
 if wants comm; then comm; fi
 if wants decode; then decode bf16; fi
+if wants tokens; then decode bf16-tokens; fi
 if wants place; then place; fi
 if wants fp8; then decode fp8; fi
 
