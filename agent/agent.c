@@ -235,8 +235,10 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
     eo.tp_comm = options->tp_comm;
     eo.ep_comm = options->ep_comm;
     if (options->struct_size >= offsetof(ina_agent_options_t, attention_dp) + sizeof(int32_t) &&
-        options->attention_dp)
+        options->attention_dp) {
       eo.attention_dp = 2; /* the replicated scheduler's batch, split by sequence */
+      agent->attention_dp = 1;
+    }
   }
   INA_CHECK(ina_engine_create(agent->model, &eo, &agent->engine));
   ina_page_pool_t *pool = ina_engine_page_pool(agent->engine);

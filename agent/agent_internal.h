@@ -89,6 +89,7 @@ struct ina_agent {
   /* The job's ranks and layout (one rank: this process, 1 x 1 x 1). */
   ina_agent_rank_t *ranks;
   int32_t num_ranks, tp, dp, ep;
+  int attention_dp;          /* the dp groups split the sequences (ina_agent_options_t) */
   int32_t node_id;  /* this rank's node: NodeInfo and NodeHealth list its ranks only */
   int node_server;  /* ina_agent_options_t.node_server */
   /* The expert placement in force and its generation (under lock). ApplyPlacement calls

@@ -128,6 +128,7 @@ static ina_rpc_code_t get_node_info(void *ctx, const ina_rpc_request_t *request,
   info.model = &model;
   info.build = &build;
   info.host_memory_bytes = host_memory_bytes();
+  info.attention_data_parallel = agent->attention_dp != 0;
   const ina_rpc_code_t code = pack_reply(&info.base, reply);
   free(rank_infos);
   free(ranks);

@@ -52,7 +52,8 @@ static void print_node_info(const Ina__V1__NodeInfo *info) {
   if (info->n_gpus == 0) printf("device: cpu\n");
   for (size_t i = 0; i < info->n_gpus; i++)
     printf("device: cuda:%u, %s\n", info->gpus[i]->gpu_index, info->gpus[i]->name);
-  printf("ranks: %zu of world size %u\n", info->n_ranks, info->world_size);
+  printf("ranks: %zu of world size %u%s\n", info->n_ranks, info->world_size,
+         info->attention_data_parallel ? ", attention data parallel over the dp groups" : "");
   for (size_t i = 0; i < info->n_ranks; i++)
     printf("  rank %u: local %u, gpu %u, pid %u, tp %u dp %u ep %u\n", info->ranks[i]->global_rank,
            info->ranks[i]->local_rank, info->ranks[i]->gpu_index, info->ranks[i]->pid,

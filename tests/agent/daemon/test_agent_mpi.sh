@@ -4,8 +4,8 @@
 #      the same with attention DP (--attention-dp on 2 ranks of tiny, --tp 2 --ep 2 --dp 2
 #      on the fixture's 4 ranks): the
 #      streams of `ina generate --server` equal `ina generate` on one rank; health is
-#      SERVING; node info lists every rank; SIGTERM to rank 0 drains, every rank exits
-#      and mpirun returns 0.
+#      SERVING; node info lists every rank and says whether attention DP is on; SIGTERM
+#      to rank 0 drains, every rank exits and mpirun returns 0.
 #      While streams run, two random placements with redundant experts move experts
 #      between the ranks (ina place): the streams still equal one rank's.
 #      Two nodes emulated (INA_RANKS_PER_NODE=1): node 1's local rank 0 serves that
@@ -87,6 +87,11 @@ serve_and_stop() { # MODEL NP FLAGS...
   "$ina" health --server "127.0.0.1:$port" | grep -q SERVING || fail "health is not SERVING"
   local info; info=$("$ina" info --server "127.0.0.1:$port")
   grep -q "ranks: $np of world size $np" <<<"$info" || fail "ina info does not list $np ranks: $info"
+  # Attention data parallelism is reported exactly when it is on.
+  local dp_on=0; [[ " $* " == *" --attention-dp "* || " $* " == *" --dp "* ]] && dp_on=1
+  if [ "$(grep -c "attention data parallel" <<<"$info")" != "$dp_on" ]; then
+    fail "$np ranks $*: ina info reports attention data parallelism wrongly: $info"
+  fi
   kill -TERM "$pid0"
   local rc; rc=$(ended 30)
   if [ "$rc" != "0" ] || ! grep -q "ina-agent: stopped" "$tmp/log"; then
