@@ -267,8 +267,10 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
     sc.control_user_data = agent;
     INA_CHECK(ina_scheduler_create(agent->engine, &sc, &agent->scheduler));
   }
-  /* The scheduler's own rule for max_context 0: the model's positions, capped by the pool. */
-  int64_t pool_tokens = (int64_t)ina_page_pool_num_pages(pool) * agent->page_size;
+  /* The scheduler's own rule for max_context 0: the model's positions, capped by the pool
+   * (by one stripe of it under attention DP: a request's pages come from one). */
+  int64_t pool_tokens =
+      (int64_t)(ina_page_pool_num_pages(pool) / ina_page_pool_stripes(pool)) * agent->page_size;
   agent->max_context = options->scheduler.max_context > 0 ? options->scheduler.max_context
                                                           : cfg->max_position_embeddings;
   if (agent->max_context > pool_tokens) agent->max_context = pool_tokens;

@@ -238,6 +238,9 @@ int cmd_generate(int argc, char **argv) {
   for (int32_t i = 0; i < prompts.count; i++) total += prompts.lens[i] + max_new;
   eopts.page_size = (int32_t)page_size;
   eopts.max_tokens = total + (int64_t)prompts.count * page_size;
+  /* Under --dp the pool has a stripe per group and a prompt's pages all come from one:
+   * each stripe gets room for all of them (a GPU stores only its own stripe). */
+  if (eopts.attention_dp && multi_rank) eopts.max_tokens *= job.groups;
   eopts.num_threads = (int32_t)threads;
   eopts.device = device;
   if (ina_engine_create(model, &eopts, &engine) != INA_OK) {

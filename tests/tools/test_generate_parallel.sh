@@ -36,6 +36,17 @@ compare tiny "2 --ep" "3 --ep" "2 --ep --dp" "3 --ep --dp"
 compare "$fixtures/v3_sigmoid" "2 --ep" "3 --ep"
 compare "$fixtures/v3_mscale" "2 --tp 2" "4 --tp 2 --ep" "2 --ep" "4 --tp 2 --ep --dp"
 
+# --dp with a long and a short prompt on 3 ranks: a prompt's pages all come from its
+# group's stripe of the pool, which must hold the long one whole.
+long_args=(generate --model tiny --prompt-ids "$(seq -s, 1 100)" --prompt-ids 5 --max-new-tokens 8 --ignore-eos)
+want=$("$ina" "${long_args[@]}" --device cpu | tokens)
+got=$("$mpiexec" --oversubscribe -np 3 "$ina" "${long_args[@]}" --device cpu --ep --dp 2>/dev/null | tokens)
+if [ -z "$want" ] || [ "$got" != "$want" ]; then
+  echo "FAIL: 3 ranks --ep --dp, a 100-token prompt:"; echo "$got"; echo "want:"; echo "$want"; failed=1
+else
+  echo "ok: 3 ranks --ep --dp, a 100-token prompt and a 1-token one"
+fi
+
 refused() { # EXPECTED_TEXT CMD...: exit status 2 (usage) and the text on stderr
   local text=$1; shift
   local out; out=$("$@" 2>&1)
