@@ -973,9 +973,9 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const i
   const uint16_t *h = s->h;
   const int32_t *row_mask = page_ids;
   if (e->dp_size > 1) {
+    /* Every rank's rows; their page ids were gathered once for the step (enqueue_forward). */
     INA_CHECK(gpu_split_mark(&e->split, SPLIT_EP_COMM, e->stream));
     INA_CHECK(ina_comm_all_gather(e->ep_comm, s->h, s->h_all, (size_t)(T * Hd), INA_DTYPE_BF16, e->stream));
-    INA_CHECK(ina_comm_all_gather(e->ep_comm, page_ids, s->page_ids_all, (size_t)T, INA_DTYPE_I32, e->stream));
     INA_CHECK(gpu_split_mark(&e->split, SPLIT_MOE, e->stream));
     h = s->h_all;
     row_mask = s->page_ids_all;
@@ -1047,6 +1047,12 @@ static ina_status_t enqueue_forward(ina_engine_gpu_t *e, int64_t T, int64_t out_
   /* The part a norm belongs to: the TP all-reduce it is fused with, else the rest. */
   const gpu_split_part_t norm_part = e->tp_ar ? SPLIT_TP_COMM : SPLIT_OTHER;
   gpu_split_begin(&e->split);
+  if (e->dp_size > 1 && e->num_moe_layers > 0) {
+    /* Attention DP: every rank's page ids (negative for padding rows), which every MoE
+     * layer's routing reads, gathered once per step. */
+    INA_CHECK(gpu_split_mark(&e->split, SPLIT_EP_COMM, e->stream));
+    INA_CHECK(ina_comm_all_gather(e->ep_comm, in->page_ids, s->page_ids_all, (size_t)T, INA_DTYPE_I32, e->stream));
+  }
   INA_CHECK(gpu_split_mark(&e->split, SPLIT_OTHER, e->stream));
   INA_CHECK(ina_gpu_embedding(tokens_dev, T, e->w.embed, INA_DTYPE_BF16, c->vocab_size, Hd, s->x, NULL, e->stream));
   for (int32_t l = 0; l < c->num_layers; l++) {
