@@ -96,47 +96,15 @@ typedef struct prefill_result {
 
 static double g_start;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void progress(const char *fmt, ...) {
   va_list ap;
-  fprintf(stderr, "[bench_decode %7.1fs] ", now_s() - g_start);
+  fprintf(stderr, "[bench_decode %7.1fs] ", ina_bench_now_s() - g_start);
   va_start(ap, fmt);
   vfprintf(stderr, fmt, ap);
   va_end(ap);
   fputc('\n', stderr);
   fflush(stderr);
-}
-
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static void random_tokens(uint64_t *rng, int32_t vocab, int32_t *tokens, int64_t n) {
-  for (int64_t i = 0; i < n; i++) tokens[i] = (int32_t)(rng_next(rng) % (uint64_t)vocab);
-}
-
-/* NaN everywhere, so logits a step did not write fail the finiteness check. */
-static void poison(float *logits, int64_t n) {
-  for (int64_t i = 0; i < n; i++) logits[i] = NAN;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* ---- options ------------------------------------------------------------------------ */
@@ -155,19 +123,6 @@ static void usage(FILE *f, const char *program) {
           "  --prompt N        prefill prompt length, 0 for none (default %d)\n"
           "  --no-cuda-graphs  run decode steps eagerly (to compare with graph replay)\n",
           program, MODEL_SPEC, QUICK_STEPS, MAX_BATCH, WARMUP_STEPS, DEFAULT_STEPS, DEFAULT_PROMPT);
-}
-
-/* "1,8,64" -> values in [lo, hi]; 0 on success. */
-static int parse_list(const char *text, int64_t lo, int64_t hi, int64_t *out, int *count) {
-  *count = 0;
-  for (const char *p = text; *p;) {
-    char *end = NULL;
-    const long long v = strtoll(p, &end, 10);
-    if (end == p || v < lo || v > hi || *count == MAX_LIST || (*end && *end != ',')) return 1;
-    out[(*count)++] = v;
-    p = *end ? end + 1 : end;
-  }
-  return *count == 0;
 }
 
 /* "bf16", "fp8" or "bf16,fp8" -> selected[2]; 0 on success. */
@@ -208,11 +163,11 @@ static int parse_options(int argc, char **argv, options_t *o) {
       bad = parse_dtypes(v, o->dtype);
     } else if (strcmp(a, "--batch") == 0 && v) {
       i++;
-      bad = parse_list(v, 1, MAX_BATCH, o->batch, &o->num_batch);
+      bad = ina_bench_parse_list(v, 1, MAX_BATCH, o->batch, MAX_LIST, &o->num_batch);
       have_batch = 1;
     } else if (strcmp(a, "--context") == 0 && v) {
       i++;
-      bad = parse_list(v, 1, INT32_MAX, o->context, &o->num_context);
+      bad = ina_bench_parse_list(v, 1, INT32_MAX, o->context, MAX_LIST, &o->num_context);
       have_context = 1;
     } else if (strcmp(a, "--steps") == 0 && v) {
       i++;
@@ -278,18 +233,18 @@ static ina_status_t time_decode(ina_engine_t *e, int64_t batch, int64_t context,
   qo_indptr[batch] = (int32_t)batch;
   const ina_batch_t b = {(int32_t)batch, seq_ptrs, qo_indptr, tokens, 0};
   for (int s = 0; s < WARMUP_STEPS + steps; s++) {
-    if (s == WARMUP_STEPS) poison(logits, batch * vocab); /* the timed steps must write them */
-    random_tokens(rng, vocab, tokens, batch);
-    const double t0 = now_s();
+    if (s == WARMUP_STEPS) ina_bench_poison_nan(logits, batch * vocab); /* the timed steps must write them */
+    ina_bench_random_tokens(rng, vocab, tokens, batch);
+    const double t0 = ina_bench_now_s();
     INA_CHECK(ina_engine_forward(e, &b, logits));
-    const double t1 = now_s();
+    const double t1 = ina_bench_now_s();
     for (int64_t i = 0; i < batch; i++) ina_kv_seq_truncate(pool, &seqs[i], 1);
     if (s >= WARMUP_STEPS) ms[s - WARMUP_STEPS] = 1e3 * (t1 - t0);
   }
   for (int64_t i = 0; i < batch * vocab; i++)
     INA_REQUIRE(isfinite(logits[i]), INA_ERR_INTERNAL, "decode batch %" PRId64 " context %" PRId64
                 ": logit %" PRId64 " of the timed steps is %g", batch, context, i, (double)logits[i]);
-  *median_ms = median(ms, steps);
+  *median_ms = ina_bench_median(ms, steps);
 fail:
   if (seqs)
     for (int64_t i = 0; i < batch; i++) ina_kv_seq_release(pool, &seqs[i]);
@@ -314,18 +269,18 @@ static ina_status_t time_prefill(ina_engine_t *e, int64_t prompt, uint64_t *rng,
   INA_CHECK_ALLOC(tokens);
   const ina_batch_t b = {1, &seq_ptr, qo_indptr, tokens, 0};
   for (int r = -1; r < PREFILL_RUNS; r++) { /* r = -1: warm-up (buffers grow) */
-    if (r == 0) poison(logits, vocab);
-    random_tokens(rng, vocab, tokens, prompt);
-    const double t0 = now_s();
+    if (r == 0) ina_bench_poison_nan(logits, vocab);
+    ina_bench_random_tokens(rng, vocab, tokens, prompt);
+    const double t0 = ina_bench_now_s();
     INA_CHECK(ina_engine_forward(e, &b, logits));
-    const double t1 = now_s();
+    const double t1 = ina_bench_now_s();
     ina_kv_seq_release(pool, &seq);
     if (r >= 0) ms[r] = 1e3 * (t1 - t0);
   }
   for (int32_t i = 0; i < vocab; i++)
     INA_REQUIRE(isfinite(logits[i]), INA_ERR_INTERNAL, "prefill of %" PRId64 " tokens: logit %d is %g", prompt, i,
                 (double)logits[i]);
-  *median_ms = median(ms, PREFILL_RUNS);
+  *median_ms = ina_bench_median(ms, PREFILL_RUNS);
 fail:
   ina_kv_seq_release(pool, &seq);
   free(tokens);
@@ -520,7 +475,7 @@ int main(int argc, char **argv) {
   prefill_result_t prefill[2];
   float *logits = NULL;
   int count = 0, failed = 0;
-  g_start = now_s();
+  g_start = ina_bench_now_s();
   memset(prefill, 0, sizeof prefill);
   if (parse_options(argc, argv, &o)) return 2;
   if (ina_bench_no_device("bench_decode")) return INA_BENCH_SKIP;

@@ -153,18 +153,12 @@ static int g_rank;
 static figure_t g_figures[MAX_FIGURES];
 static int g_num_figures;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Rank 0 only: the ranks run in step, so one voice is enough. */
 static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void progress(const char *fmt, ...) {
   va_list ap;
   if (g_rank != 0) return;
-  fprintf(stderr, "[%s %7.1fs] ", PROGRAM, now_s() - g_start);
+  fprintf(stderr, "[%s %7.1fs] ", PROGRAM, ina_bench_now_s() - g_start);
   va_start(ap, fmt);
   vfprintf(stderr, fmt, ap);
   va_end(ap);
@@ -195,37 +189,11 @@ static void figure(const char *name, double value, const char *unit, const char 
   snprintf(f->formula, sizeof f->formula, "%s", formula);
 }
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static void random_tokens(uint64_t *rng, int32_t vocab, int32_t *tokens, int64_t n) {
-  for (int64_t i = 0; i < n; i++) tokens[i] = (int32_t)(rng_next(rng) % (uint64_t)vocab);
-}
-
-/* NaN everywhere, so logits a step did not write fail the finiteness check. */
-static void poison(float *logits, int64_t n) {
-  for (int64_t i = 0; i < n; i++) logits[i] = NAN;
-}
-
 /* Index of the first non-finite value of row[0..n), or -1. */
 static int64_t first_non_finite(const float *row, int64_t n) {
   for (int64_t i = 0; i < n; i++)
     if (!isfinite(row[i])) return i;
   return -1;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
@@ -268,19 +236,6 @@ static int parse_int(const char *text, int64_t lo, int64_t hi, int64_t *out) {
   return 0;
 }
 
-/* "1,8,64" -> values in [lo, hi]; 0 on success. */
-static int parse_list(const char *text, int64_t lo, int64_t hi, int64_t *out, int *count) {
-  *count = 0;
-  for (const char *p = text; *p;) {
-    char *end = NULL;
-    const long long v = strtoll(p, &end, 10);
-    if (end == p || v < lo || v > hi || *count == MAX_LIST || (*end && *end != ',')) return 1;
-    out[(*count)++] = v;
-    p = *end ? end + 1 : end;
-  }
-  return *count == 0;
-}
-
 /* "P,G" (P, G >= 1) or "0"; 0 on success. */
 static int parse_greedy(const char *text, int32_t *prompts, int32_t *tokens) {
   int64_t v[2];
@@ -289,7 +244,7 @@ static int parse_greedy(const char *text, int32_t *prompts, int32_t *tokens) {
     *prompts = *tokens = 0;
     return 0;
   }
-  if (parse_list(text, 1, 1 << 16, v, &n) || n != 2) return 1;
+  if (ina_bench_parse_list(text, 1, 1 << 16, v, 2, &n) || n != 2) return 1;
   *prompts = (int32_t)v[0];
   *tokens = (int32_t)v[1];
   return 0;
@@ -347,7 +302,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       }
       break;
     case O_DP: o->dp = 1; break;
-    case O_BATCH: bad = parse_list(a, 1, MAX_BATCH, o->batch, &o->num_batch); break;
+    case O_BATCH: bad = ina_bench_parse_list(a, 1, MAX_BATCH, o->batch, MAX_LIST, &o->num_batch); break;
     case O_CONTEXT: bad = parse_int(a, 2, INT32_MAX, &o->context); break;
     case O_STEPS:
       bad = parse_int(a, 1, 1 << 20, &v);
@@ -477,7 +432,7 @@ static int check_rows(float *logits, int64_t batch, int32_t vocab, int step) {
                (double)row[bad]);
     ok = 0;
   }
-  for (int k = 0; k < count; k++) poison(logits + rows[k] * vocab, vocab);
+  for (int k = 0; k < count; k++) ina_bench_poison_nan(logits + rows[k] * vocab, vocab);
   return ok;
 }
 
@@ -565,13 +520,13 @@ static void decode_shape(ina_engine_t *e, const run_t *run, int64_t batch, uint6
     const int timed = s - WARMUP_STEPS;
     if (timed == 0) {
       split = reset_split(e, reason, reason_size);
-      poison(logits, batch * vocab); /* the timed steps must write every row */
+      ina_bench_poison_nan(logits, batch * vocab); /* the timed steps must write every row */
     }
-    random_tokens(rng, vocab, tokens, batch);
+    ina_bench_random_tokens(rng, vocab, tokens, batch);
     for (int64_t i = 0; i < batch; i++) chosen[i] = -2; /* no token: a row the step did not choose for */
-    const double t0 = now_s();
+    const double t0 = ina_bench_now_s();
     const ina_status_t st = o->token_steps ? ina_engine_forward_greedy(e, &b, chosen) : ina_engine_forward(e, &b, logits);
-    const double t1 = now_s();
+    const double t1 = ina_bench_now_s();
     if (st != INA_OK) {
       rank_error("batch %" PRId64 " %s step %d: %s", batch, timed < 0 ? "warm-up" : "timed", timed < 0 ? s : timed,
                  ina_last_error());
@@ -653,8 +608,8 @@ static void combine_records(const int64_t *all, int32_t ranks, int steps, shape_
     }
     rank0[s] = (double)all[REC_STEPS + (size_t)s] * 1e-6;
   }
-  r->step_ms = median(step_max, steps);
-  r->rank0_ms = median(rank0, steps);
+  r->step_ms = ina_bench_median(step_max, steps);
+  r->rank0_ms = ina_bench_median(rank0, steps);
   free(step_max);
   free(rank0);
 }
@@ -685,8 +640,8 @@ static ina_status_t greedy_generate(ina_engine_t *e, const options_t *o, uint64_
   for (int32_t p = 0; p < P; p++) {
     const ina_sampling_params_t greedy = INA_SAMPLING_PARAMS_INIT; /* temperature 0 */
     r[p].prompt = prompts + (size_t)p * GREEDY_MAX_PROMPT;
-    r[p].prompt_len = GREEDY_MIN_PROMPT + (int32_t)(rng_next(&rng) % (uint64_t)span);
-    random_tokens(&rng, vocab, prompts + (size_t)p * GREEDY_MAX_PROMPT, r[p].prompt_len);
+    r[p].prompt_len = GREEDY_MIN_PROMPT + (int32_t)(ina_bench_splitmix64(&rng) % (uint64_t)span);
+    ina_bench_random_tokens(&rng, vocab, prompts + (size_t)p * GREEDY_MAX_PROMPT, r[p].prompt_len);
     r[p].max_new_tokens = G;
     r[p].sampling = greedy;
     r[p].ignore_eos = 1;
@@ -754,7 +709,7 @@ static void report_shape(const run_t *run, const shape_result_t *r) {
   snprintf(tag, sizeof tag, "%s,b%" PRId64 ",ctx%" PRId64, run->layout, r->batch, o->context);
   snprintf(name, sizeof name, "decode_tokens_per_s[%s]", tag);
   figure(name, (double)r->batch / (r->step_ms * 1e-3), "tokens/s",
-         "batch/median(max over ranks of step wall time)");
+         "batch/ina_bench_median(max over ranks of step wall time)");
   snprintf(name, sizeof name, "decode_step_time[%s]", tag);
   snprintf(f, sizeof f,
            "median over %d steps of the max over %d ranks of one ina_engine_forward's wall time (%s, host "
@@ -783,34 +738,23 @@ static void report_shape(const run_t *run, const shape_result_t *r) {
   }
 }
 
-static void json_string(const char *s) {
-  putchar('"');
-  for (; *s; s++) {
-    const unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') printf("\\%c", c);
-    else if (c < 0x20) printf("\\u%04x", c);
-    else putchar(c);
-  }
-  putchar('"');
-}
-
 /* One line: the run's settings and layout, the greedy check, and every figure. */
 static void print_json(const run_t *run, const greedy_result_t *g, int split_unavailable, int failed) {
   const options_t *o = run->o;
   printf("{\"bench\": \"decode_parallel\", \"device\": ");
-  json_string(run->device_name);
+  ina_bench_json_string(run->device_name);
   printf(", \"model\": ");
-  json_string(o->model);
+  ina_bench_json_string(o->model);
   printf(", \"dtype\": \"%s\", \"ranks\": %d, \"tp\": %d, \"ep\": %d, \"attention_dp\": %s, \"layout\": ",
          o->dtype_name, run->job->size, run->job->tp_size, run->ep_size, o->dp ? "true" : "false");
-  json_string(run->layout);
+  ina_bench_json_string(run->layout);
   printf(", \"context\": %" PRId64 ", \"page_size\": %" PRId64 ", \"steps\": %d, \"warmup_steps\": %d, "
          "\"cuda_graphs\": %s, \"token_steps\": %s, \"seed\": %" PRIu64 ", \"step_split\": ",
          o->context, o->page_size, o->steps, WARMUP_STEPS, o->cuda_graphs ? "true" : "false",
          o->token_steps ? "true" : "false", o->seed);
   if (split_unavailable) {
     printf("{\"available\": false, \"reason\": ");
-    json_string(run->split_reason);
+    ina_bench_json_string(run->split_reason);
     printf("}");
   } else {
     printf("{\"available\": true}");
@@ -829,12 +773,12 @@ static void print_json(const run_t *run, const greedy_result_t *g, int split_una
   for (int i = 0; i < g_num_figures; i++) {
     const figure_t *f = &g_figures[i];
     printf("%s{\"name\": ", i ? ", " : "");
-    json_string(f->name);
+    ina_bench_json_string(f->name);
     if (isfinite(f->value)) printf(", \"value\": %.6g, \"unit\": ", f->value); /* JSON has no NaN */
     else printf(", \"value\": null, \"unit\": ");
-    json_string(f->unit);
+    ina_bench_json_string(f->unit);
     printf(", \"formula\": ");
-    json_string(f->formula);
+    ina_bench_json_string(f->formula);
     putchar('}');
   }
   printf("]}\n");
@@ -923,13 +867,13 @@ static int open_engine(const run_t *run, ina_model_t **model, ina_engine_t **eng
            cfg.n_routed_experts, eo.max_tokens);
   size_t free_before = 0, free_after = 0, total = 0;
   (void)ina_cuda_mem_info(eo.device, &free_before, &total);
-  const double t0 = now_s();
+  const double t0 = ina_bench_now_s();
   if (ina_engine_create(*model, &eo, engine) != INA_OK) {
     rank_error("engine for %s %s on device %d: %s", o->model, o->dtype_name, eo.device, ina_last_error());
     return 1;
   }
   (void)ina_cuda_mem_info(eo.device, &free_after, &total);
-  progress("engine ready in %.1f s: %.2f GB of device memory taken on rank 0", now_s() - t0,
+  progress("engine ready in %.1f s: %.2f GB of device memory taken on rank 0", ina_bench_now_s() - t0,
            (double)(free_before - free_after) / 1e9);
   return 0;
 }
@@ -992,7 +936,7 @@ int main(int argc, char **argv) {
   ina_engine_t *engine = NULL;
   float *logits = NULL;
   int count = 0, failed = 0, step_error = 0;
-  g_start = now_s();
+  g_start = ina_bench_now_s();
   memset(&job, 0, sizeof job);
   memset(&run, 0, sizeof run);
   memset(&greedy, 0, sizeof greedy);

@@ -164,18 +164,11 @@ static const check_case_t g_checks[] = {
 
 /* ---- random numbers (deterministic, for lengths and page order) ------------------------ */
 
-static uint64_t rng_next(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double rng_uniform(uint64_t *state) { return (double)(rng_next(state) >> 11) * 0x1p-53; }
+static double rng_uniform(uint64_t *state) { return (double)(ina_bench_splitmix64(state) >> 11) * 0x1p-53; }
 
 /* Uniform in [lo, hi]. */
 static int64_t rng_range(uint64_t *state, int64_t lo, int64_t hi) {
-  return lo + (int64_t)(rng_next(state) % (uint64_t)(hi - lo + 1));
+  return lo + (int64_t)(ina_bench_splitmix64(state) % (uint64_t)(hi - lo + 1));
 }
 
 /* ---- cache pools ---------------------------------------------------------------------- */
@@ -542,9 +535,9 @@ static ina_status_t check_case(const check_case_t *k, const pool_t *pool, uint64
     if (kv_len[b] < k->q_len) kv_len[b] = k->q_len;
   }
   INA_CHECK(layout_init(&c.lay, k->heads, k->batch, k->q_len, k->page_size, k->format, kv_len, 0));
-  INA_CHECK(layout_assign_pages(&c.lay, pool->tokens, rng_next(&rng)));
+  INA_CHECK(layout_assign_pages(&c.lay, pool->tokens, ina_bench_splitmix64(&rng)));
   c.pool = pool;
-  INA_CHECK(ctx_setup(&c, 1, rng_next(&rng)));
+  INA_CHECK(ctx_setup(&c, 1, ina_bench_splitmix64(&rng)));
 
   const int64_t rows = c.lay.q_tokens * k->heads, n = out_elems(&c.lay);
   out_bits = malloc(sizeof(uint16_t) * (size_t)n);

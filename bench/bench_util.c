@@ -40,8 +40,7 @@ void ina_bench_result(const char *name, double value, const char *unit, const ch
   snprintf(r->formula, sizeof r->formula, "%s", formula);
 }
 
-/* Writes s as a JSON string literal. */
-static void print_json_string(const char *s) {
+void ina_bench_json_string(const char *s) {
   putchar('"');
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
@@ -55,20 +54,20 @@ static void print_json_string(const char *s) {
 void ina_bench_print_json(const char *bench) {
   char device[128];
   printf("{\"bench\": ");
-  print_json_string(bench);
+  ina_bench_json_string(bench);
   printf(", \"device\": ");
-  print_json_string(ina_cuda_device_name(0, device, sizeof device));
+  ina_bench_json_string(ina_cuda_device_name(0, device, sizeof device));
   printf(", \"results\": [");
   for (int i = 0; i < g_result_count; i++) {
     const result_t *r = &g_results[i];
     printf("%s{\"name\": ", i ? ", " : "");
-    print_json_string(r->name);
+    ina_bench_json_string(r->name);
     /* JSON has no NaN or infinity. */
     if (isfinite(r->value)) printf(", \"value\": %.6g, \"unit\": ", r->value);
     else printf(", \"value\": null, \"unit\": ");
-    print_json_string(r->unit);
+    ina_bench_json_string(r->unit);
     printf(", \"formula\": ");
-    print_json_string(r->formula);
+    ina_bench_json_string(r->formula);
     putchar('}');
   }
   printf("]}\n");

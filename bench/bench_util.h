@@ -84,12 +84,29 @@ double ina_bench_read_ceiling_tbs(void);
  * [-scale, scale), none exactly zero unless scale is; deterministic in seed. Synchronous. */
 ina_status_t ina_bench_fill_random_bf16(uint16_t *dev, size_t n, uint64_t seed, float scale);
 
+/* ---- host helpers (bench_host.c) ---------------------------------------------------- */
+
+/* Seconds on the monotonic clock. */
+double ina_bench_now_s(void);
+/* The next value of a splitmix64 stream. */
+uint64_t ina_bench_splitmix64(uint64_t *state);
+/* n token ids in [0, vocab) from the stream. */
+void ina_bench_random_tokens(uint64_t *state, int32_t vocab, int32_t *tokens, int64_t n);
+/* NaN everywhere, so values a step did not write fail a finiteness check. */
+void ina_bench_poison_nan(float *x, int64_t n);
+/* The median of v[0..n) (n >= 1), which is sorted in place. */
+double ina_bench_median(double *v, int n);
+/* "1,8,64" -> at most `max` values in [lo, hi] into out; 0 on success. */
+int ina_bench_parse_list(const char *text, int64_t lo, int64_t hi, int64_t *out, int max, int *count);
+
 /* ---- reporting ---------------------------------------------------------------------- */
 
 /* Prints `name value unit formula` and keeps the figure for the JSON line. */
 void ina_bench_result(const char *name, double value, const char *unit, const char *formula);
 /* Prints the JSON line of every figure reported so far. */
 void ina_bench_print_json(const char *bench);
+/* Prints s as a JSON string literal. */
+void ina_bench_json_string(const char *s);
 
 #ifdef __cplusplus
 }
