@@ -256,17 +256,6 @@ fail:
   return st;
 }
 
-static int32_t slot_of(const ina_expert_placement_t *p, int32_t m, int32_t rank, int32_t x) {
-  for (int32_t s = 0; s < p->slots_per_rank; s++)
-    if (ina_expert_placement_slot(p, m, rank, s) == x) return s;
-  return -1;
-}
-
-static int32_t source_of(const ina_expert_placement_t *p, int32_t m, int32_t x) {
-  for (int32_t r = 0; r < p->ep; r++)
-    if (slot_of(p, m, r, x) >= 0) return r;
-  return -1;
-}
 
 /* Bytes rank `rank` receives for layer m going from `from` to `to`. */
 static int64_t incoming(const ina_expert_placement_t *from, const ina_expert_placement_t *to, int32_t m,
@@ -274,7 +263,7 @@ static int64_t incoming(const ina_expert_placement_t *from, const ina_expert_pla
   int64_t n = 0;
   for (int32_t s = 0; s < to->slots_per_rank; s++) {
     const int32_t x = ina_expert_placement_slot(to, m, rank, s);
-    n += x >= 0 && slot_of(from, m, rank, x) < 0;
+    n += x >= 0 && ina_expert_placement_find_slot(from, m, rank, x) < 0;
   }
   return n * bytes;
 }
@@ -333,7 +322,7 @@ static ina_status_t move_round(ina_engine_gpu_t *e, int32_t m, const transfer_t 
   memcpy(cur, sd, (size_t)n * sizeof *cur);
   for (int32_t t = t0; t < t1 && *local == INA_OK; t++) {
     if (tr[t].source != me) continue;
-    gpu_mlp_t w = have->w[slot_of(from, m, me, tr[t].expert)];
+    gpu_mlp_t w = have->w[ina_expert_placement_find_slot(from, m, me, tr[t].expert)];
     for (int i = 0; i < 3; i++)
       for (int part = 0; part < 2; part++) {
         const int64_t b = part_bytes(shape, i, part);
@@ -402,12 +391,13 @@ static ina_status_t move_layer(ina_engine_gpu_t *e, int32_t m, const ina_expert_
   for (int32_t d = 0; d < n; d++)
     for (int32_t s = 0; s < to->slots_per_rank; s++) {
       const int32_t x = ina_expert_placement_slot(to, m, d, s);
-      if (x >= 0 && slot_of(from, m, d, x) < 0) tr[count++] = (transfer_t){d, s, x, source_of(from, m, x)};
+      if (x >= 0 && ina_expert_placement_find_slot(from, m, d, x) < 0)
+        tr[count++] = (transfer_t){d, s, x, ina_expert_placement_source(from, m, x)};
     }
   /* Carried slots: the same tensors, and the same buffers when they are owned. */
   for (int32_t s = 0; s < to->slots_per_rank && *local == INA_OK; s++) {
     const int32_t x = ina_expert_placement_slot(to, m, me, s);
-    const int32_t old = x < 0 ? -1 : slot_of(from, m, me, x);
+    const int32_t old = x < 0 ? -1 : ina_expert_placement_find_slot(from, m, me, x);
     if (old < 0) continue;
     out->w[s] = have->w[old];
     memcpy(out->owned + (size_t)s * PARTS, have->owned + (size_t)old * PARTS, PARTS * sizeof *out->owned);

@@ -124,3 +124,15 @@ uint64_t ina_expert_placement_digest(const ina_expert_placement_t *p) {
   }
   return h;
 }
+
+int32_t ina_expert_placement_find_slot(const ina_expert_placement_t *p, int32_t layer, int32_t rank, int32_t x) {
+  for (int32_t s = 0; s < p->slots_per_rank; s++)
+    if (ina_expert_placement_slot(p, layer, rank, s) == x) return s;
+  return -1;
+}
+
+int32_t ina_expert_placement_source(const ina_expert_placement_t *p, int32_t layer, int32_t x) {
+  for (int32_t r = 0; r < p->ep; r++)
+    if (ina_expert_placement_find_slot(p, layer, r, x) >= 0) return r;
+  return -1;
+}

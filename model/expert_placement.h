@@ -56,6 +56,12 @@ static inline int32_t ina_expert_placement_slot(const ina_expert_placement_t *p,
   return p->slot_expert[ina_expert_placement_index(p, layer, rank, slot)];
 }
 
+/* The slot of `rank` that holds expert x in MoE layer `layer`, or -1. */
+int32_t ina_expert_placement_find_slot(const ina_expert_placement_t *p, int32_t layer, int32_t rank, int32_t x);
+/* The rank that sends expert x of `layer` to a rank that lacks it in a placement change
+ * away from p: the lowest that holds it in p, or -1. */
+int32_t ina_expert_placement_source(const ina_expert_placement_t *p, int32_t layer, int32_t x);
+
 /* INA_ERR_INVALID_ARGUMENT unless p is valid (see above); the message names the first
  * offence: "MoE layer 3: logical expert 17 has no slot", "MoE layer 0, rank 1, slot 2:
  * expert 40 is outside [0, 32)", "... holds expert 5 twice". */

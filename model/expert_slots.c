@@ -122,19 +122,6 @@ fail:
   return st;
 }
 
-/* The slot of `rank` that holds x in p, or -1. */
-static int32_t slot_of(const ina_expert_placement_t *p, int32_t layer, int32_t rank, int32_t x) {
-  for (int32_t s = 0; s < p->slots_per_rank; s++)
-    if (ina_expert_placement_slot(p, layer, rank, s) == x) return s;
-  return -1;
-}
-
-/* The rank that sends x to a rank that lacks it: the lowest that holds it in p. */
-static int32_t source_of(const ina_expert_placement_t *p, int32_t layer, int32_t x) {
-  for (int32_t r = 0; r < p->ep; r++)
-    if (slot_of(p, layer, r, x) >= 0) return r;
-  return -1;
-}
 
 int64_t ina_expert_slots_incoming_bytes(const ina_expert_placement_t *from,
                                         const ina_expert_placement_t *to, int32_t rank,
@@ -143,7 +130,7 @@ int64_t ina_expert_slots_incoming_bytes(const ina_expert_placement_t *from,
   for (int32_t m = 0; m < to->num_moe_layers; m++)
     for (int32_t s = 0; s < to->slots_per_rank; s++) {
       const int32_t x = ina_expert_placement_slot(to, m, rank, s);
-      if (x >= 0 && slot_of(from, m, rank, x) < 0) total += bytes[m];
+      if (x >= 0 && ina_expert_placement_find_slot(from, m, rank, x) < 0) total += bytes[m];
     }
   return total;
 }
@@ -254,8 +241,8 @@ static int32_t list_transfers(const ina_expert_placement_t *from, const ina_expe
   for (int32_t d = 0; d < to->ep; d++)
     for (int32_t s = 0; s < to->slots_per_rank; s++) {
       const int32_t x = ina_expert_placement_slot(to, m, d, s);
-      if (x < 0 || slot_of(from, m, d, x) >= 0) continue;
-      out[n++] = (transfer_t){d, s, x, source_of(from, m, x)};
+      if (x < 0 || ina_expert_placement_find_slot(from, m, d, x) >= 0) continue;
+      out[n++] = (transfer_t){d, s, x, ina_expert_placement_source(from, m, x)};
     }
   return n;
 }
@@ -314,7 +301,7 @@ static ina_status_t move_layer(ina_comm_t *comm, int32_t rank, int32_t m,
   /* Carried slots first: the same tensors, and the same buffer when it is owned. */
   for (int32_t s = 0; s < to->slots_per_rank && *local_error == INA_OK; s++) {
     const int32_t x = ina_expert_placement_slot(to, m, rank, s);
-    const int32_t old = x < 0 ? -1 : slot_of(from, m, rank, x);
+    const int32_t old = x < 0 ? -1 : ina_expert_placement_find_slot(from, m, rank, x);
     if (old < 0) continue;
     out->w[(int64_t)m * to->slots_per_rank + s] = *ina_expert_slots_at(have, m, old);
     out->owned[(int64_t)m * to->slots_per_rank + s] = have->owned[(int64_t)m * have->slots_per_rank + old];
@@ -335,9 +322,10 @@ static ina_status_t move_layer(ina_comm_t *comm, int32_t rank, int32_t m,
   const int32_t count = list_transfers(from, to, m, b.transfers);
   /* What we send to each rank, in words. */
   for (int32_t t = 0; t < count; t++)
-    if (b.transfers[t].source == rank)
-      b.send_counts[b.transfers[t].dest] +=
-          expert_words(ina_expert_slots_at(have, m, slot_of(from, m, rank, b.transfers[t].expert)));
+    if (b.transfers[t].source == rank) {
+      const int32_t slot = ina_expert_placement_find_slot(from, m, rank, b.transfers[t].expert);
+      b.send_counts[b.transfers[t].dest] += expert_words(ina_expert_slots_at(have, m, slot));
+    }
   if (comm) {
     size_t *ones = b.cursor; /* 1 word per peer, packed */
     for (int32_t r = 0; r < n; r++) ones[r] = 1;
@@ -359,7 +347,8 @@ static ina_status_t move_layer(ina_comm_t *comm, int32_t rank, int32_t m,
     for (int32_t t = 0; t < count && !bad; t++) {
       const transfer_t *tr = &b.transfers[t];
       if (tr->source != rank) continue;
-      const ina_mlp_weights_t *w = ina_expert_slots_at(have, m, slot_of(from, m, rank, tr->expert));
+      const int32_t slot = ina_expert_placement_find_slot(from, m, rank, tr->expert);
+      const ina_mlp_weights_t *w = ina_expert_slots_at(have, m, slot);
       if (pack_expert(w, b.send, &b.cursor[tr->dest]) != INA_OK) bad = 1;
     }
   }
