@@ -59,7 +59,8 @@ typedef struct layout {
 
 static const layout_t k_one_gpu = {NULL, NULL, 0};
 
-static ina_engine_t *make_engine(const ina_model_t *m, layout_t lay, int32_t device) {
+/* The engine options of every engine here, for layout `lay` on `device`. */
+static ina_engine_options_t engine_options(layout_t lay, int32_t device) {
   ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
   eo.page_size = 16;
   eo.max_tokens = 4096;
@@ -67,6 +68,11 @@ static ina_engine_t *make_engine(const ina_model_t *m, layout_t lay, int32_t dev
   eo.tp_comm = lay.tp;
   eo.ep_comm = lay.ep;
   eo.attention_dp = lay.dp ? 2 : 0;
+  return eo;
+}
+
+static ina_engine_t *make_engine(const ina_model_t *m, layout_t lay, int32_t device) {
+  const ina_engine_options_t eo = engine_options(lay, device);
   ina_engine_t *e = NULL;
   CHECK_OK(ina_engine_create(m, &eo, &e));
   return e;
@@ -346,12 +352,7 @@ static void check_step_split(const char *name, const fixture_t *f, const ina_mod
   int32_t plain[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW], timed[GOLDEN_MAX_PROMPTS][GOLDEN_MAX_NEW];
   const layout_t lay = {NULL, ep, 1};
   if (!generate(f, part, lay, device, plain)) return;
-  ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
-  eo.page_size = 16;
-  eo.max_tokens = 4096;
-  eo.device = device;
-  eo.ep_comm = ep;
-  eo.attention_dp = 2;
+  ina_engine_options_t eo = engine_options(lay, device);
   eo.step_split = 1;
   ina_engine_t *e = NULL;
   CHECK_OK(ina_engine_create(part, &eo, &e));
