@@ -6,9 +6,9 @@
  * make tensor-parallel groups of T; with --ep the groups split the routed experts, and
  * the ranks holding the same tensor slice form the expert-parallel communicator (NCCL).
  * --dp (with --ep) runs the engine with attention_dp = 2: every rank passes the same
- * batch and each sequence is computed by the expert-parallel rank its first page picks
- * (page id mod ranks). The sequences' first pages are picked so that no rank computes
- * more than ceil(batch / ranks) of them (reported as dp_max_sequences).
+ * batch and each sequence is computed by the expert-parallel rank of its stripe of the
+ * page pool (its first page id mod ranks). The sequences' stripes are picked so that no
+ * rank computes more than ceil(batch / ranks) of them (reported as dp_max_sequences).
  *
  * Decode, as bench/bench_decode.c does it on one GPU, for each batch: every rank builds
  * the same `batch` sequences (same seed), grown to context - 1 cached positions through
@@ -368,45 +368,24 @@ static int every_rank(const ina_parallel_job_t *job, int ok) {
 
 /* ---- one batch ---------------------------------------------------------------------- */
 
-/* `batch` sequences of context - 1 cached tokens. With attention DP over `ranks` ranks a
- * sequence is computed by the rank its first page picks (page id mod ranks), so the first
- * pages are chosen to give no rank more than ceil(batch / ranks) sequences: a first page
- * that would overfill its rank is set aside (released at the end) and another taken. */
+/* `batch` sequences of context - 1 cached tokens. With attention DP the engine's page
+ * pool has a stripe per rank and a sequence is computed by the rank of its stripe
+ * (kvcache/page_pool.h), so sequence i is given stripe i % ranks: no rank computes more
+ * than ceil(batch / ranks) of them. Without DP the pool has one stripe and the pick is
+ * ignored. */
 static ina_status_t grow_sequences(ina_page_pool_t *pool, ina_kv_seq_t *seqs, int64_t batch, int64_t context,
                                    int32_t ranks) {
   ina_status_t st = INA_OK;
-  const int64_t quota = (batch + ranks - 1) / ranks;
-  int64_t *count = calloc((size_t)ranks, sizeof *count), num_spare = 0, spare_cap = 0;
-  ina_kv_seq_t *spare = NULL;
-  INA_CHECK_ALLOC(count);
-  for (int64_t i = 0; i < batch;) {
-    INA_CHECK(ina_kv_seq_append(pool, &seqs[i], 1));
-    const int32_t owner = seqs[i].pages[0] % ranks;
-    if (count[owner] < quota) {
-      count[owner]++;
-      i++;
-      continue;
-    }
-    if (num_spare == spare_cap) {
-      spare_cap = spare_cap ? 2 * spare_cap : 16;
-      ina_kv_seq_t *grown = realloc(spare, (size_t)spare_cap * sizeof *spare);
-      if (!grown) ina_kv_seq_release(pool, &seqs[i]);
-      INA_CHECK_ALLOC(grown);
-      spare = grown;
-    }
-    spare[num_spare++] = seqs[i];
-    memset(&seqs[i], 0, sizeof seqs[i]); /* empty again: it takes the next page */
+  for (int64_t i = 0; i < batch; i++) {
+    seqs[i].stripe_pick = 1 + (int32_t)(i % ranks);
+    INA_CHECK(ina_kv_seq_append(pool, &seqs[i], context - 1));
   }
-  for (int64_t i = 0; i < batch; i++) INA_CHECK(ina_kv_seq_append(pool, &seqs[i], context - 2));
 fail:
-  for (int64_t i = 0; i < num_spare; i++) ina_kv_seq_release(pool, &spare[i]);
-  free(spare);
-  free(count);
   return st;
 }
 
-/* --dp: the most sequences one expert-parallel rank computes (owner = first page mod
- * ranks, model/model.h). */
+/* --dp: the most sequences one expert-parallel rank computes (the rank of a sequence's
+ * stripe: its first page mod ranks). */
 static int32_t max_sequences_per_rank(const ina_kv_seq_t *seqs, int64_t batch, int32_t ranks) {
   int32_t *count = calloc((size_t)ranks, sizeof *count), most = 0;
   if (!count) return -1;

@@ -84,16 +84,6 @@ ina_status_t ina_engine_gpu_step_split(ina_engine_gpu_t *engine, int reset, ina_
 void *ina_engine_gpu_host_alloc(size_t bytes);
 void ina_engine_gpu_host_free(void *p);
 
-/* attention_dp 2: the rank of `ranks` that computes sequence seq. Its first page picks
- * it, which is the same on every rank (the pools are replicas); the pool has a stripe
- * per rank (page p in stripe p % ranks) and a sequence takes all its pages from its
- * first page's stripe, so its owner stays while it lives (its KV entries are on that
- * rank only); sequences sharing a prefix share their owner. A sequence without pages yet
- * goes to rank 0. */
-static inline int32_t ina_engine_split_owner(const ina_kv_seq_t *seq, int32_t ranks) {
-  return seq->num_pages > 0 ? seq->pages[0] % ranks : 0;
-}
-
 /* Shared by both backends, so a batch is accepted or refused alike (engine.c). */
 ina_status_t ina_engine_validate_batch(const ina_model_config_t *cfg, const ina_batch_t *b);
 /* Grow every sequence by its new tokens, all or nothing. */

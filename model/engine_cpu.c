@@ -745,7 +745,7 @@ static ina_status_t forward_split(ina_engine_cpu_t *e, const ina_batch_t *b, flo
   int32_t count = 0;
   qo[0] = 0;
   for (int32_t i = 0; i < b->batch; i++) {
-    const int32_t len = b->qo_indptr[i + 1] - b->qo_indptr[i], owner = ina_engine_split_owner(b->seqs[i], n);
+    const int32_t len = b->qo_indptr[i + 1] - b->qo_indptr[i], owner = ina_kv_seq_stripe(e->kv, b->seqs[i]);
     rc[owner] += (size_t)(b->all_logits ? len : 1) * (size_t)V;
     if (owner != me) continue;
     seqs[count] = b->seqs[i];
@@ -770,7 +770,7 @@ static ina_status_t forward_split(ina_engine_cpu_t *e, const ina_batch_t *b, flo
   memcpy(cur, rd, (size_t)n * sizeof *cur);
   int64_t row = 0;
   for (int32_t i = 0; i < b->batch; i++) {
-    const int32_t owner = ina_engine_split_owner(b->seqs[i], n);
+    const int32_t owner = ina_kv_seq_stripe(e->kv, b->seqs[i]);
     const size_t rows = b->all_logits ? (size_t)(b->qo_indptr[i + 1] - b->qo_indptr[i]) : 1;
     memcpy(logits + row * V, all + cur[owner], rows * (size_t)V * sizeof *logits);
     cur[owner] += rows * (size_t)V;

@@ -1,6 +1,7 @@
 /* Attention data parallelism in the CUDA engine (ina_engine_options_t.attention_dp 2):
  * every rank of the expert-parallel group gets the same batch, computes attention and
- * the dense layers for the sequences it owns (ina_engine_split_owner), and meets the
+ * the dense layers for the sequences of its stripe of the page pool (a stripe per rank,
+ * ina_kv_seq_stripe: the same on every rank, as the pools are replicas), and meets the
  * others at each MoE layer, whose rows are gathered from every rank (engine_gpu.c,
  * moe_block). Here the host side: which sequences are ours, the shape every rank pads its
  * step to (collectives need the same counts everywhere, and a decode graph the same
@@ -93,7 +94,7 @@ ina_status_t gpu_dp_split(ina_engine_gpu_t *e, const ina_batch_t *b, int graphed
   int32_t count = 0;
   d->qo_indptr[0] = 0;
   for (int32_t i = 0; i < b->batch; i++) {
-    const int32_t len = b->qo_indptr[i + 1] - b->qo_indptr[i], r = ina_engine_split_owner(b->seqs[i], n);
+    const int32_t len = b->qo_indptr[i + 1] - b->qo_indptr[i], r = ina_kv_seq_stripe(e->kv, b->seqs[i]);
     d->owner[i] = r;
     d->first_row[i] = d->rank_rows[r];
     d->rank_rows[r] += b->all_logits ? len : 1;
