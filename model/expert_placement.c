@@ -12,11 +12,15 @@ ina_status_t ina_expert_placement_init(int32_t ep, int32_t slots_per_rank, int32
   ina_status_t st = INA_OK;
   INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "expert placement: out is NULL");
   memset(out, 0, sizeof *out);
-  INA_REQUIRE(ep >= 1 && slots_per_rank >= 1 && num_moe_layers >= 0 && num_experts >= 1,
+  INA_REQUIRE(ep >= 1 && slots_per_rank >= 1 && num_moe_layers >= 0 && num_experts >= 0,
               INA_ERR_INVALID_ARGUMENT,
-              "expert placement: ep %d, slots_per_rank %d, MoE layers %d and experts %d must be "
-              "positive (layers may be 0)",
+              "expert placement: ep %d and slots_per_rank %d must be positive, MoE layers %d and "
+              "experts %d not negative",
               ep, slots_per_rank, num_moe_layers, num_experts);
+  INA_REQUIRE(num_experts >= 1 || num_moe_layers == 0, INA_ERR_INVALID_ARGUMENT,
+              "expert placement: %d MoE layers without routed experts (a model without experts "
+              "has no MoE layers)",
+              num_moe_layers);
   const int64_t slots = (int64_t)ep * slots_per_rank * (num_moe_layers > 0 ? num_moe_layers : 1);
   INA_REQUIRE(slots <= INT32_MAX, INA_ERR_INVALID_ARGUMENT,
               "expert placement: %lld slots in all (ep %d x %d slots x %d layers) is too many",
@@ -35,10 +39,11 @@ fail:
 ina_status_t ina_expert_placement_init_contiguous(int32_t ep, int32_t num_moe_layers,
                                                   int32_t num_experts, ina_expert_placement_t *out) {
   ina_status_t st = INA_OK;
-  INA_REQUIRE(ep >= 1 && num_experts >= 1, INA_ERR_INVALID_ARGUMENT,
-              "expert placement: ep %d and experts %d must be positive", ep, num_experts);
-  INA_CHECK(ina_expert_placement_init(ep, (num_experts + ep - 1) / ep, num_moe_layers, num_experts,
-                                      out));
+  INA_REQUIRE(ep >= 1 && num_experts >= 0, INA_ERR_INVALID_ARGUMENT,
+              "expert placement: ep %d must be positive and experts %d not negative", ep, num_experts);
+  /* One slot per rank (empty) when there are no experts to place. */
+  INA_CHECK(ina_expert_placement_init(ep, num_experts > 0 ? (num_experts + ep - 1) / ep : 1,
+                                      num_moe_layers, num_experts, out));
   for (int32_t l = 0; l < num_moe_layers; l++)
     for (int32_t r = 0; r < ep; r++) {
       const int32_t begin = (int32_t)((int64_t)num_experts * r / ep);
@@ -73,9 +78,10 @@ ina_status_t ina_expert_placement_validate(const ina_expert_placement_t *p) {
   ina_status_t st = INA_OK;
   int32_t *holder = NULL; /* per logical expert: the last rank seen holding it, or -1 */
   INA_REQUIRE(p != NULL && p->slot_expert != NULL && p->ep >= 1 && p->slots_per_rank >= 1 &&
-                  p->num_experts >= 1 && p->num_moe_layers >= 0,
+                  p->num_experts >= 0 && p->num_moe_layers >= 0 &&
+                  (p->num_experts >= 1 || p->num_moe_layers == 0),
               INA_ERR_INVALID_ARGUMENT, "expert placement: empty or malformed");
-  holder = malloc((size_t)p->num_experts * sizeof *holder);
+  holder = malloc(((size_t)p->num_experts + 1) * sizeof *holder);
   INA_CHECK_ALLOC(holder);
   for (int32_t l = 0; l < p->num_moe_layers; l++) {
     for (int32_t x = 0; x < p->num_experts; x++) holder[x] = -1;

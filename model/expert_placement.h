@@ -11,6 +11,10 @@
  * The placement an engine starts with is the contiguous one: rank r holds experts
  * [E * r / ep, E * (r + 1) / ep) in its first slots, in order (ina_parallel_job_shard).
  *
+ * A model without MoE layers (no routed experts, or first_k_dense_replace >= its layers)
+ * has a placement of zero MoE layers: nothing to place, every placement of its shape is
+ * valid, and num_experts may then be 0. MoE layers without experts do not exist.
+ *
  * Ownership: init/free pairs own slot_expert; free(NULL-filled) is a no-op. Thread
  * safety: plain data. */
 #ifndef INA_MODEL_EXPERT_PLACEMENT_H
@@ -35,11 +39,13 @@ typedef struct ina_expert_placement {
   int32_t *slot_expert;
 } ina_expert_placement_t;
 
-/* Every slot empty. Sizes must be >= 1 (num_moe_layers >= 0), with at most 2^31 slots in
- * all; else INA_ERR_INVALID_ARGUMENT. */
+/* Every slot empty. ep and slots_per_rank must be >= 1, num_moe_layers >= 0, num_experts
+ * >= 1 (>= 0 when num_moe_layers is 0), with at most 2^31 slots in all; else
+ * INA_ERR_INVALID_ARGUMENT. */
 ina_status_t ina_expert_placement_init(int32_t ep, int32_t slots_per_rank, int32_t num_moe_layers,
                                        int32_t num_experts, ina_expert_placement_t *out);
-/* The contiguous placement (see above): slots_per_rank = ceil(num_experts / ep). */
+/* The contiguous placement (see above): slots_per_rank = ceil(num_experts / ep), 1 when
+ * there are no experts. */
 ina_status_t ina_expert_placement_init_contiguous(int32_t ep, int32_t num_moe_layers,
                                                   int32_t num_experts, ina_expert_placement_t *out);
 ina_status_t ina_expert_placement_copy(const ina_expert_placement_t *src, ina_expert_placement_t *out);
