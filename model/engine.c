@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "model/engine_backend.h"
+#include "model/engine_test_hooks.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
@@ -33,6 +34,13 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
   const int32_t device = requested_device(options);
   INA_REQUIRE(device >= -1, INA_ERR_INVALID_ARGUMENT,
               "engine: device %d is invalid (-1 for the CPU, >= 0 for a CUDA device)", device);
+  {
+    const int numerics = ina_engine_options_numerics(options);
+    INA_REQUIRE(numerics == INA_ENGINE_NUMERICS_F32 || (numerics == INA_ENGINE_NUMERICS_GPU && device < 0),
+                INA_ERR_INVALID_ARGUMENT,
+                "engine: numerics %d is not one of 0 (fp32) and 1 (the GPU's rounding, CPU backend only)%s",
+                numerics, device >= 0 ? " for a CUDA device" : "");
+  }
   e = calloc(1, sizeof *e);
   INA_CHECK_ALLOC(e);
   if (device < 0)
@@ -180,4 +188,49 @@ fail:
 
 void ina_engine_truncate_all(ina_page_pool_t *kv, const ina_batch_t *b) {
   for (int32_t i = 0; i < b->batch; i++) ina_kv_seq_truncate(kv, b->seqs[i], b->qo_indptr[i + 1] - b->qo_indptr[i]);
+}
+
+/* ---- test hooks (model/engine_test_hooks.h) -------------------------------------------- */
+
+const char *ina_engine_mutation_name(int32_t mutation) {
+  static const char *const names[INA_MUTATION_COUNT] = {
+      "none",
+      "decode softmax scale x0.95",
+      "decode without mscale^2",
+      "routed-expert outputs x0.95",
+      "experts 0 and 1 swapped (first MoE layer)",
+      "q_a / kv_a eps 1e-6 -> 1e-5",
+      "rope_theta ignored",
+      "decode skips the newest key",
+      "FP8 scale grid transposed (layer 0 kv_a_proj)",
+      "shared experts dropped",
+  };
+  return mutation >= 0 && mutation < INA_MUTATION_COUNT ? names[mutation] : "?";
+}
+
+ina_status_t ina_engine_set_mutation(ina_engine_t *e, int32_t mutation) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e != NULL, INA_ERR_INVALID_ARGUMENT, "engine: NULL engine");
+  INA_REQUIRE(e->cpu != NULL, INA_ERR_UNSUPPORTED, "engine: mutations are a CPU engine's test hook");
+  return ina_engine_cpu_set_mutation(e->cpu, mutation);
+fail:
+  return st;
+}
+
+ina_status_t ina_engine_route_margins(ina_engine_t *e, float *out, int64_t capacity, int64_t *count) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e != NULL && count != NULL, INA_ERR_INVALID_ARGUMENT, "engine: NULL argument");
+  INA_REQUIRE(e->cpu != NULL, INA_ERR_UNSUPPORTED, "engine: routing margins are a CPU engine's test hook");
+  return ina_engine_cpu_route_margins(e->cpu, out, capacity, count);
+fail:
+  return st;
+}
+
+ina_status_t ina_engine_set_rounding_noise(ina_engine_t *e, float relative, float attention, uint64_t seed) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e != NULL, INA_ERR_INVALID_ARGUMENT, "engine: NULL engine");
+  INA_REQUIRE(e->cpu != NULL, INA_ERR_UNSUPPORTED, "engine: rounding noise is a CPU engine's test hook");
+  return ina_engine_cpu_set_rounding_noise(e->cpu, relative, attention, seed);
+fail:
+  return st;
 }

@@ -50,6 +50,12 @@ static inline int ina_engine_options_step_split(const ina_engine_options_t *o) {
   return o->struct_size >= offsetof(ina_engine_options_t, step_split) + sizeof(int32_t) ? o->step_split : 0;
 }
 
+/* options->numerics when the caller's struct has it (version 8), else fp32. */
+static inline int ina_engine_options_numerics(const ina_engine_options_t *o) {
+  return o->struct_size >= offsetof(ina_engine_options_t, numerics) + sizeof(int32_t) ? o->numerics
+                                                                                         : INA_ENGINE_NUMERICS_F32;
+}
+
 typedef struct ina_engine_cpu ina_engine_cpu_t;
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
@@ -63,6 +69,11 @@ ina_status_t ina_engine_cpu_apply_placement(ina_engine_cpu_t *engine, const ina_
                                             int dry_run, int64_t *bytes_moved);
 ina_status_t ina_engine_cpu_expert_load(ina_engine_cpu_t *engine, int reset, uint64_t *counts,
                                         int64_t capacity, int32_t *num_moe_layers);
+/* model/engine_test_hooks.h */
+ina_status_t ina_engine_cpu_set_mutation(ina_engine_cpu_t *engine, int32_t mutation);
+ina_status_t ina_engine_cpu_set_rounding_noise(ina_engine_cpu_t *engine, float relative, float attention,
+                                              uint64_t seed);
+ina_status_t ina_engine_cpu_route_margins(ina_engine_cpu_t *engine, float *out, int64_t capacity, int64_t *count);
 
 typedef struct ina_engine_gpu ina_engine_gpu_t;
 

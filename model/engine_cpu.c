@@ -17,6 +17,8 @@
 #include "model/cpu_ops.h"
 #include "model/engine_backend.h"
 #include "model/engine_cpu_internal.h"
+#include "model/engine_cpu_numerics.h"
+#include "model/engine_test_hooks.h"
 #include "model/expert_parallel.h"
 #include "model/expert_slots.h"
 #include "model/model.h"
@@ -26,7 +28,26 @@
  * argument, so the latent norms always use the RMSNorm default, not rms_norm_eps. */
 #define LATENT_NORM_EPS 1e-6f
 
+static float latent_norm_eps(const ina_engine_cpu_t *e) {
+  return e->mutation == INA_MUTATION_LATENT_EPS ? 1e-5f : LATENT_NORM_EPS;
+}
 
+/* With GPU numerics, x[n] as the CUDA engine stores it (bf16); else unchanged. The
+ * oracle's noise (rounding_noise x noise_gain) goes on before the rounding. */
+static void as_stored_noise(ina_engine_cpu_t *e, float *x, int64_t n, float noise) {
+  if (!e->gpu_numerics) return;
+  if (noise > 0)
+    for (int64_t i = 0; i < n; i++) {
+      uint64_t z = (e->noise_state += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      const float u = (float)((double)((z ^ (z >> 31)) >> 11) * 0x1p-52 - 1.0);
+      x[i] *= 1.0f + u * noise;
+    }
+  ina_cpu_round_bf16(x, n);
+}
+
+static void as_stored(ina_engine_cpu_t *e, float *x, int64_t n) { as_stored_noise(e, x, n, e->rounding_noise); }
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
                                    ina_engine_cpu_t **out) {
@@ -52,6 +73,7 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   e->tp_comm = ina_engine_options_tp_comm(options);
   e->max_expert_bytes = ina_engine_options_max_expert_bytes(options);
   e->attention_dp = ina_engine_options_attention_dp(options);
+  e->gpu_numerics = ina_engine_options_numerics(options) == INA_ENGINE_NUMERICS_GPU;
   INA_REQUIRE(e->attention_dp >= 0 && e->attention_dp <= 2, INA_ERR_INVALID_ARGUMENT,
               "engine: attention_dp %d (0 off, 1 a batch per rank, 2 one batch split by sequence)", e->attention_dp);
   INA_REQUIRE(!e->attention_dp || ina_engine_options_ep_comm(options), INA_ERR_INVALID_ARGUMENT,
@@ -131,6 +153,7 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   free(e->expert_load);
   free(e->step_load);
   free(e->inv_freq);
+  free(e->route_margin);
   free(e);
 }
 
@@ -199,6 +222,57 @@ fail:
   return st;
 }
 
+/* ---- linears ----------------------------------------------------------------------- */
+
+/* y = x . W^T, in the engine's numerics: fp32 on the stored weights, or as the CUDA
+ * engine's GEMM (FP8 where it takes it, bf16 out). */
+static ina_status_t linear(ina_engine_cpu_t *e, const ina_linear_t *lin, const float *x, int64_t m, float *y) {
+  ina_status_t st = INA_OK;
+  if (!e->gpu_numerics) return ina_cpu_linear(e->pool, lin, x, m, y);
+  ina_cpu_gpu_linear_opts_t o = {1, 1, 0}; /* fp32 out, rounded here as stored */
+  o.transposed_scales = e->mutation == INA_MUTATION_FP8_SCALE_TRANSPOSED && lin == &e->w->layers[0].kv_a_proj;
+  INA_CHECK(ina_cpu_gpu_linear(e->pool, lin, x, m, y, &o));
+  as_stored(e, y, m * lin->weight.shape[0]);
+fail:
+  return st;
+}
+
+/* Row n of kv_b_proj as the absorption reads it: fp32 as stored, or as the CUDA engine
+ * holds it (bf16; an FP8 kv_b dequantized to bf16). */
+static void kv_b_row(const ina_engine_cpu_t *e, const ina_linear_t *kv_b, int64_t n, float *out) {
+  if (e->gpu_numerics)
+    ina_cpu_gpu_weight_row(kv_b, n, 0, 0, out);
+  else
+    ina_cpu_linear_row(kv_b, n, out);
+}
+
+/* RMSNorm of rows [m, n] into y, as stored: the CUDA engine's norms read bf16 values,
+ * take f32 weights (kv_a_layernorm's as bf16, bf16_weight) and write bf16. */
+static void norm_rows(ina_engine_cpu_t *e, const float *x, const ina_tensor_t *weight, int bf16_weight,
+                      int64_t m, int64_t n, float eps, int64_t x_stride, float *y, int64_t y_stride) {
+  if (e->gpu_numerics && bf16_weight && weight->dtype != INA_DTYPE_BF16) {
+    float w[512];
+    for (int64_t i = 0; i < m; i++) {
+      const float *xi = x + i * x_stride;
+      float *yi = y + i * y_stride;
+      double ss = 0;
+      for (int64_t c = 0; c < n; c++) ss += (double)xi[c] * xi[c];
+      const float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+      for (int64_t c0 = 0; c0 < n; c0 += 512) {
+        const int64_t len = n - c0 < 512 ? n - c0 : 512;
+        ina_to_f32((const char *)weight->data + (size_t)c0 * ina_dtype_size(weight->dtype), weight->dtype, w,
+                   (size_t)len);
+        ina_cpu_round_bf16(w, len);
+        for (int64_t c = 0; c < len; c++) yi[c0 + c] = w[c] * (xi[c0 + c] * inv);
+      }
+      as_stored(e, yi, n);
+    }
+    return;
+  }
+  ina_cpu_rmsnorm(x, weight, m, n, eps, x_stride, y, y_stride);
+  for (int64_t i = 0; i < m; i++) as_stored(e, y + i * y_stride, n);
+}
+
 /* ---- attention -------------------------------------------------------------------- */
 
 /* Copy the latent cache entries [0, L) of a sequence into dense rows. */
@@ -265,6 +339,7 @@ fail:
  * with W_UK / W_UV the key and value rows of kv_b_proj for head h. One head per item, so
  * each weight row is converted once for all tokens. */
 typedef struct absorb_job {
+  const ina_engine_cpu_t *e;
   const ina_linear_t *kv_b;
   const ina_model_config_t *c;
   int32_t heads; /* this rank's */
@@ -285,7 +360,7 @@ static void absorb_q_heads(void *ctx, int64_t begin, int64_t end, int worker) {
   for (int64_t h = begin; h < end; h++) {
     for (int32_t i = 0; i < j->count; i++) memset(j->q_abs + ((int64_t)i * H + h) * C, 0, (size_t)C * sizeof(float));
     for (int32_t d = 0; d < nope; d++) {
-      ina_cpu_linear_row(j->kv_b, h * (nope + V) + d, row);
+      kv_b_row(j->e, j->kv_b, h * (nope + V) + d, row);
       for (int32_t i = 0; i < j->count; i++) {
         const float qd = j->q[((int64_t)j->tokens[i] * H + h) * QK + d];
         ina_cpu_axpy(qd, row, j->q_abs + ((int64_t)i * H + h) * C, C);
@@ -301,7 +376,7 @@ static void absorb_v_heads(void *ctx, int64_t begin, int64_t end, int worker) {
   float *row = j->scratch + (size_t)worker * (size_t)C;
   for (int64_t h = begin; h < end; h++) {
     for (int32_t d = 0; d < V; d++) {
-      ina_cpu_linear_row(j->kv_b, h * (nope + V) + nope + d, row);
+      kv_b_row(j->e, j->kv_b, h * (nope + V) + nope + d, row);
       for (int32_t i = 0; i < j->count; i++)
         j->attn[((int64_t)j->tokens[i] * H + h) * V + d] =
             ina_cpu_dot(j->o_latent + ((int64_t)i * H + h) * C, row, C);
@@ -309,8 +384,10 @@ static void absorb_v_heads(void *ctx, int64_t begin, int64_t end, int worker) {
   }
 }
 
-/* Absorbed MLA over the paged latent cache for the sequences in `seq_ids`. */
-static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq_ids, int32_t nseq) {
+/* Absorbed MLA over the paged latent cache for the sequences in `seq_ids`, with softmax
+ * scale `scale`; skip_newest leaves each sequence's newest key out (a mutation). */
+static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq_ids, int32_t nseq, float scale,
+                                    int skip_newest) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
@@ -343,7 +420,7 @@ static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq
   for (int32_t k = 0; k < nseq; k++) {
     const int32_t i = seq_ids[k];
     seqs[k] = s->b->seqs[i];
-    kv_len[k] = (int32_t)s->b->seqs[i]->num_tokens;
+    kv_len[k] = (int32_t)s->b->seqs[i]->num_tokens - (skip_newest ? 1 : 0);
     qo[k + 1] = qo[k];
     for (int32_t t = s->b->qo_indptr[i]; t < s->b->qo_indptr[i + 1]; t++) {
       tokens[qo[k + 1]] = t;
@@ -355,17 +432,20 @@ static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq
   }
   INA_CHECK(ina_page_table_build(&table, seqs, nseq, ina_page_pool_page_size(e->kv)));
   {
-    absorb_job_t job = {&e->w->layers[layer].kv_b_proj, c, H, tokens, count, s->q, q_abs, o_latent,
+    absorb_job_t job = {e, &e->w->layers[layer].kv_b_proj, c, H, tokens, count, s->q, q_abs, o_latent,
                         s->attn, scratch};
     ina_parallel_for(e->pool, H, 1, absorb_q_heads, &job);
+    as_stored(e, q_abs, (int64_t)count * H * C);
     ina_tensor_t cache = ina_page_pool_layer(e->kv, layer);
-    ina_mla_ref_params_t p = {nseq, H, C, R, e->softmax_scale, qo, kv_len, table.indptr, table.indices,
+    ina_mla_ref_params_t p = {nseq, H, C, R, scale, qo, kv_len, table.indptr, table.indices,
                               q_abs, q_pe,
                               ina_mla_cache_interleaved(INA_MLA_CACHE_F32, cache.data,
                                                         ina_page_pool_page_size(e->kv), C, R),
                               o_latent, NULL};
     INA_CHECK(ina_mla_attention_ref(&p, e->pool));
+    as_stored_noise(e, o_latent, (int64_t)count * H * C, e->attention_noise);
     ina_parallel_for(e->pool, H, 1, absorb_v_heads, &job);
+    for (int32_t i = 0; i < count; i++) as_stored(e, s->attn + (int64_t)tokens[i] * H * c->v_head_dim, (int64_t)H * c->v_head_dim);
   }
 fail:
   ina_page_table_release(&table);
@@ -398,26 +478,29 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
   const int32_t H = e->heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim;
   const int32_t QK = c->qk_nope_head_dim + R;
   const int pairs = c->rope_layout == INA_ROPE_PAIRS;
-  int32_t *absorbed = NULL;
-  int32_t nabsorbed = 0;
+  int32_t *absorbed = NULL, *decoding = NULL;
+  int32_t nabsorbed = 0, ndecoding = 0;
 
-  ina_cpu_rmsnorm(s->x, &L->input_norm, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
+  norm_rows(e, s->x, &L->input_norm, 0, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
   if (c->q_lora_rank > 0) {
-    INA_CHECK(ina_cpu_linear(e->pool, &L->q_a_proj, s->h, T, s->qa));
-    ina_cpu_rmsnorm(s->qa, &L->q_a_norm, T, c->q_lora_rank, LATENT_NORM_EPS, c->q_lora_rank, s->qa,
-                    c->q_lora_rank);
-    INA_CHECK(ina_cpu_linear(e->pool, &L->q_b_proj, s->qa, T, s->q));
+    INA_CHECK(linear(e, &L->q_a_proj, s->h, T, s->qa));
+    norm_rows(e, s->qa, &L->q_a_norm, 0, T, c->q_lora_rank, latent_norm_eps(e), c->q_lora_rank, s->qa,
+              c->q_lora_rank);
+    INA_CHECK(linear(e, &L->q_b_proj, s->qa, T, s->q));
   } else {
-    INA_CHECK(ina_cpu_linear(e->pool, &L->q_proj, s->h, T, s->q));
+    INA_CHECK(linear(e, &L->q_proj, s->h, T, s->q));
   }
-  INA_CHECK(ina_cpu_linear(e->pool, &L->kv_a_proj, s->h, T, s->kv));
+  INA_CHECK(linear(e, &L->kv_a_proj, s->h, T, s->kv));
   for (int64_t t = 0; t < T; t++) {
     float *kv = s->kv + t * (C + R);
-    ina_cpu_rmsnorm(kv, &L->kv_a_norm, 1, C, LATENT_NORM_EPS, C, kv, C);
+    norm_rows(e, kv, &L->kv_a_norm, 1, 1, C, latent_norm_eps(e), C, kv, C);
     ina_cpu_rope(kv + C, R, s->positions[t], e->inv_freq, e->attention_factor, pairs);
-    for (int32_t h = 0; h < H; h++)
-      ina_cpu_rope(s->q + (t * H + h) * QK + c->qk_nope_head_dim, R, s->positions[t], e->inv_freq,
-                   e->attention_factor, pairs);
+    as_stored(e, kv + C, R);
+    for (int32_t h = 0; h < H; h++) {
+      float *q_pe = s->q + (t * H + h) * QK + c->qk_nope_head_dim;
+      ina_cpu_rope(q_pe, R, s->positions[t], e->inv_freq, e->attention_factor, pairs);
+      as_stored(e, q_pe, R);
+    }
     /* append the token's latent entry to the paged cache */
     int32_t page, slot;
     ina_kv_seq_locate(s->b->seqs[s->token_seq[t]], ina_page_pool_page_size(e->kv), s->positions[t],
@@ -425,21 +508,39 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
     memcpy(ina_page_pool_entry(e->kv, layer, page, slot), kv, (size_t)(C + R) * sizeof(float));
   }
   absorbed = malloc((size_t)(s->b->batch > 0 ? s->b->batch : 1) * sizeof *absorbed);
+  decoding = malloc((size_t)(s->b->batch > 0 ? s->b->batch : 1) * sizeof *decoding);
   INA_CHECK_ALLOC(absorbed);
-  for (int32_t i = 0; i < s->b->batch; i++) {
-    const int32_t n = s->b->qo_indptr[i + 1] - s->b->qo_indptr[i];
-    if (n == 0) continue;
-    if (n == 1 && !e->expanded_decode)
-      absorbed[nabsorbed++] = i;
-    else
-      INA_CHECK(attend_expanded(s, layer, i));
+  INA_CHECK_ALLOC(decoding);
+  {
+    /* The decode mutations act on a sequence's one new token after context of its own. */
+    const int decode_mutation = e->mutation == INA_MUTATION_DECODE_SCALE || e->mutation == INA_MUTATION_DECODE_NO_MSCALE ||
+                                e->mutation == INA_MUTATION_DECODE_SKIP_NEWEST;
+    for (int32_t i = 0; i < s->b->batch; i++) {
+      const int32_t n = s->b->qo_indptr[i + 1] - s->b->qo_indptr[i];
+      if (n == 0) continue;
+      if (decode_mutation && n == 1 && s->b->seqs[i]->num_tokens > 1)
+        decoding[ndecoding++] = i;
+      else if ((n == 1 && !e->expanded_decode) || e->gpu_numerics) /* the GPU absorbs every step */
+        absorbed[nabsorbed++] = i;
+      else
+        INA_CHECK(attend_expanded(s, layer, i));
+    }
   }
-  if (nabsorbed > 0) INA_CHECK(attend_absorbed(s, layer, absorbed, nabsorbed));
-  INA_CHECK(ina_cpu_linear(e->pool, &L->o_proj, s->attn, T, s->tmp));
+  if (nabsorbed > 0) INA_CHECK(attend_absorbed(s, layer, absorbed, nabsorbed, e->softmax_scale, 0));
+  if (ndecoding > 0) {
+    const float plain = (float)(1.0 / sqrt((double)QK));
+    const float scale = e->mutation == INA_MUTATION_DECODE_SCALE     ? 0.95f * e->softmax_scale
+                        : e->mutation == INA_MUTATION_DECODE_NO_MSCALE ? plain
+                                                                       : e->softmax_scale;
+    INA_CHECK(attend_absorbed(s, layer, decoding, ndecoding, scale, e->mutation == INA_MUTATION_DECODE_SKIP_NEWEST));
+  }
+  INA_CHECK(linear(e, &L->o_proj, s->attn, T, s->tmp));
   INA_CHECK(tp_sum(e, s->tmp, T * Hd));
   for (int64_t i = 0; i < T * Hd; i++) s->x[i] += s->tmp[i];
+  as_stored(e, s->x, T * Hd);
 fail:
   free(absorbed);
+  free(decoding);
   return st;
 }
 
@@ -447,10 +548,11 @@ fail:
 static ina_status_t mlp(step_t *s, const ina_mlp_weights_t *m, const float *in, int64_t rows, float *out) {
   ina_status_t st = INA_OK;
   const int64_t inter = m->gate.weight.shape[0];
-  INA_CHECK(ina_cpu_linear(s->e->pool, &m->gate, in, rows, s->g));
-  INA_CHECK(ina_cpu_linear(s->e->pool, &m->up, in, rows, s->u));
+  INA_CHECK(linear(s->e, &m->gate, in, rows, s->g));
+  INA_CHECK(linear(s->e, &m->up, in, rows, s->u));
   ina_cpu_silu_mul(s->g, s->u, rows * inter, s->g);
-  INA_CHECK(ina_cpu_linear(s->e->pool, &m->down, s->g, rows, out));
+  as_stored(s->e, s->g, rows * inter);
+  INA_CHECK(linear(s->e, &m->down, s->g, rows, out));
 fail:
   return st;
 }
@@ -562,7 +664,20 @@ static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
     rc.norm_topk_prob = c->norm_topk_prob;
     rc.routed_scaling_factor = (float)c->routed_scaling_factor;
     INA_CHECK(ina_router_ref(&rc, logits, bias, T, ids, weights));
+    if (e->gpu_numerics && e->route_margin && T <= e->route_margin_rows) {
+      /* How near each row came to other experts: the oracle's near-tie rows. Under attention
+       * DP this layer's rows are every rank's; only a single rank's are recorded. */
+      float *m = malloc((size_t)T * sizeof *m);
+      INA_CHECK_ALLOC(m);
+      st = ina_router_ref_margins(&rc, logits, bias, T, m);
+      for (int64_t t = 0; st == INA_OK && t < T; t++)
+        if (m[t] < e->route_margin[t]) e->route_margin[t] = m[t];
+      free(m);
+      INA_CHECK(st);
+    }
   }
+  if (e->mutation == INA_MUTATION_EXPERT_SWAP && e->moe_index[layer] == 0 && E >= 2)
+    for (int64_t i = 0; i < T * K; i++) ids[i] = ids[i] == 0 ? 1 : ids[i] == 1 ? 0 : ids[i];
   INA_CHECK(routed_pairs_build(ids, weights, T, K, E, &pairs));
   {
     uint64_t *load = e->step_load + (int64_t)e->moe_index[layer] * E;
@@ -580,13 +695,14 @@ static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
   for (int64_t i = 0; i < pairs.first[E]; i++) {
     float *dst = out + (int64_t)pairs.token[i] * Hd;
     const float *src = y + i * Hd;
-    const float w = pairs.weight[i];
+    const float w = pairs.weight[i] * (e->mutation == INA_MUTATION_ROUTED_SCALE ? 0.95f : 1.0f);
     for (int64_t d = 0; d < Hd; d++) dst[d] += src[d] * w;
   }
-  if (L->has_shared) {
+  if (L->has_shared && e->mutation != INA_MUTATION_NO_SHARED) {
     INA_CHECK(mlp(s, &L->mlp, s->h, T, xe));
     for (int64_t i = 0; i < T * Hd; i++) out[i] += xe[i];
   }
+  as_stored(e, out, T * Hd);
 fail:
   free(logits);
   free(weights);
@@ -657,13 +773,14 @@ static ina_status_t mlp_block(step_t *s, int32_t layer) {
   const ina_model_config_t *c = s->e->cfg;
   const ina_layer_weights_t *L = &s->e->w->layers[layer];
   const int64_t T = s->T, Hd = c->hidden_size;
-  ina_cpu_rmsnorm(s->x, &L->post_attention_norm, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
+  norm_rows(s->e, s->x, &L->post_attention_norm, 0, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
   if (L->is_moe)
     INA_CHECK(moe_block(s, layer, s->tmp));
   else
     INA_CHECK(mlp(s, &L->mlp, s->h, T, s->tmp));
   INA_CHECK(tp_sum(s->e, s->tmp, T * Hd));
   for (int64_t i = 0; i < T * Hd; i++) s->x[i] += s->tmp[i];
+  as_stored(s->e, s->x, T * Hd);
 fail:
   return st;
 }
@@ -698,6 +815,14 @@ static ina_status_t forward_grown(ina_engine_cpu_t *e, const ina_batch_t *b, flo
     }
   }
   for (int64_t t = 0; t < s.T; t++) ina_cpu_tensor_row(&e->w->embed, b->tokens[t], s.x + t * c->hidden_size);
+  as_stored(e, s.x, s.T * c->hidden_size);
+  if (e->gpu_numerics) {
+    float *grown = realloc(e->route_margin, (size_t)(s.T > 0 ? s.T : 1) * sizeof *grown);
+    INA_CHECK_ALLOC(grown);
+    e->route_margin = grown;
+    e->route_margin_rows = s.T;
+    for (int64_t t = 0; t < s.T; t++) e->route_margin[t] = INFINITY;
+  }
   for (int32_t l = 0; l < c->num_layers; l++) {
     INA_CHECK(attention_block(&s, l));
     INA_CHECK(mlp_block(&s, l));
@@ -708,10 +833,15 @@ static ina_status_t forward_grown(ina_engine_cpu_t *e, const ina_batch_t *b, flo
     INA_CHECK_ALLOC(final);
     for (int64_t r = 0; r < rows; r++) {
       const int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
-      ina_cpu_rmsnorm(s.x + t * c->hidden_size, &e->w->final_norm, 1, c->hidden_size, (float)c->rms_norm_eps,
-                      c->hidden_size, final + r * c->hidden_size, c->hidden_size);
+      norm_rows(e, s.x + t * c->hidden_size, &e->w->final_norm, 0, 1, c->hidden_size, (float)c->rms_norm_eps,
+                c->hidden_size, final + r * c->hidden_size, c->hidden_size);
     }
-    INA_CHECK(ina_cpu_linear(e->pool, &e->w->lm_head, final, rows, logits));
+    if (e->gpu_numerics) {
+      const ina_cpu_gpu_linear_opts_t o = {1, 1, 0}; /* the LM head writes fp32 logits */
+      INA_CHECK(ina_cpu_gpu_linear(e->pool, &e->w->lm_head, final, rows, logits, &o));
+    } else {
+      INA_CHECK(ina_cpu_linear(e->pool, &e->w->lm_head, final, rows, logits));
+    }
   }
   publish_expert_load(e);
 fail:
@@ -806,6 +936,46 @@ ina_status_t ina_engine_cpu_expert_load(ina_engine_cpu_t *e, int reset, uint64_t
   memcpy(counts, e->expert_load, (size_t)n * sizeof *counts);
   if (reset) memset(e->expert_load, 0, (size_t)n * sizeof *counts);
   pthread_mutex_unlock(&e->load_mu);
+fail:
+  return st;
+}
+
+/* ---- test hooks (model/engine_test_hooks.h) -------------------------------------------- */
+
+ina_status_t ina_engine_cpu_set_mutation(ina_engine_cpu_t *e, int32_t mutation) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(mutation >= INA_MUTATION_NONE && mutation < INA_MUTATION_COUNT, INA_ERR_INVALID_ARGUMENT,
+              "engine: mutation %d is out of range", mutation);
+  e->mutation = mutation;
+  {
+    /* rope_theta ignored: the frequencies of the default base. */
+    ina_model_config_t c = *e->cfg;
+    if (mutation == INA_MUTATION_ROPE_THETA) c.rope_theta = 10000.0;
+    ina_cfg_rope_inv_freq(&c, e->inv_freq, &e->attention_factor);
+  }
+fail:
+  return st;
+}
+
+ina_status_t ina_engine_cpu_set_rounding_noise(ina_engine_cpu_t *e, float relative, float attention,
+                                              uint64_t seed) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e->gpu_numerics, INA_ERR_UNSUPPORTED, "engine: rounding noise needs GPU numerics");
+  INA_REQUIRE(relative >= 0 && relative < 1 && attention >= 0 && attention < 1, INA_ERR_INVALID_ARGUMENT,
+              "engine: rounding noise %g / %g out of [0, 1)", (double)relative, (double)attention);
+  e->rounding_noise = relative;
+  e->attention_noise = attention;
+  e->noise_state = seed;
+fail:
+  return st;
+}
+
+ina_status_t ina_engine_cpu_route_margins(ina_engine_cpu_t *e, float *out, int64_t capacity, int64_t *count) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e->gpu_numerics, INA_ERR_UNSUPPORTED, "engine: routing margins are kept only with GPU numerics");
+  *count = e->route_margin_rows;
+  if (out && e->route_margin)
+    memcpy(out, e->route_margin, (size_t)(capacity < *count ? capacity : *count) * sizeof *out);
 fail:
   return st;
 }

@@ -130,10 +130,24 @@ typedef struct ina_engine_options {
    * between them, replayed graphs included), read by ina_engine_step_split; 0 (default)
    * off. Costs an event record per part (a few per layer). */
   int32_t step_split;
+  /* Version 8. The CPU backend's arithmetic (ina_engine_numerics_t): fp32 on the stored
+   * weights (the default), or rounded where the CUDA backend rounds, the oracle its tests
+   * compare it with. The CUDA backend takes only INA_ENGINE_NUMERICS_F32 (its own). */
+  int32_t numerics;
 } ina_engine_options_t;
 
+/* INA_ENGINE_NUMERICS_GPU rounds to bf16 exactly where the CUDA engine stores bf16:
+ * weights (f32 checkpoints rounded, FP8 weights the GPU cannot multiply in FP8
+ * dequantized and rounded), the residual stream, every op's output, the latent cache,
+ * and e4m3-quantizes activations (1 x 128 blocks) where it runs an FP8 GEMM. Prefill
+ * then attends in absorbed form, as the GPU does. Its rules live in engine_cpu_numerics.c. */
+typedef enum ina_engine_numerics {
+  INA_ENGINE_NUMERICS_F32 = 0,
+  INA_ENGINE_NUMERICS_GPU = 1,
+} ina_engine_numerics_t;
+
 #define INA_ENGINE_OPTIONS_INIT \
-  {sizeof(ina_engine_options_t), 7, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0, 0}
+  {sizeof(ina_engine_options_t), 8, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0, 0, 0}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);

@@ -97,6 +97,16 @@ ina_status_t ina_router_ref(const ina_router_config_t *cfg, const float *logits,
                             const float *correction_bias, int64_t tokens, int32_t *ids,
                             float *weights);
 
+/* How close each token's routing came to a different choice: margin[t] is the smallest
+ * gap, over every choice the router makes for the token (the kept groups against the
+ * best dropped one, then the top_k experts against the best one left out), between the
+ * last kept and the first rejected score, in the units of that choice (choice scores
+ * with the bias for NOAUX_TC, group scores, softmax scores); +inf when nothing was left
+ * out. A perturbation of the logits that moves no choice score by margin / 4 (a NOAUX_TC
+ * group score sums two of them) leaves the ids' set unchanged. Arguments and errors as ina_router_ref. */
+ina_status_t ina_router_ref_margins(const ina_router_config_t *cfg, const float *logits,
+                                    const float *correction_bias, int64_t tokens, float *margin);
+
 #ifdef __cplusplus
 }
 #endif

@@ -241,3 +241,71 @@ fail:
   free(w.group_kept);
   return st;
 }
+
+/* v[idx[k - 1]] - v[idx[k]] over the k + 1 best of v[n]; +inf when nothing was left out
+ * (or only -inf, the masked groups of NOAUX_TC). */
+static float kept_gap(const float *v, int32_t n, int32_t k, int32_t *idx) {
+  if (k >= n) return INFINITY;
+  top_k_desc(v, n, k + 1, idx);
+  const float gap = v[idx[k - 1]] - v[idx[k]];
+  return gap == gap ? gap : INFINITY;
+}
+
+ina_status_t ina_router_ref_margins(const ina_router_config_t *cfg, const float *logits,
+                                    const float *correction_bias, int64_t tokens, float *margin) {
+  ina_status_t st = INA_OK;
+  router_scratch_t w = {0};
+  int32_t *idx = NULL;
+  INA_CHECK(ina_router_config_validate(cfg));
+  INA_REQUIRE(tokens >= 0 && (tokens == 0 || (logits && margin)), INA_ERR_INVALID_ARGUMENT,
+              "router margins: %lld tokens with NULL logits or margin", (long long)tokens);
+  const int noaux = cfg->method == INA_ROUTER_SIGMOID_NOAUX_TC;
+  INA_REQUIRE(!noaux || correction_bias != NULL, INA_ERR_INVALID_ARGUMENT,
+              "router margins (%s): correction_bias is required", method_name(cfg->method));
+  const int32_t n = cfg->num_experts, groups = is_group_method(cfg->method) ? cfg->n_group : 1;
+  const int32_t group_size = n / groups;
+  w.scores = malloc((size_t)n * sizeof(float));
+  w.choice = malloc((size_t)n * sizeof(float));
+  w.group_score = malloc((size_t)groups * sizeof(float));
+  w.group_rank = malloc((size_t)groups * sizeof(int32_t));
+  w.group_kept = malloc((size_t)groups);
+  idx = malloc(((size_t)n + 1) * sizeof *idx);
+  INA_CHECK_ALLOC(w.scores);
+  INA_CHECK_ALLOC(w.choice);
+  INA_CHECK_ALLOC(w.group_score);
+  INA_CHECK_ALLOC(w.group_rank);
+  INA_CHECK_ALLOC(w.group_kept);
+  INA_CHECK_ALLOC(idx);
+  for (int64_t t = 0; t < tokens; t++) {
+    const float *row = logits + (size_t)t * (size_t)n;
+    float m = INFINITY;
+    /* The score each choice is made by, as route_noaux_tc / route_softmax form it. */
+    if (noaux) {
+      for (int32_t e = 0; e < n; e++) w.choice[e] = 1.0f / (1.0f + expf(-row[e])) + correction_bias[e];
+    } else {
+      softmax_f32(row, n, w.choice);
+    }
+    if (is_group_method(cfg->method)) {
+      for (int32_t g = 0; g < groups; g++) {
+        const float *grp = w.choice + (size_t)g * group_size;
+        int32_t top2[2] = {0, 0};
+        top_k_desc(grp, group_size, noaux ? 2 : 1, top2);
+        w.group_score[g] = noaux ? grp[top2[0]] + grp[top2[1]] : grp[top2[0]];
+      }
+      const float g_gap = kept_gap(w.group_score, groups, cfg->topk_group, idx);
+      if (g_gap < m) m = g_gap;
+      mask_dropped_groups(cfg, w.group_score, w.group_rank, w.group_kept, w.choice,
+                          noaux && !cfg->noaux_mask_zero ? -INFINITY : 0.0f);
+    }
+    const float e_gap = kept_gap(w.choice, n, cfg->top_k, idx);
+    margin[t] = e_gap < m ? e_gap : m;
+  }
+fail:
+  free(w.scores);
+  free(w.choice);
+  free(w.group_score);
+  free(w.group_rank);
+  free(w.group_kept);
+  free(idx);
+  return st;
+}

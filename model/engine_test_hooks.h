@@ -1,0 +1,51 @@
+/* Test-only hooks of the CPU engine, for the GPU oracle's tests (tests/model/oracle.h):
+ * deliberate bugs that the oracle's comparison must reject, and the routing margins that
+ * tell which rows sit at a near-tie of expert choice. Not for serving: nothing outside
+ * tests calls these. Driver thread only, between steps. */
+#ifndef INA_MODEL_ENGINE_TEST_HOOKS_H
+#define INA_MODEL_ENGINE_TEST_HOOKS_H
+#include <stdint.h>
+
+#include "core/status.h"
+#include "model/model.h"
+
+/* Each a small real bug of the kind a kernel change could bring. "Decode" is a query token
+ * with earlier context of its own sequence in the cache (a one-token step after the
+ * prompt). */
+typedef enum ina_engine_mutation {
+  INA_MUTATION_NONE = 0,
+  INA_MUTATION_DECODE_SCALE,        /* decode: softmax scale x 0.95 */
+  INA_MUTATION_DECODE_NO_MSCALE,    /* decode: softmax scale 1/sqrt(qk_head_dim), without YaRN's mscale^2 */
+  INA_MUTATION_ROUTED_SCALE,        /* routed experts' outputs x 0.95 */
+  INA_MUTATION_EXPERT_SWAP,         /* first MoE layer: experts 0 and 1 trade weights */
+  INA_MUTATION_LATENT_EPS,          /* q_a / kv_a RMSNorm eps 1e-5 instead of 1e-6 */
+  INA_MUTATION_ROPE_THETA,          /* rope_theta ignored (10000) */
+  INA_MUTATION_DECODE_SKIP_NEWEST,  /* decode: attention misses the newest key (its own) */
+  INA_MUTATION_FP8_SCALE_TRANSPOSED, /* GPU numerics: layer 0 kv_a_proj reads its FP8 scale grid transposed */
+  INA_MUTATION_NO_SHARED,           /* shared experts dropped */
+  INA_MUTATION_COUNT
+} ina_engine_mutation_t;
+
+/* Short name of a mutation ("decode scale x0.95", ...); "?" when out of range. */
+const char *ina_engine_mutation_name(int32_t mutation);
+
+/* Applies `mutation` to every later step of a CPU engine (INA_MUTATION_NONE undoes it).
+ * INA_ERR_UNSUPPORTED for a CUDA engine, INA_ERR_INVALID_ARGUMENT out of range. */
+ina_status_t ina_engine_set_mutation(ina_engine_t *engine, int32_t mutation);
+
+/* GPU numerics only: before each bf16 rounding every value is scaled by 1 + u * relative
+ * (the attention output's by 1 + u * attention), u uniform in [-1, 1) from a generator
+ * seeded with `seed`; 0 turns it off. This is the oracle's error model of the CUDA engine:
+ * the same rounding points, sums in another order (tests/model/oracle.h).
+ * INA_ERR_UNSUPPORTED otherwise. */
+ina_status_t ina_engine_set_rounding_noise(ina_engine_t *engine, float relative, float attention, uint64_t seed);
+
+/* The last step's routing margin of each of its token rows (step order): the smallest gap,
+ * over the MoE layers and every choice the router made (groups, then experts), between
+ * the score of what was kept and the best of what was not, in the units the choice was
+ * made in (ina_router_ref_margins). +inf for a model without MoE layers. CPU engine in
+ * INA_ENGINE_NUMERICS_GPU only (INA_ERR_UNSUPPORTED otherwise); *count receives the rows,
+ * out gets min(count, capacity) of them. */
+ina_status_t ina_engine_route_margins(ina_engine_t *engine, float *out, int64_t capacity, int64_t *count);
+
+#endif
