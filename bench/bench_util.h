@@ -1,5 +1,6 @@
 /* Shared pieces of the kernel benchmarks: timing with CUDA events, the device's measured
- * memory ceilings, random device data, and result reporting.
+ * memory ceilings, random device data, the checks of results before timing, and result
+ * reporting.
  *
  * Every benchmark prints one line per figure, `name value unit formula` (the formula is
  * the rest of the line and says how the value was computed), then one JSON line
@@ -98,6 +99,57 @@ void ina_bench_poison_nan(float *x, int64_t n);
 double ina_bench_median(double *v, int n);
 /* "1,8,64" -> at most `max` values in [lo, hi] into out; 0 on success. */
 int ina_bench_parse_list(const char *text, int64_t lo, int64_t hi, int64_t *out, int max, int *count);
+
+/* ---- checks before timing (bench_host.c) -------------------------------------------- */
+
+/* A benchmark compares the first result of every configuration it times with a plain-C
+ * reference on the same inputs, into outputs poisoned with NaN, before timing it. Each
+ * comparison is reported by ina_bench_check (or ina_bench_check_failed): a passing one as
+ * `check <what> <measure> <value> <= <bound>: ok` on stdout, a failing one on stderr with
+ * the case, the measure, the value and the bound; the benchmark then prints no figure for
+ * that case and exits 1 at the end (ina_bench_checks_failed() > 0). */
+
+/* ||got - ref|| / ||ref|| over n values, in double. A NaN or infinity in either gives
+ * +inf (never within a bound); ||ref|| = 0 gives 0 when got is all zero, else +inf. */
+double ina_bench_rel_l2(const float *got, const double *ref, int64_t n);
+/* The same with an f32 reference. */
+double ina_bench_rel_l2_f32(const float *got, const float *ref, int64_t n);
+/* bf16 bit patterns -> f32, n values. */
+void ina_bench_bf16_to_f32(const uint16_t *in, float *out, int64_t n);
+/* How many of x[0..n) are NaN or infinite. */
+int64_t ina_bench_count_nonfinite(const float *x, int64_t n);
+/* How many of n bf16 values are not `pattern` (e.g. the poison a run must not overwrite). */
+int64_t ina_bench_count_not_bf16(const uint16_t *x, int64_t n, uint16_t pattern);
+/* Ascending distinct indices of [lo, hi) for a sampled check: all of them when there are
+ * at most `max`, else lo, hi - 1 and max - 2 others drawn from the splitmix64 stream
+ * (max >= 2). Returns how many were written to out. */
+int ina_bench_sample_range(int64_t lo, int64_t hi, int max, uint64_t *state, int64_t *out);
+
+/* Compares block-quantized e4m3 q [rows, cols] and its fp32 scale_inv (row-major
+ * [ceil(rows / block_rows), ceil(cols / 128)], as ina_cuda_fp8_quantize_blocks writes
+ * them) with ina_fp8_quantize_blocks of x (bf16 bits, rows x cols): *q_diff bytes and
+ * *scale_diff scales differ (NaN bytes equal whatever their sign), *first is the first
+ * differing byte's index (-1 when none). Host memory; allocates scratch. */
+ina_status_t ina_bench_fp8_blocks_diff(const uint16_t *x, int64_t rows, int64_t cols,
+                                       int block_rows, const uint8_t *q, const float *scale_inv,
+                                       int64_t *q_diff, int64_t *scale_diff, int64_t *first);
+
+/* Reports one comparison: passes when value <= bound (NaN never passes). `measure` names
+ * what value is (e.g. "rel_l2_vs_ina_gemm_ref_row"). Returns 1 when it passed. */
+int ina_bench_check(const char *what, const char *measure, double value, double bound);
+/* Reports a check that failed for a reason given as printf-style text (e.g. "3 of 7168
+ * outputs are NaN"); returns 0. */
+int ina_bench_check_failed(const char *what, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* Checks reported so far, and how many of them failed. */
+int ina_bench_checks_run(void);
+int ina_bench_checks_failed(void);
+/* quiet != 0: passing checks print nothing (the ranks other than 0 of a multi-rank
+ * benchmark); failures are always printed. */
+void ina_bench_check_set_quiet(int quiet);
 
 /* ---- reporting ---------------------------------------------------------------------- */
 
