@@ -26,10 +26,23 @@
  * 128x128, activations 1x128 by ina_gemm_quantize_x for each M: the scale layout depends
  * on M). The last lines are a table, and one JSON line with every figure.
  *
- * Usage: bench_gemm [--small-m] (exit 0 on success, 77 without a device).
+ * Checks, before timing: every timed (variant, M, N, K) first runs once on operand set 0
+ * into an output poisoned with NaN, and is compared with the CPU reference
+ * (ina_gemm_ref_row, double) on the operands the GPU read (gemm/bench_gemm_check.h gives
+ * the error model and bounds): every output finite, the row past M untouched, and a
+ * sampled set of rows x all N columns within relative L2 1e-2 of the reference on the same
+ * operands (FP8: also within 5e-2 of the bf16 product it was quantized from). Sampled rows:
+ * 0..7, and for each range between consecutive M of the sweep its first, its last and 6
+ * random rows (64 rows at M = 4096; all rows for M <= 8). The FP8 weights and activations
+ * are compared bit for bit with ina_fp8_quantize_blocks on the host. A failed check prints
+ * the case and the error, no figure for the case, and makes the program exit 1.
+ *
+ * Usage: bench_gemm [--small-m] (exit 0 on success, 1 when a check failed, 77 without a
+ * device).
  * gemm/gemm_torch_ref.py prints torch's figures for the same shapes in the same format. */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +51,8 @@
 #include "core/cuda.h"
 #include "core/fp8_quant.h"
 #include "core/log.h"
+#include "core/threadpool.h"
+#include "gemm/bench_gemm_check.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_internal.h"
 
@@ -50,6 +65,8 @@
 #define LARGE_M_MAX_CALLS_PER_GRAPH 64
 #define KERNEL_MAX_BENCH_M 256
 #define MAX_M 4096
+#define CHECK_ROWS_PER_RANGE 8 /* sampled rows per range between consecutive M */
+#define MAX_CHECK_ROWS 128
 
 static const int64_t g_ms[] = {1, 8, 64, 128, 256, 512, 1024, 2048, 4096};
 #define NUM_MS ((int)(sizeof g_ms / sizeof g_ms[0]))
@@ -69,7 +86,8 @@ typedef struct how {
   ina_gemm_small_m_plan_t plan;
 } how_t;
 
-/* TFLOP/s of every (shape, M, variant), 0 when not measured: the closing table. */
+/* TFLOP/s of every (shape, M, variant), 0 when not measured, NaN when its check failed:
+ * the closing table. */
 static double g_tflops[NUM_SHAPES][NUM_MS][NUM_VARIANTS];
 
 #define CUDA_OK(call)                                                           \
@@ -228,6 +246,118 @@ static double time_gemm(const ina_gemm_t *h, const operands_t *o, const how_t *h
   return per_run;
 }
 
+/* ---- checks ----------------------------------------------------------------------------- */
+
+/* The checks of one N x K shape: the references of the sampled rows of set 0. */
+typedef struct shape_check {
+  ina_bench_gemm_ref_t ref;
+  int ready;  /* the references exist */
+  int w8_ok;  /* the FP8 weight equals the host quantization */
+  int x8_ok;  /* the FP8 activations at the current M equal the host quantization */
+  uint16_t *y_host; /* [max_m, n], the read-back output */
+} shape_check_t;
+
+/* Rows 0..7 and, for every range [ms[i - 1], ms[i]) above 8, CHECK_ROWS_PER_RANGE of it
+ * (its first, its last and random ones): each M of the sweep checks the rows below it. */
+static int check_rows(const int64_t *ms, int count, int64_t max_m, int64_t *rows) {
+  uint64_t state = 0xC4ECull;
+  int n = 0;
+  for (int64_t r = 0; r < 8 && r < max_m; r++) rows[n++] = r;
+  for (int i = 0; i < count; i++) {
+    const int64_t lo = i == 0 || ms[i - 1] < 8 ? 8 : ms[i - 1], hi = ms[i];
+    if (hi > lo && n + CHECK_ROWS_PER_RANGE <= MAX_CHECK_ROWS)
+      n += ina_bench_sample_range(lo, hi, CHECK_ROWS_PER_RANGE, &state, rows + n);
+  }
+  return n;
+}
+
+/* Reads set 0's operands back, checks the FP8 weight bit for bit and computes the
+ * references (FP8 and bf16) of the sampled rows. */
+static void shape_check_make(shape_check_t *c, const operands_t *o, const int64_t *ms, int count,
+                             ina_threadpool_t *pool) {
+  const int64_t n = o->n, k = o->k, w_scales = ina_gemm_w_scale_count(n, k);
+  int64_t rows[MAX_CHECK_ROWS];
+  char what[96];
+  memset(c, 0, sizeof *c);
+  const int nrows = check_rows(ms, count, o->max_m, rows);
+  uint16_t *x16 = malloc((size_t)(nrows * k) * 2), *w16 = malloc((size_t)(n * k) * 2);
+  uint8_t *w8 = malloc((size_t)(n * k));
+  float *w_scale = malloc((size_t)w_scales * sizeof(float));
+  c->y_host = malloc((size_t)(o->max_m * n) * 2);
+  if (!x16 || !w16 || !w8 || !w_scale || !c->y_host) {
+    fprintf(stderr, "bench_gemm: out of memory for the checks of n %lld k %lld\n", (long long)n,
+            (long long)k);
+    exit(1);
+  }
+  for (int i = 0; i < nrows; i++)
+    CUDA_OK(cudaMemcpy(x16 + i * k, o->x16[0] + rows[i] * k, (size_t)k * 2,
+                       cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(w16, o->w16[0], (size_t)(n * k) * 2, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(w8, o->w8[0], (size_t)(n * k), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(w_scale, o->w_scale[0], (size_t)w_scales * sizeof(float),
+                     cudaMemcpyDeviceToHost));
+  snprintf(what, sizeof what, "gemm_fp8_n%lld_k%lld_weight", (long long)n, (long long)k);
+  c->w8_ok = ina_bench_gemm_check_w8(what, n, k, w16, w8, w_scale);
+  const double t0 = ina_bench_now_s();
+  if (ina_bench_gemm_ref_init(&c->ref, n, k, rows, nrows, x16, w16, w8, w_scale, pool) == INA_OK) {
+    c->ready = 1;
+    printf("reference n %lld k %lld: %d sampled rows, bf16 and fp8, %.1f s on %d threads\n",
+           (long long)n, (long long)k, nrows, ina_bench_now_s() - t0, ina_threadpool_size(pool));
+  } else {
+    snprintf(what, sizeof what, "gemm_n%lld_k%lld_reference", (long long)n, (long long)k);
+    ina_bench_check_failed(what, "%s", ina_last_error());
+  }
+  free(x16);
+  free(w16);
+  free(w8);
+  free(w_scale);
+}
+
+static void shape_check_free(shape_check_t *c) {
+  ina_bench_gemm_ref_free(&c->ref);
+  free(c->y_host);
+}
+
+/* After ina_gemm_quantize_x for m rows: set 0's sampled rows and scales, bit for bit. */
+static void check_quantized_x(shape_check_t *c, const operands_t *o, int64_t m) {
+  const int64_t k = o->k, scales = ina_gemm_x_scale_count(m, k);
+  char what[96];
+  c->x8_ok = 0;
+  if (!c->ready) return;
+  uint8_t *x8 = malloc((size_t)(c->ref.nrows * k));
+  float *x_scale = malloc((size_t)scales * sizeof *x_scale);
+  if (!x8 || !x_scale) exit(1);
+  for (int i = 0; i < c->ref.nrows; i++)
+    if (c->ref.rows[i] < m)
+      CUDA_OK(cudaMemcpy(x8 + i * k, o->x8[0] + c->ref.rows[i] * k, (size_t)k,
+                         cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(x_scale, o->x_scale[0], (size_t)scales * sizeof(float),
+                     cudaMemcpyDeviceToHost));
+  snprintf(what, sizeof what, "gemm_fp8_m%lld_n%lld_k%lld_quantize_x", (long long)m,
+           (long long)o->n, (long long)k);
+  c->x8_ok = ina_bench_gemm_check_x8(what, &c->ref, m, x8, x_scale);
+  free(x8);
+  free(x_scale);
+}
+
+/* One run as `how` says at M rows on set 0, into a poisoned output, against the
+ * references. Returns 1 when the case may be timed. */
+static int check_gemm(const ina_gemm_t *h, const operands_t *o, shape_check_t *c, const how_t *how,
+                      int64_t m, cudaStream_t stream) {
+  char what[128];
+  snprintf(what, sizeof what, "gemm_%s_m%lld_n%lld_k%lld", how->name, (long long)m,
+           (long long)o->n, (long long)o->k);
+  if (!c->ready) return ina_bench_check_failed(what, "no reference");
+  if (how->fp8 && !(c->w8_ok && c->x8_ok))
+    return ina_bench_check_failed(what, "its FP8 operands failed their check");
+  const int64_t y_rows = m < o->max_m ? m + 1 : m; /* the row past M must keep its poison */
+  CUDA_OK(cudaMemsetAsync(o->y[0], 0xFF, (size_t)(y_rows * o->n) * 2, stream));
+  run_how(h, o, how, m, 0, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(c->y_host, o->y[0], (size_t)(y_rows * o->n) * 2, cudaMemcpyDeviceToHost));
+  return ina_bench_gemm_check_y(what, &c->ref, how->fp8, m, c->y_host, y_rows);
+}
+
 /* Reports the figures of one timing; returns the TB/s. */
 static double report(const operands_t *o, const how_t *how, int64_t m, double ms,
                      double ceiling_tbs) {
@@ -261,6 +391,14 @@ static double report(const operands_t *o, const how_t *how, int64_t m, double ms
     ina_bench_result(name, tbs, "TB/s", formula);
   }
   return tbs;
+}
+
+/* Prints how many checks passed; the exit status: 1 when one failed. */
+static int checks_summary(void) {
+  const int failed = ina_bench_checks_failed(), run = ina_bench_checks_run();
+  printf("checks: %d of %d passed%s\n", run - failed, run,
+         failed ? "; the failed cases have no figures" : "");
+  return failed ? 1 : 0;
 }
 
 /* ---- --small-m ------------------------------------------------------------------------------ */
@@ -328,7 +466,7 @@ static int small_m_hows(const ina_gemm_t *h, int fp8, const operands_t *o, int s
 }
 
 static int bench_small_m(ina_gemm_t *h, cudaStream_t stream, double ceiling, int l2,
-                         int sm_count) {
+                         int sm_count, ina_threadpool_t *pool) {
   printf("\n%-7s %-12s %-4s %-26s %10s %8s %8s\n", "M", "N x K", "mode", "variant", "time us",
          "TB/s", "/ceiling");
   static char table[NUM_LITE_SHAPES * NUM_LITE_MS * 2 * (NUM_SWEEP + 4)][192];
@@ -337,6 +475,8 @@ static int bench_small_m(ina_gemm_t *h, cudaStream_t stream, double ceiling, int
     operands_t o;
     operands_make(&o, g_lite_shapes[s][0], g_lite_shapes[s][1], INA_GEMM_SMALL_M_MAX_ROWS,
                   MAX_SETS, l2);
+    shape_check_t check;
+    shape_check_make(&check, &o, g_lite_ms, NUM_LITE_MS, pool);
     INA_OK(ina_gemm_prepare(h, INA_GEMM_BF16, INA_DTYPE_BF16, o.n, o.k));
     INA_OK(ina_gemm_prepare(h, INA_GEMM_FP8_BLOCK, INA_DTYPE_BF16, o.n, o.k));
     for (int i = 0; i < NUM_LITE_MS; i++) {
@@ -344,6 +484,7 @@ static int bench_small_m(ina_gemm_t *h, cudaStream_t stream, double ceiling, int
       for (int set = 0; set < o.sets; set++)
         INA_OK(ina_gemm_quantize_x(o.x16[set], 0, m, o.k, o.x8[set], 0, o.x_scale[set], stream));
       CUDA_OK(cudaStreamSynchronize(stream));
+      check_quantized_x(&check, &o, m);
       for (int fp8 = 0; fp8 < 2; fp8++) {
         how_t hows[NUM_SWEEP + 4];
         const int count = small_m_hows(h, fp8, &o, sm_count, hows);
@@ -362,6 +503,7 @@ static int bench_small_m(ina_gemm_t *h, cudaStream_t stream, double ceiling, int
               continue;
             }
           }
+          if (!check_gemm(h, &o, &check, &hows[v], m, stream)) continue;
           const double ms = time_gemm(h, &o, &hows[v], m, stream);
           const double tbs = report(&o, &hows[v], m, ms, ceiling);
           snprintf(table[rows++], sizeof table[0],
@@ -371,13 +513,14 @@ static int bench_small_m(ina_gemm_t *h, cudaStream_t stream, double ceiling, int
         }
       }
     }
+    shape_check_free(&check);
     operands_free(&o);
   }
   printf("\n%-7s %-12s %-4s %-26s %10s %8s %8s   (read ceiling %.3f TB/s)\n", "M", "N x K",
          "mode", "variant", "time us", "TB/s", "/ceiling", ceiling);
   for (int r = 0; r < rows; r++) printf("%s\n", table[r]);
   ina_bench_print_json("gemm_small_m");
-  return 0;
+  return checks_summary();
 }
 
 int main(int argc, char **argv) {
@@ -408,11 +551,14 @@ int main(int argc, char **argv) {
   ina_gemm_config_t config = INA_GEMM_CONFIG_INIT;
   config.max_m = MAX_M;
   INA_OK(ina_gemm_create(&config, &h));
+  ina_threadpool_t *pool = NULL; /* the CPU references */
+  INA_OK(ina_threadpool_create(0, &pool));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   if (small_m) {
-    const int rc = bench_small_m(h, stream, ceiling, l2, sm_count);
+    const int rc = bench_small_m(h, stream, ceiling, l2, sm_count, pool);
     CUDA_OK(cudaStreamDestroy(stream));
+    ina_threadpool_destroy(pool);
     ina_gemm_destroy(h);
     return rc;
   }
@@ -420,6 +566,8 @@ int main(int argc, char **argv) {
   for (int s = 0; s < NUM_SHAPES; s++) {
     operands_t o;
     operands_make(&o, g_shapes[s][0], g_shapes[s][1], MAX_M, LARGE_M_MAX_SETS, l2);
+    shape_check_t check;
+    shape_check_make(&check, &o, g_ms, NUM_MS, pool);
     INA_OK(ina_gemm_prepare(h, INA_GEMM_BF16, INA_DTYPE_BF16, o.n, o.k));
     INA_OK(ina_gemm_prepare(h, INA_GEMM_FP8_BLOCK, INA_DTYPE_BF16, o.n, o.k));
     for (int i = 0; i < NUM_MS; i++) {
@@ -427,6 +575,7 @@ int main(int argc, char **argv) {
       for (int set = 0; set < o.sets; set++)
         INA_OK(ina_gemm_quantize_x(o.x16[set], 0, m, o.k, o.x8[set], 0, o.x_scale[set], stream));
       CUDA_OK(cudaStreamSynchronize(stream));
+      check_quantized_x(&check, &o, m);
       const how_t fp8_auto = how_of_variant(V_FP8);
       ina_gemm_args_t probe = args_for(&o, &fp8_auto, m, 0, stream);
       ina_gemm_path_info_t info;
@@ -436,27 +585,39 @@ int main(int argc, char **argv) {
       for (int v = 0; v < NUM_VARIANTS; v++) {
         if (v == V_FP8_KERNEL && m > KERNEL_MAX_BENCH_M) continue;
         const how_t how = how_of_variant((variant_t)v);
+        if (!check_gemm(h, &o, &check, &how, m, stream)) {
+          g_tflops[s][i][v] = NAN;
+          continue;
+        }
         const double ms = time_gemm(h, &o, &how, m, stream);
         report(&o, &how, m, ms, ceiling);
         g_tflops[s][i][v] = 2.0 * m * (double)o.n * (double)o.k / (ms * 1e-3) * 1e-12;
       }
     }
+    shape_check_free(&check);
     operands_free(&o);
   }
 
-  printf("\n%6s %13s %10s %10s %12s %9s   (TFLOP/s)\n", "M", "N x K", "bf16", "fp8", "fp8_kernel",
-         "fp8/bf16");
+  printf("\n%6s %13s %10s %10s %12s %9s   (TFLOP/s; failed: its check failed)\n", "M", "N x K",
+         "bf16", "fp8", "fp8_kernel", "fp8/bf16");
   for (int s = 0; s < NUM_SHAPES; s++)
     for (int i = 0; i < NUM_MS; i++) {
-      char shape[32];
+      char shape[32], cells[NUM_VARIANTS][16], ratio[16] = "-";
       snprintf(shape, sizeof shape, "%lldx%lld", (long long)g_shapes[s][0],
                (long long)g_shapes[s][1]);
       const double *t = g_tflops[s][i];
-      printf("%6lld %13s %10.1f %10.1f %12.1f %9.2f\n", (long long)g_ms[i], shape, t[V_BF16],
-             t[V_FP8], t[V_FP8_KERNEL], t[V_BF16] > 0 ? t[V_FP8] / t[V_BF16] : 0.0);
+      for (int v = 0; v < NUM_VARIANTS; v++) {
+        if (isnan(t[v])) snprintf(cells[v], sizeof cells[v], "failed");
+        else snprintf(cells[v], sizeof cells[v], "%.1f", t[v]);
+      }
+      if (t[V_BF16] > 0 && t[V_FP8] > 0)
+        snprintf(ratio, sizeof ratio, "%.2f", t[V_FP8] / t[V_BF16]);
+      printf("%6lld %13s %10s %10s %12s %9s\n", (long long)g_ms[i], shape, cells[V_BF16],
+             cells[V_FP8], cells[V_FP8_KERNEL], ratio);
     }
   ina_bench_print_json("gemm");
   CUDA_OK(cudaStreamDestroy(stream));
+  ina_threadpool_destroy(pool);
   ina_gemm_destroy(h);
-  return 0;
+  return checks_summary();
 }
