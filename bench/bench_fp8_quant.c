@@ -5,8 +5,20 @@
  *
  * Inputs rotate through a 512 MiB pool (10x the H200's L2) so that a run does not find
  * its input in L2 from an earlier run. Small shapes are timed as back-to-back launches
- * in one stream (launch throughput, not one launch's latency). Exit 77 without a device. */
+ * in one stream (launch throughput, not one launch's latency).
+ *
+ * Check, before timing each shape: one run on the first input set (random bf16, never
+ * zero) into bytes and scales poisoned with 0xFF (NaN in e4m3 and in fp32), compared with
+ * ina_fp8_quantize_blocks (core/dtype.h) on the host copy of the same input. The kernel
+ * implements the same rule (scale_inv = amax / 448, q = e4m3_satfinite(x / scale_inv),
+ * nearest even; core/fp8_quant_rule.h), so the error model is exact equality: the bound is
+ * 0 differing bytes and 0 differing scales, every element of every shape. A failed check
+ * prints the shape and the counts, no figure for the shape, and makes the program exit 1.
+ *
+ * Exit 0 on success, 1 when a check or a run failed, 77 without a device. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "bench/bench_util.h"
 #include "core/cuda.h"
@@ -41,6 +53,50 @@ static ina_status_t enqueue_quant(void *ctx, int64_t iteration, void *stream) {
                                       c->scale_inv + set * c->scales, stream);
 }
 
+/* One run on set 0 into poisoned outputs, bit for bit against ina_fp8_quantize_blocks.
+ * Returns 1 when the shape may be timed. */
+static int check_shape(const char *what, const run_ctx_t *c) {
+  uint16_t *x = malloc((size_t)c->elems * 2);
+  uint8_t *q = malloc((size_t)c->elems);
+  float *scale = malloc((size_t)c->scales * sizeof *scale);
+  int64_t q_diff = 0, s_diff = 0, first = -1;
+  int ok = 0;
+  if (!x || !q || !scale) {
+    ok = ina_bench_check_failed(what, "out of memory");
+    goto done;
+  }
+  memset(q, 0xFF, (size_t)c->elems);
+  memset(scale, 0xFF, (size_t)c->scales * sizeof *scale);
+  if (ina_cuda_memcpy_h2d(c->q, q, (size_t)c->elems) != INA_OK ||
+      ina_cuda_memcpy_h2d(c->scale_inv, scale, (size_t)c->scales * sizeof *scale) != INA_OK ||
+      enqueue_quant((void *)c, 0, NULL) != INA_OK || ina_cuda_synchronize() != INA_OK ||
+      ina_cuda_memcpy_d2h(x, c->x, (size_t)c->elems * 2) != INA_OK ||
+      ina_cuda_memcpy_d2h(q, c->q, (size_t)c->elems) != INA_OK ||
+      ina_cuda_memcpy_d2h(scale, c->scale_inv, (size_t)c->scales * sizeof *scale) != INA_OK) {
+    ok = ina_bench_check_failed(what, "the run failed: %s", ina_last_error());
+    goto done;
+  }
+  if (ina_bench_fp8_blocks_diff(x, c->rows, c->cols, c->block_rows, q, scale, &q_diff, &s_diff,
+                                &first) != INA_OK) {
+    ok = ina_bench_check_failed(what, "reference: %s", ina_last_error());
+    goto done;
+  }
+  if (q_diff || s_diff)
+    ok = ina_bench_check_failed(what,
+                                "%lld of %lld bytes and %lld of %lld scales differ from "
+                                "ina_fp8_quantize_blocks (first byte: row %lld, column %lld)",
+                                (long long)q_diff, (long long)c->elems, (long long)s_diff,
+                                (long long)c->scales, (long long)(first < 0 ? -1 : first / c->cols),
+                                (long long)(first < 0 ? -1 : first % c->cols));
+  else
+    ok = ina_bench_check(what, "bytes_and_scales_differing_from_ina_fp8_quantize_blocks", 0, 0);
+done:
+  free(x);
+  free(q);
+  free(scale);
+  return ok;
+}
+
 static int bench_shape(const shape_t *s, const run_ctx_t *pools, double ceiling_tbs) {
   run_ctx_t c = *pools;
   ina_bench_timing_t timing = {3, 30, 1};
@@ -58,6 +114,9 @@ static int bench_shape(const shape_t *s, const run_ctx_t *pools, double ceiling_
             (long long)s->rows, (long long)s->cols);
     return 1;
   }
+  snprintf(name, sizeof name, "fp8_quant_%dx128_%lldx%lld", s->block_rows, (long long)s->rows,
+           (long long)s->cols);
+  if (!check_shape(name, &c)) return 0; /* no figure; main's exit status says it failed */
   /* Bytes that must move: bf16 in, fp8 out, one fp32 scale per block. */
   const double bytes = 3.0 * (double)c.elems + 4.0 * (double)c.scales;
   int launches = (int)(BATCH_BYTES_TARGET / bytes) + 1;
@@ -135,5 +194,8 @@ int main(void) {
   ina_cuda_free(x);
   ina_cuda_free(q);
   ina_cuda_free(s);
-  return failed;
+  const int checks_failed = ina_bench_checks_failed();
+  printf("checks: %d of %d passed%s\n", ina_bench_checks_run() - checks_failed,
+         ina_bench_checks_run(), checks_failed ? "; the failed shapes have no figures" : "");
+  return failed || checks_failed ? 1 : 0;
 }
