@@ -9,15 +9,22 @@
  *     GPU's numerics) pass; a 5 % scale error, a wrong weight row, one NaN, an overwritten
  *     row past M, an FP8 result computed from the bf16 operands, a flipped quantized byte
  *     or scale are rejected; the grouped GEMM likewise (a row with the wrong group's
- *     weight, one NaN, a write past the routed rows, a 3 % row error). */
+ *     weight, one NaN, a write past the routed rows, a 3 % row error).
+ *   bench_custom_ar (bench/bench_custom_ar_check.h): the model's BF16 and FP8 sums of three
+ *     ranks pass bit for bit and an NCCL-like sum (the exact sum rounded once) passes the
+ *     NCCL bound; one element one ulp off, a 5 % error, a NaN are rejected; the epilogue's
+ *     outputs pass and a residual one ulp off, a normalized value 2 % off or a flipped FP8
+ *     byte are rejected. */
 #include <math.h>
 #include <string.h>
 
+#include "bench/bench_custom_ar_check.h"
 #include "bench/bench_util.h"
 #include "core/dtype.h"
 #include "core/log.h"
 #include "gemm/bench_gemm_check.h"
 #include "gemm/gemm.h"
+#include "tests/comm/custom_ar_model.h"
 #include "tests/test_util.h"
 
 /* A check that must be rejected: it returns 0 and counts one more failure. */
@@ -280,11 +287,106 @@ static void test_grouped(test_rng_t *rng) {
     }
 }
 
+/* ---- custom all-reduce ---------------------------------------------------------------- */
+
+#define AR_RANKS 3
+#define AR_COUNT (128 * 24)
+
+static void test_custom_ar(test_rng_t *rng) {
+  static uint16_t in[AR_RANKS][AR_COUNT], out[AR_COUNT];
+  const void *in_p[AR_RANKS];
+  const uint16_t *in_u[AR_RANKS];
+  for (int r = 0; r < AR_RANKS; r++) {
+    for (int i = 0; i < AR_COUNT; i++) {
+      /* Blocks of different magnitudes, as in test_custom_ar. */
+      const float v = ldexpf((float)test_rng_normal(rng), (i / 128 * 7 + r * 3) % 9 - 4);
+      in[r][i] = bf16_of(v);
+    }
+    in_p[r] = in[r], in_u[r] = in[r];
+  }
+  ina_bench_ar_ref_t ref;
+  ina_threadpool_t *pool = NULL;
+  CHECK_OK(ina_threadpool_create(2, &pool));
+  CHECK_OK(ina_bench_ar_ref_init(&ref, AR_RANKS, in_u, AR_COUNT, pool));
+  ina_threadpool_destroy(pool);
+  if (!ref.bf16) return;
+  for (int fp8 = 0; fp8 < 2; fp8++) {
+    const char *what = fp8 ? "ar_fp8" : "ar_bf16";
+    car_model_all_reduce(fp8 ? INA_CAR_MODE_FP8 : INA_CAR_MODE_BF16, AR_RANKS, in_p, AR_COUNT, out);
+    CHECK(ina_bench_ar_check_sum(what, &ref, fp8, 0, out, AR_COUNT));
+    CHECK(ina_bench_ar_check_sum(what, &ref, fp8, 0, out, AR_COUNT / 2)); /* a prefix */
+    out[1000] ^= 1; /* one ulp */
+    REJECTS(ina_bench_ar_check_sum(what, &ref, fp8, 0, out, AR_COUNT));
+  }
+  /* NCCL-like: the exact sum rounded once to bf16. */
+  for (int i = 0; i < AR_COUNT; i++) {
+    double s = 0;
+    for (int r = 0; r < AR_RANKS; r++) s += f32_of(in[r][i]);
+    out[i] = bf16_of((float)s);
+  }
+  CHECK(ina_bench_ar_check_sum("ar_nccl", &ref, 0, 1, out, AR_COUNT));
+  for (int i = 0; i < AR_COUNT; i++) out[i] = bf16_of(1.05f * f32_of(out[i]));
+  REJECTS(ina_bench_ar_check_sum("ar_nccl_5pct", &ref, 0, 1, out, AR_COUNT));
+  out[7] = INA_BENCH_BF16_POISON;
+  REJECTS(ina_bench_ar_check_sum("ar_nccl_nan", &ref, 0, 1, out, AR_COUNT));
+
+  /* The epilogue over [3, 1024]: a correct GPU's outputs, then one fault each. */
+  enum { ROWS = 3, COLS = 1024, N = ROWS * COLS };
+  static uint16_t res0[N], res1[N], y[N], x[N], weight[COLS];
+  static uint8_t q[N];
+  static float yf[N], scale[N / 128], wf[COLS];
+  static double y_ref[N];
+  for (int fp8 = 0; fp8 < 2; fp8++)
+    for (int nccl = 0; nccl < 2; nccl++) {
+      char what[64];
+      snprintf(what, sizeof what, "ar_epilogue_%s%s", fp8 ? "fp8" : "bf16", nccl ? "_nccl" : "");
+      for (int i = 0; i < N; i++) res0[i] = res1[i] = bf16_of(4.0f * (float)test_rng_normal(rng));
+      for (int c = 0; c < COLS; c++) {
+        weight[c] = bf16_of(1.0f + 0.25f * (float)test_rng_normal(rng));
+        wf[c] = f32_of(weight[c]);
+      }
+      if (nccl) {
+        for (int i = 0; i < N; i++) {
+          double s = 0;
+          for (int r = 0; r < AR_RANKS; r++) s += f32_of(in[r][i]);
+          x[i] = bf16_of((float)s);
+        }
+      } else {
+        car_model_all_reduce(fp8 ? INA_CAR_MODE_FP8 : INA_CAR_MODE_BF16, AR_RANKS, in_p, N, x);
+      }
+      car_model_epilogue(x, ROWS, COLS, res1, wf, 1e-6f, y_ref);
+      for (int i = 0; i < N; i++) {
+        y[i] = bf16_of((float)y_ref[i]);
+        yf[i] = f32_of(y[i]);
+      }
+      CHECK_OK(ina_fp8_quantize_blocks(yf, ROWS, COLS, 1, 128, q, scale));
+      ina_bench_ar_epilogue_t e = {.rows = ROWS, .cols = COLS, .fp8 = fp8, .nccl = nccl,
+                                   .residual_before = res0, .residual_after = res1,
+                                   .weight = weight, .eps = 1e-6f, .y = y, .y_fp8 = q,
+                                   .y_scale = scale};
+      CHECK(ina_bench_ar_check_epilogue(what, &ref, &e));
+      q[17] ^= 0x02;
+      REJECTS(ina_bench_ar_check_epilogue(what, &ref, &e));
+      q[17] ^= 0x02;
+      if (nccl) continue; /* under NCCL the residual and rows are compared in L2 only */
+      res1[100] ^= 1;
+      REJECTS(ina_bench_ar_check_epilogue(what, &ref, &e));
+      res1[100] ^= 1;
+      const uint16_t saved = y[2000];
+      y[2000] = bf16_of(1.02f * f32_of(saved));
+      REJECTS(ina_bench_ar_check_epilogue(what, &ref, &e));
+      y[2000] = saved;
+      CHECK(ina_bench_ar_check_epilogue(what, &ref, &e));
+    }
+  ina_bench_ar_ref_free(&ref);
+}
+
 int main(void) {
   test_rng_t rng = {test_seed("test_bench_checks")};
   printf("test_bench_checks: the FAILED lines below are the deliberate faults being rejected\n");
   test_util_helpers(&rng);
   test_gemm(&rng);
   test_grouped(&rng);
+  test_custom_ar(&rng);
   return test_finish("test_bench_checks");
 }
