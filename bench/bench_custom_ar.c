@@ -23,31 +23,53 @@
  * --nccl-eager times NCCL as `L` eager launches per timed batch instead of a graph replay
  * (for a machine where capturing NCCL misbehaves); the custom runs are always replayed.
  *
- * Exit 77 without a device or with a single rank. */
+ * Checks, before timing: every rank's input (random bf16, never zero) is gathered on every
+ * rank, and the sum over the ranks is formed by the CPU model the unit tests use
+ * (tests/comm/custom_ar_model.h) for the whole buffer. Every timed operation, at every
+ * size and token count, first runs once into outputs poisoned with NaN (the epilogue on a
+ * fresh random residual) and every rank compares its whole result with it (error model and
+ * bounds: bench/bench_custom_ar_check.h): the custom all-reduce bit for bit, NCCL within
+ * relative L2 1e-2 of the exact sum; the epilogue's residual bit for bit, its normalized
+ * rows within (2^-8 + 1e-5) |y| of the fp64 norm per element, its FP8 rows bit for bit
+ * the quantization of those rows (after an NCCL sum: residual and rows within relative L2
+ * 1e-2). The ranks agree on the outcome; a failed check prints the case, the rank and the
+ * error, no figure for the case (nor ratios that need it), and makes every rank exit 1.
+ *
+ * Exit 0 on success, 1 when a check failed, 77 without a device or with a single rank. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench_custom_ar_check.h"
 #include "bench/bench_util.h"
 #include "comm/bootstrap.h"
 #include "comm/comm.h"
 #include "comm/custom_ar.h"
 #include "core/cuda.h"
 #include "core/log.h"
+#include "core/threadpool.h"
 #include "gpu_ops/gpu_ops.h"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #define HIDDEN 7168
 #define MAX_BYTES ((size_t)256 << 20)
 #define TARGET_BYTES_PER_REPLAY ((double)(256 << 20))
 #define MIN_REPS 2
 #define MAX_REPS 200
+#define GATHER_CHUNK ((size_t)64 << 20)
 
 static int g_rank, g_nranks;
 static int g_nccl_eager;
 static ina_bootstrap_t *g_boot;
+/* The checks: the model of every rank's input, a stream, host buffers for read-back, and
+ * the cases checked / failed (agreed by every rank). */
+static ina_bench_ar_ref_t g_ref;
+static cudaStream_t g_check_stream;
+static uint16_t *g_host_out;
+static int g_cases_checked, g_cases_failed;
 
 /* Benchmarks may end the job: a failure on one rank would leave the others waiting. */
 static void die(const char *what) {
@@ -173,6 +195,75 @@ static void report(const char *variant, const char *label, size_t bytes, double 
   }
 }
 
+/* ---- checks ------------------------------------------------------------------------------ */
+
+/* Every rank's check of one case -> whether every rank passed. Collective. */
+static int agree(int ok) {
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  g_cases_checked++;
+  if (!all) {
+    g_cases_failed++;
+    if (g_rank == 0 && ok)
+      fprintf(stderr, "check failed on another rank (see its message): no figure for this case\n");
+  }
+  return all;
+}
+
+static void case_name(char *buf, size_t n, const char *variant, const char *label) {
+  if (g_nranks > 1 && g_rank != 0) snprintf(buf, n, "%s_%s(rank_%d)", variant, label, g_rank);
+  else snprintf(buf, n, "%s_%s", variant, label);
+}
+
+/* Every rank's input (d_in, max_bytes) on every rank, in the all-reduce's rank order (the
+ * order of its sum), and the model of their sum. Collective. */
+static void make_reference(const ina_comm_t *comm, const uint16_t *d_in, size_t count,
+                           uint16_t **all) {
+  const size_t bytes = count * 2;
+  int order[INA_BENCH_AR_MAX_RANKS], mine = ina_comm_rank(comm);
+  MPI_Allgather(&mine, 1, MPI_INT, order, 1, MPI_INT, MPI_COMM_WORLD);
+  for (int r = 0; r < g_nranks; r++) {
+    if (order[r] < 0 || order[r] >= g_nranks) die("the communicator's rank order");
+    all[order[r]] = malloc(bytes);
+    if (!all[order[r]]) die("host memory for the inputs");
+  }
+  cuda_or_die(cudaMemcpy(all[mine], d_in, bytes, cudaMemcpyDeviceToHost), "copy input");
+  for (int r = 0; r < g_nranks; r++) /* world rank r holds the input of position order[r] */
+    for (size_t off = 0; off < bytes; off += GATHER_CHUNK) {
+      const size_t len = bytes - off < GATHER_CHUNK ? bytes - off : GATHER_CHUNK;
+      MPI_Bcast((uint8_t *)all[order[r]] + off, (int)len, MPI_BYTE, r, MPI_COMM_WORLD);
+    }
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const int local = ina_bootstrap_local_size(g_boot);
+  int threads = (int)(cpus / (local > 0 ? local : 1));
+  ina_threadpool_t *pool = NULL;
+  if (ina_threadpool_create(threads > 0 ? threads : 1, &pool) != INA_OK) die("thread pool");
+  const double t0 = ina_bench_now_s();
+  if (ina_bench_ar_ref_init(&g_ref, g_nranks, (const uint16_t *const *)all, count, pool) != INA_OK)
+    die("the CPU model of the sums");
+  ina_threadpool_destroy(pool);
+  if (g_rank == 0)
+    printf("reference: the CPU model of %zu elements x %d ranks, bf16 and fp8, %.1f s on %d "
+           "threads per rank\n",
+           count, g_nranks, ina_bench_now_s() - t0, threads > 0 ? threads : 1);
+  g_host_out = malloc(bytes);
+  if (!g_host_out) die("host memory for the outputs");
+  cuda_or_die(cudaStreamCreateWithFlags(&g_check_stream, cudaStreamNonBlocking), "stream");
+}
+
+/* One run of a plain all-reduce into a poisoned out, against the model (or the exact sum
+ * for NCCL). Collective; returns whether every rank passed. */
+static int check_sum(const char *variant, const char *label, op_fn op, void *ctx, uint16_t *d_out,
+                     size_t count, int fp8, int nccl) {
+  char what[128];
+  case_name(what, sizeof what, variant, label);
+  cuda_or_die(cudaMemsetAsync(d_out, 0xFF, count * 2, g_check_stream), "poison");
+  if (op(ctx, g_check_stream) != INA_OK) die("check run");
+  cuda_or_die(cudaStreamSynchronize(g_check_stream), "check run");
+  cuda_or_die(cudaMemcpy(g_host_out, d_out, count * 2, cudaMemcpyDeviceToHost), "read back");
+  return agree(ina_bench_ar_check_sum(what, &g_ref, fp8, nccl, g_host_out, count));
+}
+
 /* ---- 0. floor ---------------------------------------------------------------------------- */
 
 typedef struct {
@@ -211,8 +302,10 @@ static void bench_sizes(ina_custom_ar_t *ar, ina_comm_t *nccl, uint16_t *d_in, u
     double nccl_ms = 0;
     if (nccl) {
       nccl_op_t n = {nccl, d_in, d_out, count};
-      nccl_ms = g_nccl_eager ? time_op_eager(nccl_op, &n, reps) : time_op(nccl_op, &n, reps);
-      report("nccl_bf16", label, bytes, nccl_ms, reps, 0, g_nccl_eager);
+      if (check_sum("nccl_bf16", label, nccl_op, &n, d_out, count, 0, 1)) {
+        nccl_ms = g_nccl_eager ? time_op_eager(nccl_op, &n, reps) : time_op(nccl_op, &n, reps);
+        report("nccl_bf16", label, bytes, nccl_ms, reps, 0, g_nccl_eager);
+      }
     }
     if (!reg) continue;
     static const struct {
@@ -236,6 +329,9 @@ static void bench_sizes(ina_custom_ar_t *ar, ina_comm_t *nccl, uint16_t *d_in, u
       if (ina_custom_ar_choose(ar, c.args.mode, c.args.algo, count, 0, 0, &taken) != INA_OK ||
           taken != variants[v].algo)
         continue; /* does not fit: it would be NCCL again */
+      if (!check_sum(variants[v].name, label, car_op, &c, d_out, count,
+                     variants[v].mode == INA_CUSTOM_AR_FP8, 0))
+        continue;
       report(variants[v].name, label, bytes, time_op(car_op, &c, reps), reps, nccl_ms, 0);
     }
   }
@@ -247,7 +343,48 @@ typedef struct {
   uint16_t *in, *out, *residual, *weight, *tmp;
   uint8_t *y_fp8;
   float *y_scale;
+  /* host: the weight, and the read-back residual (before, after), y and fp8 rows */
+  uint16_t *h_weight, *h_res_before, *h_res_after, *h_y;
+  uint8_t *h_fp8;
+  float *h_scale;
 } epi_buffers_t;
+
+/* One step of an epilogue variant on a fresh random residual (the same on every rank, as
+ * tensor parallelism replicates it) into poisoned outputs, against the model. Collective;
+ * returns whether every rank passed. */
+static int check_epilogue(const char *variant, int64_t rows, op_fn op, void *ctx,
+                          const epi_buffers_t *b, int fp8, int nccl, float eps) {
+  const size_t count = (size_t)rows * HIDDEN, scales = count / 128;
+  char what[128], label[32];
+  snprintf(label, sizeof label, "%lldtok", (long long)rows);
+  case_name(what, sizeof what, variant, label);
+  if (ina_bench_fill_random_bf16(b->residual, count, 0xBEEull + (uint64_t)rows, 1.0f) != INA_OK)
+    die("fill");
+  cuda_or_die(cudaMemcpy(b->h_res_before, b->residual, count * 2, cudaMemcpyDeviceToHost), "copy");
+  cuda_or_die(cudaMemset(b->out, 0xFF, count * 2), "poison");
+  cuda_or_die(cudaMemset(b->tmp, 0xFF, count * 2), "poison");
+  cuda_or_die(cudaMemset(b->y_fp8, 0xFF, count), "poison");
+  cuda_or_die(cudaMemset(b->y_scale, 0xFF, scales * 4), "poison");
+  cuda_or_die(cudaDeviceSynchronize(), "poison");
+  if (op(ctx, g_check_stream) != INA_OK) die("check run");
+  cuda_or_die(cudaStreamSynchronize(g_check_stream), "check run");
+  cuda_or_die(cudaMemcpy(b->h_res_after, b->residual, count * 2, cudaMemcpyDeviceToHost), "copy");
+  cuda_or_die(cudaMemcpy(b->h_y, b->out, count * 2, cudaMemcpyDeviceToHost), "copy");
+  cuda_or_die(cudaMemcpy(b->h_fp8, b->y_fp8, count, cudaMemcpyDeviceToHost), "copy");
+  cuda_or_die(cudaMemcpy(b->h_scale, b->y_scale, scales * 4, cudaMemcpyDeviceToHost), "copy");
+  const ina_bench_ar_epilogue_t e = {.rows = rows,
+                                     .cols = HIDDEN,
+                                     .fp8 = fp8,
+                                     .nccl = nccl,
+                                     .residual_before = b->h_res_before,
+                                     .residual_after = b->h_res_after,
+                                     .weight = b->h_weight,
+                                     .eps = eps,
+                                     .y = b->h_y,
+                                     .y_fp8 = b->h_fp8,
+                                     .y_scale = b->h_scale};
+  return agree(ina_bench_ar_check_epilogue(what, &g_ref, &e));
+}
 
 static void bench_epilogue(ina_custom_ar_t *ar, ina_comm_t *nccl, const epi_buffers_t *b) {
   static const int64_t tokens[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
@@ -288,18 +425,30 @@ static void bench_epilogue(ina_custom_ar_t *ar, ina_comm_t *nccl, const epi_buff
     plain.args.y_scale_inv = NULL;
     unfused_op_t unfused = {car_op, &plain, norm};
 
-    ina_custom_ar_algo_t taken = INA_CUSTOM_AR_AUTO;
+    ina_custom_ar_algo_t taken = INA_CUSTOM_AR_AUTO, taken_fp8 = INA_CUSTOM_AR_AUTO;
+    ina_custom_ar_algo_t taken_plain = INA_CUSTOM_AR_AUTO;
     (void)ina_custom_ar_choose(ar, INA_CUSTOM_AR_BF16, INA_CUSTOM_AR_AUTO, count, rows, HIDDEN,
                                &taken);
-    const double fused_ms = time_op(car_op, &fused, reps);
-    const double unfused_ms = time_op(unfused_op, &unfused, reps);
+    (void)ina_custom_ar_choose(ar, INA_CUSTOM_AR_FP8, INA_CUSTOM_AR_AUTO, count, rows, HIDDEN,
+                               &taken_fp8);
+    (void)ina_custom_ar_choose(ar, INA_CUSTOM_AR_BF16, INA_CUSTOM_AR_AUTO, count, 0, 0,
+                               &taken_plain);
+    const float eps = fused.args.eps;
+    /* 0: not measured (its check failed, or no NCCL). */
+    double fused_ms = 0, unfused_ms = 0, fused_fp8_ms = 0, nccl_ms = 0;
+    if (check_epilogue("fused_bf16", rows, car_op, &fused, b, 0, taken == INA_CUSTOM_AR_NCCL, eps))
+      fused_ms = time_op(car_op, &fused, reps);
+    if (check_epilogue("unfused_custom", rows, unfused_op, &unfused, b, 0,
+                       taken_plain == INA_CUSTOM_AR_NCCL, norm.eps))
+      unfused_ms = time_op(unfused_op, &unfused, reps);
     car_op_t fused_fp8 = fused;
     fused_fp8.args.mode = INA_CUSTOM_AR_FP8;
-    const double fused_fp8_ms = time_op(car_op, &fused_fp8, reps);
-    double nccl_ms = 0;
+    if (check_epilogue("fused_fp8", rows, car_op, &fused_fp8, b, 1,
+                       taken_fp8 == INA_CUSTOM_AR_NCCL, eps))
+      fused_fp8_ms = time_op(car_op, &fused_fp8, reps);
     nccl_op_t n = {nccl, b->in, b->tmp, count};
     unfused_op_t nccl_unfused = {nccl_op, &n, norm};
-    if (nccl)
+    if (nccl && check_epilogue("unfused_nccl", rows, unfused_op, &nccl_unfused, b, 0, 1, norm.eps))
       nccl_ms = g_nccl_eager ? time_op_eager(unfused_op, &nccl_unfused, reps)
                              : time_op(unfused_op, &nccl_unfused, reps);
 
@@ -310,21 +459,26 @@ static void bench_epilogue(ina_custom_ar_t *ar, ina_comm_t *nccl, const epi_buff
              "kernel; median of graph replays of %d steps, slowest rank",
              (long long)rows, HIDDEN, algo_names[taken], reps);
     snprintf(name, sizeof name, "fused_bf16_%lldtok_latency", (long long)rows);
-    ina_bench_result(name, fused_ms * 1e3, "us", formula);
+    if (fused_ms > 0) ina_bench_result(name, fused_ms * 1e3, "us", formula);
     snprintf(name, sizeof name, "fused_fp8_%lldtok_latency", (long long)rows);
-    ina_bench_result(name, fused_fp8_ms * 1e3, "us",
-                     "as fused_bf16 with the FP8 transport (two-shot)");
+    if (fused_fp8_ms > 0)
+      ina_bench_result(name, fused_fp8_ms * 1e3, "us",
+                       "as fused_bf16 with the FP8 transport (two-shot)");
     snprintf(name, sizeof name, "unfused_custom_%lldtok_latency", (long long)rows);
-    ina_bench_result(name, unfused_ms * 1e3, "us",
-                     "the same custom all-reduce, then ina_gpu_rmsnorm (residual, y, fp8)");
+    if (unfused_ms > 0)
+      ina_bench_result(name, unfused_ms * 1e3, "us",
+                       "the same custom all-reduce, then ina_gpu_rmsnorm (residual, y, fp8)");
     snprintf(name, sizeof name, "fused_bf16_%lldtok_speedup", (long long)rows);
-    ina_bench_result(name, unfused_ms / fused_ms, "x",
-                     "unfused_custom latency / fused_bf16 latency");
-    if (nccl) {
+    if (fused_ms > 0 && unfused_ms > 0)
+      ina_bench_result(name, unfused_ms / fused_ms, "x",
+                       "unfused_custom latency / fused_bf16 latency");
+    if (nccl_ms > 0) {
       snprintf(name, sizeof name, "unfused_nccl_%lldtok_latency", (long long)rows);
       ina_bench_result(name, nccl_ms * 1e3, "us", "NCCL bf16 all-reduce, then ina_gpu_rmsnorm");
       snprintf(name, sizeof name, "fused_bf16_%lldtok_vs_nccl", (long long)rows);
-      ina_bench_result(name, nccl_ms / fused_ms, "x", "unfused_nccl latency / fused_bf16 latency");
+      if (fused_ms > 0)
+        ina_bench_result(name, nccl_ms / fused_ms, "x",
+                         "unfused_nccl latency / fused_bf16 latency");
     }
   }
 }
@@ -369,6 +523,11 @@ int main(int argc, char **argv) {
     die("fill");
   if (reg) cuda_or_die(cudaMemcpy(reg, d_in, MAX_BYTES, cudaMemcpyDeviceToDevice), "copy");
   ina_comm_t *nccl = have_nccl ? comm : NULL;
+  if (g_rank != 0) ina_bench_check_set_quiet(1); /* rank 0 prints the passes, all the failures */
+  uint16_t *inputs[INA_BENCH_AR_MAX_RANKS] = {NULL};
+  if (g_nranks > INA_BENCH_AR_MAX_RANKS || ina_comm_size(comm) != g_nranks)
+    die("the checks need every rank on one node, at most 8");
+  make_reference(comm, d_in, MAX_BYTES / 2, inputs);
 
   bench_floor();
   bench_sizes(ar, nccl, d_in, d_out);
@@ -385,9 +544,28 @@ int main(int argc, char **argv) {
   if (ina_bench_fill_random_bf16(b.residual, elems, 0xBEEull, 1.0f) != INA_OK ||
       ina_bench_fill_random_bf16(b.weight, HIDDEN, 0x5EEDull, 1.0f) != INA_OK)
     die("fill");
+  b.h_weight = malloc(HIDDEN * 2);
+  b.h_res_before = malloc(elems * 2);
+  b.h_res_after = malloc(elems * 2);
+  b.h_y = malloc(elems * 2);
+  b.h_fp8 = malloc(elems);
+  b.h_scale = malloc(elems / 128 * 4);
+  if (!b.h_weight || !b.h_res_before || !b.h_res_after || !b.h_y || !b.h_fp8 || !b.h_scale)
+    die("host memory for the checks");
+  cuda_or_die(cudaMemcpy(b.h_weight, b.weight, HIDDEN * 2, cudaMemcpyDeviceToHost), "copy");
   bench_epilogue(ar, nccl, &b);
 
   if (g_rank == 0) ina_bench_print_json("custom_ar");
+  if (g_rank == 0)
+    printf("checks: %d of %d cases passed on every rank%s\n", g_cases_checked - g_cases_failed,
+           g_cases_checked, g_cases_failed ? "; the failed cases have no figures" : "");
+  const int rc = g_cases_failed ? 1 : 0;
+  free(b.h_weight), free(b.h_res_before), free(b.h_res_after), free(b.h_y), free(b.h_fp8),
+      free(b.h_scale);
+  ina_bench_ar_ref_free(&g_ref);
+  for (int r = 0; r < g_nranks; r++) free(inputs[r]);
+  free(g_host_out);
+  cudaStreamDestroy(g_check_stream);
   cudaFree(b.residual);
   cudaFree(b.tmp);
   cudaFree(b.weight);
@@ -398,5 +576,5 @@ int main(int argc, char **argv) {
   ina_custom_ar_destroy(ar);
   ina_comm_destroy(comm);
   ina_bootstrap_finalize(g_boot);
-  return 0;
+  return rc;
 }
