@@ -13,8 +13,15 @@ extern "C" {
 #endif
 
 /* Number of usable CUDA devices; 0 when the build has no CUDA, no driver is loaded or no
- * GPU is present (never an error). */
+ * GPU is present (never an error). Any other failure of cudaGetDeviceCount (a driver
+ * that does not start, devices that are busy or lost...) also counts as 0 devices, and
+ * is logged once, at warn level, with CUDA's error name and string. */
 int ina_cuda_device_count(void);
+/* Why ina_cuda_device_count() is 0, for messages (a skipped test names it), e.g. "no
+ * CUDA device: cudaErrorNoDevice (no CUDA-capable device is detected)" or "this build has
+ * no CUDA ...", written into buf (NUL-terminated, truncated to bufsize) and returned;
+ * NULL when there are devices (or buf is NULL or bufsize 0). */
+const char *ina_cuda_no_device_reason(char *buf, size_t bufsize);
 /* "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)" or "none". */
 const char *ina_cuda_device_name(int device, char *buf, size_t bufsize);
 ina_status_t ina_cuda_malloc(int device, size_t bytes, void **out);

@@ -10,15 +10,52 @@
 
 #include "core/cuda_check.h"
 
-extern "C" int ina_cuda_device_count(void) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    /* No driver or no GPU: not an error for the caller, and not one for the next
-     * INA_CUDA_CHECK_LAUNCH to find either. */
+/* "No driver" (none loaded, an older one than the runtime needs, or the toolkit's stub
+ * library in its place) or "no GPU": the ordinary answers of a machine without a GPU. */
+static int means_no_device(cudaError_t err) {
+  return err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+         err == cudaErrorStubLibrary;
+}
+
+/* cudaGetDeviceCount: the count (0 on any error) into *n, and its result. */
+static cudaError_t count_devices(int *n) {
+  *n = 0;
+  const cudaError_t err = cudaGetDeviceCount(n);
+  /* Not an error for the caller, and not one for the next INA_CUDA_CHECK_LAUNCH to find
+   * either. */
+  if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return 0;
+    *n = 0;
   }
-  return n > 0 ? n : 0;
+  if (*n < 0) *n = 0;
+  return err;
+}
+
+extern "C" int ina_cuda_device_count(void) {
+  static int logged = 0;
+  int n = 0;
+  const cudaError_t err = count_devices(&n);
+  if (err != cudaSuccess && !means_no_device(err) &&
+      !__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+    INA_LOG_W(INA_LOG_SUBSYS, "cudaGetDeviceCount failed: %s (%s); no CUDA device will be used",
+              cudaGetErrorName(err), cudaGetErrorString(err));
+  return n;
+}
+
+extern "C" const char *ina_cuda_no_device_reason(char *buf, size_t bufsize) {
+  int n = 0;
+  if (!buf || bufsize == 0) return NULL;
+  const cudaError_t err = count_devices(&n);
+  if (n > 0) return NULL;
+  const char *what = err == cudaErrorNoDevice             ? "no CUDA device"
+                     : err == cudaErrorInsufficientDriver ? "no CUDA driver, or one older than the runtime"
+                     : err == cudaErrorStubLibrary        ? "no CUDA driver, only the toolkit's stub library"
+                                                          : "cudaGetDeviceCount failed";
+  if (err == cudaSuccess)
+    snprintf(buf, bufsize, "no CUDA device: cudaGetDeviceCount found none");
+  else
+    snprintf(buf, bufsize, "%s: %s (%s)", what, cudaGetErrorName(err), cudaGetErrorString(err));
+  return buf;
 }
 
 extern "C" const char *ina_cuda_device_name(int device, char *buf, size_t bufsize) {

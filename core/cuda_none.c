@@ -17,6 +17,12 @@ static ina_status_t unsupported(const char *what) {
 
 int ina_cuda_device_count(void) { return 0; }
 
+const char *ina_cuda_no_device_reason(char *buf, size_t bufsize) {
+  if (!buf || bufsize == 0) return NULL;
+  snprintf(buf, bufsize, "this build has no CUDA (configured with INA_CUDA=OFF, or nvcc was not found)");
+  return buf;
+}
+
 const char *ina_cuda_device_name(int device, char *buf, size_t bufsize) {
   if (!buf || bufsize == 0) return "none";
   snprintf(buf, bufsize, "none");
