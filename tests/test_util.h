@@ -1,6 +1,14 @@
 /* Helpers shared by the C tests: checks that count failures, random inputs, error
  * norms. A test's main returns test_finish(): 0 when every check held, 1 otherwise, or
- * TEST_SKIP (77, ctest's SKIP_RETURN_CODE) when it could not run here. */
+ * TEST_SKIP (77, ctest's SKIP_RETURN_CODE) when it could not run here.
+ *
+ * Skipping goes through test_skip (a tool or library is missing) or, for a test that
+ * needs a GPU, test_skip_gpu (tests/gpu_test_util.h's test_require_gpus calls it). With
+ * INA_REQUIRE_GPU=1 in the environment (any value but empty or "0"), a GPU test that
+ * would skip fails instead (exit 1, the reason printed), so a run on a GPU machine
+ * cannot pass by skipping its GPU tests: no device visible, a driver that does not
+ * start, a build without CUDA, fewer GPUs than ranks. A shell or Python test that needs
+ * a GPU follows the same rule: exit 1, not 77, when INA_REQUIRE_GPU is set. */
 #ifndef INA_TESTS_TEST_UTIL_H
 #define INA_TESTS_TEST_UTIL_H
 
@@ -42,6 +50,37 @@ static int test_checks_failed_ = 0;
     int test_s_ = (int)(call);                                                           \
     CHECKF(test_s_ == 0, "%s returned status %d (%s)", #call, test_s_, ina_last_error()); \
   } while (0)
+
+/* Whether INA_REQUIRE_GPU asks GPU tests to fail rather than skip. */
+static inline int test_gpu_required(void) {
+  const char *v = getenv("INA_REQUIRE_GPU");
+  return v && v[0] && strcmp(v, "0") != 0;
+}
+
+/* A test that cannot run here for want of something other than a GPU: prints
+ * "NAME: skipped (WHY)" and returns TEST_SKIP, for main to return. */
+static inline int test_skip(const char *name, const char *why) {
+  printf("%s: skipped (%s)\n", name, why);
+  fflush(stdout);
+  return TEST_SKIP;
+}
+
+/* What a GPU test that cannot run here exits with: TEST_SKIP, or 1 under
+ * INA_REQUIRE_GPU. Prints nothing (the ranks of an MPI test other than the one that
+ * prints test_skip_gpu's line). */
+static inline int test_gpu_skip_status(void) { return test_gpu_required() ? 1 : TEST_SKIP; }
+
+/* A test that needs a GPU and cannot run here: prints "NAME: skipped (WHY)" and returns
+ * TEST_SKIP; under INA_REQUIRE_GPU prints "NAME: FAILED: ..." to stderr and returns 1.
+ * main returns the result. */
+static inline int test_skip_gpu(const char *name, const char *why) {
+  if (test_gpu_required()) {
+    fprintf(stderr, "%s: FAILED: would skip (%s), and INA_REQUIRE_GPU is set\n", name, why);
+    fflush(stderr);
+    return 1;
+  }
+  return test_skip(name, why);
+}
 
 static inline int test_finish(const char *name) {
   printf("%s: %d checks, %d failed\n", name, test_checks_run_, test_checks_failed_);

@@ -3,7 +3,8 @@
  * fp64 or exact references, once on the default stream and once on a created
  * non-blocking stream; 0-count calls; and checked mode (INA_COMM_CHECK=1), whose
  * mismatches must fail on every rank, promptly, without hanging. Skipped (77) without a
- * GPU, with fewer GPUs than ranks on a node, or without NCCL in the build.
+ * GPU, with fewer GPUs than ranks on a node, or without NCCL in the build; under
+ * INA_REQUIRE_GPU=1 these fail instead (tests/test_util.h).
  *
  * Reductions are compared element by element with the fp64 sum `want` and the sum of
  * magnitudes `mag` over the ranks' inputs:
@@ -24,6 +25,7 @@
 #include "core/cuda.h"
 #include "core/log.h"
 #include "tests/comm/comm_test_data.h"
+#include "tests/gpu_test_util.h"
 
 #ifdef INA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -451,18 +453,17 @@ int main(int argc, char **argv) {
   ina_bootstrap_t *boot = NULL;
   if (ina_bootstrap_init(&argc, &argv, &boot) != INA_OK) return 1;
   g_dev = ina_bootstrap_device(boot);
-  /* NCCL needs a GPU of its own for every rank of a node. */
-  const int too_few_gpus = g_dev >= 0 && ina_bootstrap_local_size(boot) > ina_cuda_device_count();
-  const int one_rank = ina_bootstrap_world_size(boot) < 2;
-  if (g_dev < 0 || !ina_comm_have_nccl() || too_few_gpus || one_rank) {
-    if (ina_bootstrap_world_rank(boot) == 0)
-      printf("test_comm_nccl: skipped (%s)\n",
-             g_dev < 0               ? "no CUDA device"
-             : too_few_gpus          ? "fewer GPUs than ranks on this node"
-             : !ina_comm_have_nccl() ? "no NCCL in this build"
-                                     : "fewer than 2 ranks");
+  /* NCCL needs a GPU of its own for every rank of a node; test_gpus_missing names the
+   * CUDA error when there is none. */
+  char buf[256];
+  const char *why = test_gpus_missing(ina_bootstrap_local_size(boot), buf, sizeof buf);
+  if (!why && !ina_comm_have_nccl()) why = "no NCCL in this build";
+  if (!why && ina_bootstrap_world_size(boot) < 2) why = "fewer than 2 ranks";
+  if (why) {
+    const int rc = ina_bootstrap_world_rank(boot) == 0 ? test_skip_gpu("test_comm_nccl", why)
+                                                       : test_gpu_skip_status();
     ina_bootstrap_finalize(boot);
-    return TEST_SKIP;
+    return rc;
   }
   ina_comm_t *c = NULL;
   CHECK_OK(ina_bootstrap_world_comm(boot, INA_COMM_BACKEND_NCCL, &c));

@@ -13,7 +13,8 @@
  *     config that differs between ranks fails creation on every rank;
  *   - argument errors.
  * Skipped (77) without CUDA in the build, without a GPU, with fewer GPUs than ranks on the
- * node, or with a single rank. */
+ * node, or with a single rank; under INA_REQUIRE_GPU=1 these fail instead
+ * (tests/test_util.h). */
 #include <string.h>
 
 #include "comm/bootstrap.h"
@@ -22,6 +23,7 @@
 #include "core/cuda.h"
 #include "core/dtype.h"
 #include "tests/comm/comm_test_data.h"
+#include "tests/gpu_test_util.h"
 #include "tests/comm/custom_ar_model.h"
 
 #ifdef INA_HAVE_CUDA
@@ -893,20 +895,16 @@ static int run_gpu_tests(ina_bootstrap_t *boot) {
 int main(int argc, char **argv) {
   ina_bootstrap_t *boot = NULL;
   if (ina_bootstrap_init(&argc, &argv, &boot) != INA_OK) return 1;
-  const int dev = ina_bootstrap_device(boot);
-  const int local = ina_bootstrap_local_size(boot);
-  const char *why = NULL;
-#ifndef INA_HAVE_CUDA
-  why = "no CUDA in this build";
-#endif
-  if (!why && dev < 0) why = "no CUDA device";
-  if (!why && local > ina_cuda_device_count()) why = "fewer GPUs than ranks on this node";
+  char buf[256];
+  /* One GPU per rank of the node: test_gpus_missing names the CUDA error when none. */
+  const char *why = test_gpus_missing(ina_bootstrap_local_size(boot), buf, sizeof buf);
   if (!why && ina_bootstrap_world_size(boot) < 2) why = "needs at least 2 ranks";
   if (!why && ina_bootstrap_world_size(boot) > INA_CAR_MAX_RANKS) why = "more than 8 ranks";
   if (why) {
-    if (ina_bootstrap_world_rank(boot) == 0) printf("test_custom_ar: skipped (%s)\n", why);
+    const int rc = ina_bootstrap_world_rank(boot) == 0 ? test_skip_gpu("test_custom_ar", why)
+                                                       : test_gpu_skip_status();
     ina_bootstrap_finalize(boot);
-    return TEST_SKIP;
+    return rc;
   }
   int rc = 1;
 #ifdef INA_HAVE_CUDA

@@ -5,7 +5,7 @@
  * wait. Rank 0's CUDA context is lost afterwards, so this runs in its own program, on an
  * MPI communicator (no NCCL state in the lost context). `--algo ll` waits in an LL line
  * instead of a barrier (default: one-shot). Two ranks with a GPU each; skipped (77)
- * otherwise. */
+ * otherwise, failed under INA_REQUIRE_GPU=1 (tests/test_util.h). */
 #include <string.h>
 
 #include "comm/bootstrap.h"
@@ -13,6 +13,7 @@
 #include "comm/custom_ar.h"
 #include "core/cuda.h"
 #include "tests/comm/comm_test_data.h"
+#include "tests/gpu_test_util.h"
 
 #ifdef INA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -31,9 +32,9 @@ static int run(ina_bootstrap_t *boot, ina_custom_ar_algo_t algo) {
   const ina_status_t created = ina_custom_ar_create(comm, &cfg, &ar);
   ina_log_set_quiet_errors(0);
   if (created == INA_ERR_UNSUPPORTED) { /* no peer access and no NCCL: nothing to watch */
-    if (rank == 0) printf("test_custom_ar_watchdog: skipped (no peer access)\n");
     ina_comm_destroy(comm);
-    return TEST_SKIP;
+    return rank == 0 ? test_skip_gpu("test_custom_ar_watchdog", "no peer access between the GPUs")
+                     : test_gpu_skip_status();
   }
   CHECK_OK(created);
   if (ar && rank == 0) {
@@ -74,18 +75,15 @@ static int run(ina_bootstrap_t *boot, ina_custom_ar_algo_t algo) {
 int main(int argc, char **argv) {
   ina_bootstrap_t *boot = NULL;
   if (ina_bootstrap_init(&argc, &argv, &boot) != INA_OK) return 1;
-  const char *why = NULL;
-#ifndef INA_HAVE_CUDA
-  why = "no CUDA in this build";
-#endif
-  if (!why && ina_bootstrap_device(boot) < 0) why = "no CUDA device";
-  if (!why && ina_bootstrap_local_size(boot) > ina_cuda_device_count())
-    why = "fewer GPUs than ranks on this node";
+  char buf[256];
+  /* One GPU per rank of the node: test_gpus_missing names the CUDA error when none. */
+  const char *why = test_gpus_missing(ina_bootstrap_local_size(boot), buf, sizeof buf);
   if (!why && ina_bootstrap_world_size(boot) != 2) why = "needs exactly 2 ranks";
   if (why) {
-    if (ina_bootstrap_world_rank(boot) == 0) printf("test_custom_ar_watchdog: skipped (%s)\n", why);
+    const int rc = ina_bootstrap_world_rank(boot) == 0 ? test_skip_gpu("test_custom_ar_watchdog", why)
+                                                       : test_gpu_skip_status();
     ina_bootstrap_finalize(boot);
-    return TEST_SKIP;
+    return rc;
   }
   int rc = 1;
 #ifdef INA_HAVE_CUDA

@@ -25,7 +25,7 @@
 #include "core/log.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_internal.h"
-#include "tests/test_util.h"
+#include "tests/gpu_test_util.h"
 
 #ifdef INA_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -835,10 +835,8 @@ static void print_paths(ina_gemm_t *h) {
 }
 
 int main(void) {
-  if (ina_cuda_device_count() == 0) {
-    printf("test_gemm_gpu: no CUDA device, skipped\n");
-    return TEST_SKIP;
-  }
+  const int skip = test_require_gpus("test_gemm_gpu", 1);
+  if (skip) return skip;
   test_rng_t rng = {test_seed("test_gemm_gpu")};
   char name[128];
   printf("device: %s\n", ina_cuda_device_name(0, name, sizeof name));

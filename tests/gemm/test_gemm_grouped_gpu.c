@@ -28,7 +28,7 @@
 #include "gemm/gemm.h"
 #include "gemm/gemm_grouped.h"
 #include "gemm/gemm_internal.h"
-#include "tests/test_util.h"
+#include "tests/gpu_test_util.h"
 
 #ifdef INA_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -644,10 +644,8 @@ static void test_share(test_rng_t *rng) {
 }
 
 int main(void) {
-  if (ina_cuda_device_count() == 0) {
-    printf("test_gemm_grouped_gpu: no CUDA device, skipped\n");
-    return TEST_SKIP;
-  }
+  const int skip = test_require_gpus("test_gemm_grouped_gpu", 1);
+  if (skip) return skip;
   test_rng_t rng = {test_seed("test_gemm_grouped_gpu")};
   char name[128];
   printf("device: %s\n", ina_cuda_device_name(0, name, sizeof name));

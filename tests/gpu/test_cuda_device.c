@@ -1,8 +1,10 @@
-/* core/cuda.h on any machine: the device count never fails, and without a device every
- * call that needs one says INA_ERR_UNSUPPORTED and leaves a message; with a device,
- * allocation, copies and synchronization work and bad arguments are refused. */
+/* core/cuda.h on any machine: the device count never fails, ina_cuda_no_device_reason
+ * says why it is 0 (and only then), and without a device every call that needs one says
+ * INA_ERR_UNSUPPORTED and leaves a message; with a device, allocation, copies and
+ * synchronization work and bad arguments are refused. Under INA_REQUIRE_GPU=1 (a GPU
+ * machine) no device is a failure: the device path must be the one tested. */
 
-#include "tests/test_util.h"
+#include "tests/gpu_test_util.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -18,6 +20,47 @@ static void expect_error(ina_status_t st, ina_status_t expect, const char *fn) {
          ina_status_string(st), (int)expect, ina_status_string(expect));
   CHECKF(strstr(ina_last_error(), fn) != NULL, "%s: last error \"%s\" does not name it", fn,
          ina_last_error());
+}
+
+/* A reason exactly when there is no device; truncated, never overrun. */
+static void test_no_device_reason(int count) {
+  char buf[256], small[8];
+  const char *why = ina_cuda_no_device_reason(buf, sizeof buf);
+  CHECK(ina_cuda_no_device_reason(NULL, 16) == NULL);
+  CHECK(ina_cuda_no_device_reason(buf, 0) == NULL);
+  if (count > 0) {
+    CHECKF(why == NULL, "%d devices, yet a reason: %s", count, why);
+    return;
+  }
+  CHECK(why == buf && strlen(buf) > 0);
+  if (why) printf("no device: %s\n", why);
+  memset(small, 'x', sizeof small);
+  CHECK(ina_cuda_no_device_reason(small, 5) == small && strlen(small) == 4 && small[5] == 'x');
+  if (test_gpu_required()) CHECKF(0, "INA_REQUIRE_GPU is set, and there is no CUDA device: %s", why);
+}
+
+/* The skip rule of tests/test_util.h and tests/gpu_test_util.h: fewer GPUs than asked
+ * for gives a reason, and INA_REQUIRE_GPU turns the skip into a failure. */
+static void test_skip_rule(int count) {
+  char buf[256];
+  CHECK(test_gpus_missing(0, buf, sizeof buf) == NULL);
+  CHECK(test_gpus_missing(count, buf, sizeof buf) == NULL);
+  CHECK(test_require_gpus("test_cuda_device", count) == 0);
+  const char *why = test_gpus_missing(count + 1, buf, sizeof buf);
+  CHECK(why == buf && strlen(buf) > 0);
+  if (why && count > 0) CHECKF(strstr(why, "visible") != NULL, "reason: %s", why);
+  const char *env = getenv("INA_REQUIRE_GPU");
+  char saved[64];
+  snprintf(saved, sizeof saved, "%s", env ? env : "");
+  setenv("INA_REQUIRE_GPU", "1", 1);
+  CHECK(test_gpu_required() && test_gpu_skip_status() == 1);
+  setenv("INA_REQUIRE_GPU", "0", 1);
+  CHECK(!test_gpu_required() && test_gpu_skip_status() == TEST_SKIP);
+  setenv("INA_REQUIRE_GPU", "", 1);
+  CHECK(!test_gpu_required() && test_gpu_skip_status() == TEST_SKIP);
+  unsetenv("INA_REQUIRE_GPU");
+  CHECK(!test_gpu_required() && test_gpu_skip_status() == TEST_SKIP);
+  if (env) setenv("INA_REQUIRE_GPU", saved, 1);
 }
 
 static void test_name_edge_cases(int count) {
@@ -117,6 +160,8 @@ int main(void) {
   CHECK(ina_cuda_device_count() == count); /* asking again changes nothing */
 
   ina_log_set_quiet_errors(1);
+  test_no_device_reason(count);
+  test_skip_rule(count);
   test_name_edge_cases(count);
   if (count == 0) test_without_device();
   else test_with_device(count, &rng);

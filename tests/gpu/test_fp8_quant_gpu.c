@@ -5,7 +5,7 @@
  * each run and guarded past their ends, so unwritten and out-of-bounds bytes show.
  * Skipped (exit 77) without a CUDA device. */
 
-#include "tests/test_util.h"
+#include "tests/gpu_test_util.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -224,10 +224,8 @@ static void test_arguments(void) {
 }
 
 int main(void) {
-  if (ina_cuda_device_count() == 0) {
-    printf("test_fp8_quant_gpu: no CUDA device, skipped\n");
-    return TEST_SKIP;
-  }
+  const int skip = test_require_gpus("test_fp8_quant_gpu", 1);
+  if (skip) return skip;
   test_rng_t rng = {test_seed("test_fp8_quant_gpu")};
   char name[128];
   printf("device: %s\n", ina_cuda_device_name(0, name, sizeof name));

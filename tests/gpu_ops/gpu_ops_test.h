@@ -5,7 +5,7 @@
 #define INA_TESTS_GPU_OPS_GPU_OPS_TEST_H
 
 
-#include "tests/test_util.h"
+#include "tests/gpu_test_util.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -20,8 +20,9 @@
 /* Nonzero under --quick: fewer and smaller cases. */
 static int gpu_test_quick = 0;
 
-/* Parses the arguments (--quick) and checks for a device. Returns 0 when the test should
- * exit with TEST_SKIP; otherwise seeds *rng from test_seed and prints the device. */
+/* Parses the arguments (--quick) and checks for a device. Returns 0 when the test can
+ * run, having seeded *rng from test_seed and printed the device; otherwise the exit
+ * status for main to return (test_require_gpus: TEST_SKIP, or 1 under INA_REQUIRE_GPU). */
 static inline int gpu_test_start(const char *name, int argc, char **argv, test_rng_t *rng) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
@@ -31,15 +32,13 @@ static inline int gpu_test_start(const char *name, int argc, char **argv, test_r
       exit(2);
     }
   }
-  if (ina_cuda_device_count() == 0) {
-    printf("%s: no CUDA device, skipped\n", name);
-    return 0;
-  }
+  const int skip = test_require_gpus(name, 1);
+  if (skip) return skip;
   char device[128];
   printf("%s: device %s%s\n", name, ina_cuda_device_name(0, device, sizeof device),
          gpu_test_quick ? ", quick" : "");
   rng->s = test_seed(name);
-  return 1;
+  return 0;
 }
 
 /* A device buffer of `bytes` plus guard bytes, filled with `fill` (the poison). */

@@ -111,7 +111,8 @@ static void test_arguments(void) {
 
 int main(int argc, char **argv) {
   test_rng_t rng;
-  if (!gpu_test_start("test_gpu_embedding", argc, argv, &rng)) return TEST_SKIP;
+  const int skip = gpu_test_start("test_gpu_embedding", argc, argv, &rng);
+  if (skip) return skip;
   test_arguments();
   static const case_t fixed[] = {
       {1, 1, 1, INA_DTYPE_BF16, 0, 0},        {5, 3, 4, INA_DTYPE_BF16, 0, 0},

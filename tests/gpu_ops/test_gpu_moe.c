@@ -466,7 +466,8 @@ done:
 
 int main(int argc, char **argv) {
   test_rng_t rng;
-  if (!gpu_test_start("test_gpu_moe", argc, argv, &rng)) return TEST_SKIP;
+  const int skip = gpu_test_start("test_gpu_moe", argc, argv, &rng);
+  if (skip) return skip;
   test_arguments();
   /* T, k, E, ids, hidden (0: permute only) */
   run_case(1, 1, 1, IDS_ROUTER, 8, &rng);

@@ -229,7 +229,8 @@ static void test_arguments(void) {
 
 int main(int argc, char **argv) {
   test_rng_t rng;
-  if (!gpu_test_start("test_gpu_rmsnorm", argc, argv, &rng)) return TEST_SKIP;
+  const int skip = gpu_test_start("test_gpu_rmsnorm", argc, argv, &rng);
+  if (skip) return skip;
   test_arguments();
   static const case_t fixed[] = {
       /* rows, cols, residual, fp8, in_place, pad, offset, weight dtype */

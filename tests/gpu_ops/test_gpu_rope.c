@@ -162,7 +162,8 @@ static void test_arguments(void) {
 
 int main(int argc, char **argv) {
   test_rng_t rng;
-  if (!gpu_test_start("test_gpu_rope", argc, argv, &rng)) return TEST_SKIP;
+  const int skip = gpu_test_start("test_gpu_rope", argc, argv, &rng);
+  if (skip) return skip;
   test_arguments();
   static const case_t fixed[] = {
       /* tokens, heads, nope, rope, head_pad, token_pad, pairs, positions, factor */

@@ -231,7 +231,8 @@ static void test_arguments(void) {
 
 int main(int argc, char **argv) {
   test_rng_t rng;
-  if (!gpu_test_start("test_gpu_router", argc, argv, &rng)) return TEST_SKIP;
+  const int skip = gpu_test_start("test_gpu_router", argc, argv, &rng);
+  if (skip) return skip;
   test_arguments();
   const int64_t T = gpu_test_quick ? 97 : 1500;
   const case_t fixed[] = {

@@ -573,7 +573,8 @@ static void test_arguments(void) {
 
 int main(int argc, char **argv) {
   test_rng_t rng;
-  if (!gpu_test_start("test_gpu_sampling", argc, argv, &rng)) return TEST_SKIP;
+  const int skip = gpu_test_start("test_gpu_sampling", argc, argv, &rng);
+  if (skip) return skip;
   test_arguments();
   argmax_case(1, 1, 0, 0, &rng);
   argmax_case(12, 2, 1, 0, &rng);

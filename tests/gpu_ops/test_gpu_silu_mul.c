@@ -134,7 +134,8 @@ static void test_arguments(void) {
 
 int main(int argc, char **argv) {
   test_rng_t rng;
-  if (!gpu_test_start("test_gpu_silu_mul", argc, argv, &rng)) return TEST_SKIP;
+  const int skip = gpu_test_start("test_gpu_silu_mul", argc, argv, &rng);
+  if (skip) return skip;
   test_arguments();
   static const case_t fixed[] = {
       {1, 1, 0, 0, 0},     {1, 1, 1, 1, 0},     {3, 7, 1, 1, 0},      {4, 128, 0, 1, 0},

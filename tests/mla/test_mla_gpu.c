@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "mla/mla_schedule.h"
+#include "tests/gpu_test_util.h"
 #include "tests/mla/mla_test_gpu.h"
 
 typedef enum { KV_UNIFORM, KV_SKEWED, KV_TINY } kv_dist_t;
@@ -169,10 +170,8 @@ done:
 
 int main(int argc, char **argv) {
   const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
-  if (ina_cuda_device_count() == 0) {
-    printf("test_mla_gpu: no CUDA device, skipped\n");
-    return TEST_SKIP;
-  }
+  const int skip = test_require_gpus("test_mla_gpu", 1);
+  if (skip) return skip;
   char name[128];
   printf("test_mla_gpu: %s%s\n", ina_cuda_device_name(0, name, sizeof name), small ? " (small)" : "");
   test_rng_t rng = {test_seed("test_mla_gpu")};

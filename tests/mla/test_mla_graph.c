@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/gpu_test_util.h"
 #include "tests/mla/mla_test_gpu.h"
 
 #if INA_HAVE_CUDA
@@ -166,10 +167,8 @@ done:
 }
 
 int main(void) {
-  if (ina_cuda_device_count() == 0) {
-    printf("test_mla_graph: no CUDA device, skipped\n");
-    return TEST_SKIP;
-  }
+  const int skip = test_require_gpus("test_mla_graph", 1);
+  if (skip) return skip;
   test_rng_t rng = {test_seed("test_mla_graph")};
   ina_threadpool_t *pool = NULL;
   cudaStream_t stream = NULL;
@@ -183,7 +182,6 @@ int main(void) {
 
 #else /* a build without CUDA has no graphs to capture */
 int main(void) {
-  printf("test_mla_graph: this build has no CUDA, skipped\n");
-  return TEST_SKIP;
+  return test_skip_gpu("test_mla_graph", "this build has no CUDA");
 }
 #endif

@@ -8,7 +8,7 @@
  * Also: the dequantization kernel byte for byte, replay of a captured CUDA graph with
  * new inputs, and argument checks. Skipped (exit 77) without a CUDA device. */
 
-#include "tests/test_util.h"
+#include "tests/gpu_test_util.h"
 
 #include "core/cuda.h"
 #include "core/dtype.h"
@@ -404,10 +404,8 @@ done:
 }
 
 int main(void) {
-  if (ina_cuda_device_count() == 0) {
-    printf("test_mla_absorb_gpu: no CUDA device, skipped\n");
-    return TEST_SKIP;
-  }
+  const int skip = test_require_gpus("test_mla_absorb_gpu", 1);
+  if (skip) return skip;
   test_rng_t rng = {test_seed("test_mla_absorb_gpu")};
   char name[128];
   printf("device: %s\n", ina_cuda_device_name(0, name, sizeof name));

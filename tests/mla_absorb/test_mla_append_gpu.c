@@ -13,7 +13,7 @@
  * values not bit-identical is printed and must stay below 1 in 10^4.
  * Skipped (exit 77) without a CUDA device. */
 
-#include "tests/test_util.h"
+#include "tests/gpu_test_util.h"
 
 #include "core/cuda.h"
 #include "core/log.h"
@@ -211,10 +211,8 @@ static void test_arguments(void) {
 }
 
 int main(void) {
-  if (ina_cuda_device_count() == 0) {
-    printf("test_mla_append_gpu: no CUDA device, skipped\n");
-    return TEST_SKIP;
-  }
+  const int skip = test_require_gpus("test_mla_append_gpu", 1);
+  if (skip) return skip;
   test_rng_t rng = {test_seed("test_mla_append_gpu")};
   char name[128];
   printf("device: %s\n", ina_cuda_device_name(0, name, sizeof name));

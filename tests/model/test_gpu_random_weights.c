@@ -47,7 +47,7 @@
 #include "core/log.h"
 #include "model/config.h"
 #include "model/weights.h"
-#include "../test_util.h"
+#include "tests/gpu_test_util.h"
 
 #ifdef INA_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -664,10 +664,8 @@ static void time_v2_lite(uint64_t seed, cudaStream_t stream) {
 
 int main(void) {
   char name[128];
-  if (ina_cuda_device_count() == 0) {
-    printf("test_gpu_random_weights: skipped (no CUDA device)\n");
-    return TEST_SKIP;
-  }
+  const int skip = test_require_gpus("test_gpu_random_weights", 1);
+  if (skip) return skip;
   printf("device: %s\n", ina_cuda_device_name(0, name, sizeof name));
   const uint64_t seed = test_seed("test_gpu_random_weights");
   cudaStream_t stream = NULL;
@@ -691,8 +689,7 @@ int main(void) {
 #else
 
 int main(void) {
-  printf("test_gpu_random_weights: skipped (built without CUDA)\n");
-  return TEST_SKIP;
+  return test_skip_gpu("test_gpu_random_weights", "this build has no CUDA");
 }
 
 #endif

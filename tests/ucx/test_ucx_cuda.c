@@ -5,7 +5,8 @@
  * ring, gets from the previous one. Without UCX CUDA support (staged mode) the owner of
  * a pool syncs device → mirror before peers read it and mirror → device after peers
  * wrote it. Every byte of every pool is copied down and checked after each move.
- * Without a usable GPU on some rank, every rank reports skipped (exit 77). */
+ * Without a usable GPU on some rank, every rank reports skipped (exit 77), or fails under
+ * INA_REQUIRE_GPU=1 (tests/test_util.h). */
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 #include "comm/ucx_engine.h"
 #include "core/cuda.h"
 #include "core/log.h"
-#include "tests/test_util.h"
+#include "tests/gpu_test_util.h"
 
 #define NPOOLS 2
 #define ROUNDS 4
@@ -419,18 +420,23 @@ int main(int argc, char **argv) {
   int devices = ina_cuda_device_count();
   int runnable = agree(c.engine != NULL && devices > 0);
   if (c.engine) test_refused_regions(&c);
+  int skipped = TEST_SKIP; /* the exit status when not runnable (test_skip_gpu's) */
   if (runnable) {
     run_on_gpus(&c, devices);
   } else if (devices == 0) {
-    printf("test_ucx_cuda: skipped: rank %d sees no usable CUDA device "
-           "(ina_cuda_device_count() == 0: no GPU, no driver, or a build without CUDA)%s\n",
-           c.rank,
-           BUILT_WITH_ASAN ? "; this build has AddressSanitizer: if there is a GPU, its driver "
-                             "may need ASAN_OPTIONS=protect_shadow_gap=0 to start"
-                           : "");
+    char reason[256], why[512];
+    const char *none = ina_cuda_no_device_reason(reason, sizeof reason);
+    snprintf(why, sizeof why, "rank %d sees no usable CUDA device: %s%s", c.rank,
+             none ? none : "ina_cuda_device_count() is 0",
+             BUILT_WITH_ASAN ? "; this build has AddressSanitizer: if there is a GPU, its driver "
+                               "may need ASAN_OPTIONS=protect_shadow_gap=0 to start"
+                             : "");
+    skipped = test_skip_gpu("test_ucx_cuda", why);
   } else if (c.engine) {
-    printf("test_ucx_cuda: skipped: rank %d has %d CUDA devices, but another rank has none\n",
-           c.rank, devices);
+    char why[128];
+    snprintf(why, sizeof why, "rank %d has %d CUDA devices, but another rank has none", c.rank,
+             devices);
+    skipped = test_skip_gpu("test_ucx_cuda", why);
   }
   teardown(&c);
 
@@ -441,5 +447,5 @@ int main(int argc, char **argv) {
   int rc = test_finish(name);
   MPI_Finalize();
   if (any_failed) return 1;
-  return runnable ? rc : TEST_SKIP;
+  return runnable ? rc : skipped;
 }
