@@ -213,6 +213,7 @@ descendants() {
 launch() {
   local log=$1
   shift
+  : >"$log" # the background job may open it after the first grep below
   "$launcher" --hostfile "$tmp/localhost" --agent "$agent" --base-port 0 "$@" >"$log" 2>&1 &
   launcher_pid=$!
   for _ in $(seq 900); do
@@ -226,7 +227,9 @@ launch() {
 }
 
 # stopped LOG WHAT: SIGTERM was sent to the launcher: it must end with status 0 within
-# a minute and leave none of its processes behind.
+# a minute and leave none of its processes behind. Those left are killed here, and the
+# list is emptied: a pid kept past its process's end may name another process later
+# (cleanup must never kill that).
 stopped() {
   local log=$1 what=$2 rc left=()
   for _ in $(seq 600); do kill -0 "$launcher_pid" 2>/dev/null || break; sleep 0.1; done
@@ -235,18 +238,21 @@ stopped() {
     tail -20 "$log"
     for pid in "$launcher_pid" "${procs[@]}"; do kill -KILL "$pid" 2>/dev/null; done
     wait "$launcher_pid"
-    launcher_pid=
+    launcher_pid='' procs=()
     return
   fi
   wait "$launcher_pid"
   rc=$?
   for pid in "${procs[@]}"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
   if [ "$rc" != 0 ] || ((${#left[@]})); then
+    # 137 and the like: a signal from outside the test (it sends the launcher SIGTERM only).
+    ((rc <= 128)) || echo "note: status $rc: the launcher, or the rank whose status mpirun passed on, died of signal $((rc - 128))"
     fail "$what: launcher status $rc, ${#left[@]} process(es) left (${left[*]})"; tail -20 "$log"
+    for pid in "${left[@]}"; do kill -KILL "$pid" 2>/dev/null; done
   else
     ok "$what: SIGTERM to the launcher: status 0, all ${#procs[@]} processes gone"
   fi
-  launcher_pid=
+  launcher_pid='' procs=()
 }
 
 model_seed=$RANDOM
