@@ -30,7 +30,7 @@
 
 struct ina_safetensors {
   char *path;
-  void *map;
+  void *map; /* NULL when the bytes are the caller's (ina_safetensors_open_memory) */
   size_t map_size;
   ina_st_entry_t *entries; /* data-offset order, i.e. the order of the file */
   size_t count;
@@ -245,38 +245,16 @@ fail:
   return st;
 }
 
-ina_status_t ina_safetensors_open(const char *path, ina_safetensors_t **out) {
+/* Validates the whole file at bytes (file_size bytes, mapped or borrowed) and fills sf's
+ * entry table; sf->path names it in messages. */
+static ina_status_t parse_file(ina_safetensors_t *sf, const unsigned char *bytes,
+                               uint64_t file_size) {
   ina_status_t st = INA_OK;
-  ina_safetensors_t *sf = NULL;
+  const char *path = sf->path;
   json_t *header = NULL;
-  int fd = -1;
-  INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "ina_safetensors_open: out is NULL");
-  *out = NULL;
-  INA_REQUIRE(path != NULL, INA_ERR_INVALID_ARGUMENT, "ina_safetensors_open: path is NULL");
-
-  sf = calloc(1, sizeof *sf);
-  INA_CHECK_ALLOC(sf);
-  sf->path = strdup(path);
-  INA_CHECK_ALLOC(sf->path);
-
-  fd = open(path, O_RDONLY | O_CLOEXEC);
-  INA_REQUIRE(fd >= 0, INA_ERR_IO, "file %s: cannot open: %s", path, strerror(errno));
-  struct stat sb;
-  INA_REQUIRE(fstat(fd, &sb) == 0, INA_ERR_IO, "file %s: cannot stat: %s", path, strerror(errno));
-  INA_REQUIRE(S_ISREG(sb.st_mode), INA_ERR_IO, "file %s: not a regular file", path);
-  uint64_t file_size = (uint64_t)sb.st_size;
   INA_REQUIRE(file_size >= 8, INA_ERR_FORMAT,
               "file %s: %llu bytes, too short for the 8-byte header length", path,
               (unsigned long long)file_size);
-
-  sf->map = mmap(NULL, (size_t)file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  INA_REQUIRE(sf->map != MAP_FAILED, INA_ERR_IO, "file %s: mmap of %llu bytes failed: %s", path,
-              (unsigned long long)file_size, strerror(errno));
-  sf->map_size = (size_t)file_size;
-  close(fd);
-  fd = -1;
-
-  const unsigned char *bytes = sf->map;
   uint64_t header_len = load_le64(bytes);
   INA_REQUIRE(header_len > 0, INA_ERR_FORMAT, "file %s: header length is 0", path);
   INA_REQUIRE(header_len <= MAX_HEADER_BYTES, INA_ERR_FORMAT,
@@ -293,19 +271,84 @@ ina_status_t ina_safetensors_open(const char *path, ina_safetensors_t **out) {
   INA_REQUIRE(json_is_object(header), INA_ERR_FORMAT, "file %s: header is not a JSON object", path);
 
   INA_CHECK(build_entries(sf, header, bytes + 8 + header_len, file_size - 8 - header_len));
+fail:
   json_decref(header);
+  return st;
+}
+
+/* A handle without entries yet, named path (copied). */
+static ina_status_t new_handle(const char *path, ina_safetensors_t **out) {
+  ina_status_t st = INA_OK;
+  ina_safetensors_t *sf = calloc(1, sizeof *sf);
+  INA_CHECK_ALLOC(sf);
+  sf->path = strdup(path);
+  INA_CHECK_ALLOC(sf->path);
+  *out = sf;
+  return INA_OK;
+fail:
+  free(sf);
+  return st;
+}
+
+ina_status_t ina_safetensors_open(const char *path, ina_safetensors_t **out) {
+  ina_status_t st = INA_OK;
+  ina_safetensors_t *sf = NULL;
+  int fd = -1;
+  INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "ina_safetensors_open: out is NULL");
+  *out = NULL;
+  INA_REQUIRE(path != NULL, INA_ERR_INVALID_ARGUMENT, "ina_safetensors_open: path is NULL");
+  INA_CHECK(new_handle(path, &sf));
+
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  INA_REQUIRE(fd >= 0, INA_ERR_IO, "file %s: cannot open: %s", path, strerror(errno));
+  struct stat sb;
+  INA_REQUIRE(fstat(fd, &sb) == 0, INA_ERR_IO, "file %s: cannot stat: %s", path, strerror(errno));
+  INA_REQUIRE(S_ISREG(sb.st_mode), INA_ERR_IO, "file %s: not a regular file", path);
+  uint64_t file_size = (uint64_t)sb.st_size;
+  /* mmap refuses an empty mapping: say what is wrong with the file instead. */
+  INA_REQUIRE(file_size >= 8, INA_ERR_FORMAT,
+              "file %s: %llu bytes, too short for the 8-byte header length", path,
+              (unsigned long long)file_size);
+
+  void *map = mmap(NULL, (size_t)file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  INA_REQUIRE(map != MAP_FAILED, INA_ERR_IO, "file %s: mmap of %llu bytes failed: %s", path,
+              (unsigned long long)file_size, strerror(errno));
+  sf->map = map;
+  sf->map_size = (size_t)file_size;
+  close(fd);
+  fd = -1;
+
+  INA_CHECK(parse_file(sf, sf->map, file_size));
   *out = sf;
   return INA_OK;
 fail:
   if (fd >= 0) close(fd);
-  json_decref(header);
+  ina_safetensors_close(sf);
+  return st;
+}
+
+ina_status_t ina_safetensors_open_memory(const void *bytes, size_t size, const char *name,
+                                         ina_safetensors_t **out) {
+  ina_status_t st = INA_OK;
+  ina_safetensors_t *sf = NULL;
+  INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "ina_safetensors_open_memory: out is NULL");
+  *out = NULL;
+  INA_REQUIRE(bytes != NULL || size == 0, INA_ERR_INVALID_ARGUMENT,
+              "ina_safetensors_open_memory: bytes is NULL for %zu bytes", size);
+  INA_CHECK(new_handle(name ? name : "(memory)", &sf));
+  /* A NULL (empty) buffer is too short for the length field: parse_file says so before
+   * it reads a byte. */
+  INA_CHECK(parse_file(sf, bytes, (uint64_t)size));
+  *out = sf;
+  return INA_OK;
+fail:
   ina_safetensors_close(sf);
   return st;
 }
 
 void ina_safetensors_close(ina_safetensors_t *sf) {
   if (!sf) return;
-  if (sf->map && sf->map != MAP_FAILED) munmap(sf->map, sf->map_size);
+  if (sf->map) munmap(sf->map, sf->map_size);
   free(sf->entries);
   free((void *)sf->by_name);
   free(sf->metadata);

@@ -12,7 +12,7 @@
  * its slice maps only the files it needs.
  *
  * Ownership: ina_safetensors_close / ina_checkpoint_close unmap everything; tensor views
- * returned by the lookups point into the mapping and die with it.
+ * returned by the lookups point into the mapping (or the caller's bytes) and die with it.
  * Thread safety: lookups on an opened file are thread-safe; ina_checkpoint_get may open a
  * shard and must not be called concurrently on the same checkpoint. */
 #ifndef INA_CORE_SAFETENSORS_H
@@ -40,6 +40,12 @@ typedef struct ina_st_entry {
 } ina_st_entry_t;
 
 ina_status_t ina_safetensors_open(const char *path, ina_safetensors_t **out);
+/* The same validation over a whole file already in memory (size bytes at `bytes`).
+ * `name` labels messages and is what ina_safetensors_path returns (NULL: "(memory)").
+ * The bytes are borrowed, not copied: the entries point into them, so they must stay
+ * unchanged until ina_safetensors_close. */
+ina_status_t ina_safetensors_open_memory(const void *bytes, size_t size, const char *name,
+                                         ina_safetensors_t **out);
 void ina_safetensors_close(ina_safetensors_t *st);
 size_t ina_safetensors_count(const ina_safetensors_t *st);
 const ina_st_entry_t *ina_safetensors_at(const ina_safetensors_t *st, size_t i);

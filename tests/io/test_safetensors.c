@@ -1,6 +1,7 @@
 /* safetensors writer and reader: random tensors of every dtype and many shapes go through
  * the writer and come back byte for byte; metadata; thousands of tensors; files written
- * by other tools (unpadded header, metadata first); the writer's argument checks. */
+ * by other tools (unpadded header, metadata first), also read from memory; the writer's
+ * argument checks. */
 #include <jansson.h>
 
 #include "core/safetensors.h"
@@ -235,6 +236,25 @@ static void test_foreign_layout(const char *dir) {
   CHECK(ee && ee->ndim == 2 && ee->shape[0] == 0 && ee->shape[1] == 4 && ee->nbytes == 0);
   CHECK(strcmp(ina_safetensors_metadata(st, "format"), "pt") == 0);
   ina_safetensors_close(st);
+
+  /* The same bytes from memory: entries point into the caller's buffer. */
+  st = NULL;
+  CHECK_OK(ina_safetensors_open_memory(buf, 8 + hlen + 16, "foreign", &st));
+  if (!st) return;
+  CHECK(strcmp(ina_safetensors_path(st), "foreign") == 0 && ina_safetensors_count(st) == 3);
+  ea = ina_safetensors_find(st, "a");
+  eb = ina_safetensors_find(st, "b");
+  CHECK(ea && ea->data == buf + 8 + hlen && eb && eb->data == buf + 8 + hlen + 8);
+  CHECK(strcmp(ina_safetensors_metadata(st, "format"), "pt") == 0);
+  ina_safetensors_close(st);
+  /* One data byte short: b's data_offsets end past the data section. */
+  st = (ina_safetensors_t *)buf;
+  CHECK_FAILS_WITH(ina_safetensors_open_memory(buf, 8 + hlen + 15, "foreign", &st), INA_ERR_FORMAT,
+                   "foreign", "'b'");
+  CHECK(st == NULL);
+  CHECK_FAILS_WITH(ina_safetensors_open_memory(NULL, 0, NULL, &st), INA_ERR_FORMAT, "(memory)",
+                   "too short");
+  CHECK(st == NULL);
 }
 
 /* A file with no tensors at all is valid. */
