@@ -285,10 +285,55 @@ static uint32_t load_le(const unsigned char *p, int bytes) {
   return v;
 }
 
+/* The longest prefix + header an npy file may have: what decode_header needs in hand. */
+#define NPY_MAX_PREFIX (12 + NPY_MAX_HEADER)
+
+/* Decodes the prefix and header of the npy file `path` of file_size bytes, of which the
+ * first `avail` are at `bytes` (at least min(file_size, NPY_MAX_PREFIX) of them), and
+ * checks that the data section holds exactly the array: *data_offset is where it
+ * starts, *nbytes its size. */
+static ina_status_t decode_header(const char *path, const unsigned char *bytes, size_t avail,
+                                  uint64_t file_size, npy_header_t *h, uint64_t *data_offset,
+                                  size_t *nbytes) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(file_size >= 10 && avail >= 10, INA_ERR_FORMAT,
+              "file %s: %llu bytes, too short for an npy header", path,
+              (unsigned long long)file_size);
+  INA_REQUIRE(memcmp(bytes, NPY_MAGIC, 6) == 0, INA_ERR_FORMAT,
+              "file %s: not an npy file (bad magic)", path);
+  int major = bytes[6], minor = bytes[7];
+  INA_REQUIRE((major == 1 || major == 2) && minor == 0, INA_ERR_UNSUPPORTED,
+              "file %s: npy format version %d.%d is not supported (1.0 and 2.0 are)", path, major,
+              minor);
+  /* Version 1.0 stores the header length in 2 bytes, 2.0 in 4. */
+  uint64_t prefix_len = major == 1 ? 10 : 12;
+  INA_REQUIRE(file_size >= prefix_len && avail >= prefix_len, INA_ERR_FORMAT,
+              "file %s: too short for an npy 2.0 header", path);
+  uint64_t header_len = load_le(bytes + 8, major == 1 ? 2 : 4);
+  INA_REQUIRE(
+      header_len > 0 && header_len <= NPY_MAX_HEADER && header_len <= file_size - prefix_len,
+      INA_ERR_FORMAT, "file %s: npy header length %llu does not fit the %llu-byte file", path,
+      (unsigned long long)header_len, (unsigned long long)file_size);
+  INA_REQUIRE(prefix_len + header_len <= avail, INA_ERR_IO,
+              "file %s: short read of the npy header", path);
+  INA_CHECK(parse_header(path, (const char *)bytes + prefix_len, (size_t)header_len, h));
+
+  INA_REQUIRE(ina_shape_nbytes(h->dtype, h->ndim, h->shape, nbytes), INA_ERR_FORMAT,
+              "file %s: npy shape overflows 64 bits", path);
+  uint64_t data_size = file_size - prefix_len - header_len;
+  INA_REQUIRE(data_size == *nbytes, INA_ERR_FORMAT,
+              "file %s: npy shape needs %llu data bytes, the file has %llu", path,
+              (unsigned long long)*nbytes, (unsigned long long)data_size);
+  *data_offset = prefix_len + header_len;
+  return INA_OK;
+fail:
+  return st;
+}
+
 ina_status_t ina_npy_read(const char *path, ina_tensor_t *out) {
   ina_status_t st = INA_OK;
   FILE *f = NULL;
-  char *text = NULL;
+  unsigned char *prefix = NULL;
   INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "ina_npy_read: out is NULL");
   memset(out, 0, sizeof *out);
   INA_REQUIRE(path != NULL, INA_ERR_INVALID_ARGUMENT, "ina_npy_read: path is NULL");
@@ -299,52 +344,48 @@ ina_status_t ina_npy_read(const char *path, ina_tensor_t *out) {
               "file %s: not a readable regular file", path);
   uint64_t file_size = (uint64_t)sb.st_size;
 
-  unsigned char prefix[12];
-  INA_REQUIRE(file_size >= 10 && fread(prefix, 1, 10, f) == 10, INA_ERR_FORMAT,
-              "file %s: %llu bytes, too short for an npy header", path,
-              (unsigned long long)file_size);
-  INA_REQUIRE(memcmp(prefix, NPY_MAGIC, 6) == 0, INA_ERR_FORMAT,
-              "file %s: not an npy file (bad magic)", path);
-  int major = prefix[6], minor = prefix[7];
-  INA_REQUIRE((major == 1 || major == 2) && minor == 0, INA_ERR_UNSUPPORTED,
-              "file %s: npy format version %d.%d is not supported (1.0 and 2.0 are)", path, major,
-              minor);
-  /* Version 1.0 stores the header length in 2 bytes, 2.0 in 4. */
-  uint64_t prefix_len = major == 1 ? 10 : 12;
-  if (major == 2)
-    INA_REQUIRE(file_size >= 12 && fread(prefix + 10, 1, 2, f) == 2, INA_ERR_FORMAT,
-                "file %s: too short for an npy 2.0 header", path);
-  uint64_t header_len = load_le(prefix + 8, major == 1 ? 2 : 4);
-  INA_REQUIRE(
-      header_len > 0 && header_len <= NPY_MAX_HEADER && header_len <= file_size - prefix_len,
-      INA_ERR_FORMAT, "file %s: npy header length %llu does not fit the %llu-byte file", path,
-      (unsigned long long)header_len, (unsigned long long)file_size);
-
-  text = malloc((size_t)header_len + 1);
-  INA_CHECK_ALLOC(text);
-  INA_REQUIRE(fread(text, 1, (size_t)header_len, f) == header_len, INA_ERR_IO,
-              "file %s: short read of the npy header", path);
-  text[header_len] = '\0';
+  /* Whatever the header's length, it lies in the first NPY_MAX_PREFIX bytes. */
+  size_t want = file_size < NPY_MAX_PREFIX ? (size_t)file_size : NPY_MAX_PREFIX;
+  prefix = malloc(want + 1);
+  INA_CHECK_ALLOC(prefix);
+  size_t avail = fread(prefix, 1, want, f);
   npy_header_t h = {0};
-  INA_CHECK(parse_header(path, text, (size_t)header_len, &h));
-
+  uint64_t data_offset = 0;
   size_t nbytes = 0;
-  INA_REQUIRE(ina_shape_nbytes(h.dtype, h.ndim, h.shape, &nbytes), INA_ERR_FORMAT,
-              "file %s: npy shape overflows 64 bits", path);
-  uint64_t data_size = file_size - prefix_len - header_len;
-  INA_REQUIRE(data_size == nbytes, INA_ERR_FORMAT,
-              "file %s: npy shape needs %llu data bytes, the file has %llu", path,
-              (unsigned long long)nbytes, (unsigned long long)data_size);
+  INA_CHECK(decode_header(path, prefix, avail, file_size, &h, &data_offset, &nbytes));
 
   INA_CHECK(ina_tensor_alloc(out, h.dtype, h.ndim, h.shape, INA_CPU));
+  INA_REQUIRE(nbytes == 0 || fseeko(f, (off_t)data_offset, SEEK_SET) == 0, INA_ERR_IO,
+              "file %s: cannot seek to the npy data at byte %llu: %s", path,
+              (unsigned long long)data_offset, strerror(errno));
   INA_REQUIRE(nbytes == 0 || fread(out->data, 1, (size_t)nbytes, f) == nbytes, INA_ERR_IO,
               "file %s: short read of %llu data bytes", path, (unsigned long long)nbytes);
-  free(text);
+  free(prefix);
   fclose(f);
   return INA_OK;
 fail:
   if (out) ina_tensor_release(out);
-  free(text);
+  free(prefix);
   if (f) fclose(f);
+  return st;
+}
+
+ina_status_t ina_npy_read_memory(const void *bytes, size_t size, const char *name,
+                                 ina_tensor_t *out) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "ina_npy_read_memory: out is NULL");
+  memset(out, 0, sizeof *out);
+  INA_REQUIRE(bytes != NULL || size == 0, INA_ERR_INVALID_ARGUMENT,
+              "ina_npy_read_memory: bytes is NULL for %zu bytes", size);
+  if (!name) name = "(memory)";
+  npy_header_t h = {0};
+  uint64_t data_offset = 0;
+  size_t nbytes = 0;
+  INA_CHECK(decode_header(name, bytes, size, (uint64_t)size, &h, &data_offset, &nbytes));
+  INA_CHECK(ina_tensor_alloc(out, h.dtype, h.ndim, h.shape, INA_CPU));
+  if (nbytes) memcpy(out->data, (const unsigned char *)bytes + data_offset, nbytes);
+  return INA_OK;
+fail:
+  if (out) ina_tensor_release(out);
   return st;
 }

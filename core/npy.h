@@ -20,6 +20,10 @@ ina_status_t ina_npy_write(const char *path, ina_dtype_t dtype, int ndim, const 
 /* Read a '<f4', '<i4' or '<i8' array into a newly allocated CPU tensor (owned; release
  * with ina_tensor_release). Malformed headers give INA_ERR_FORMAT naming the file. */
 ina_status_t ina_npy_read(const char *path, ina_tensor_t *out);
+/* The same over a whole file already in memory (size bytes at `bytes`, copied into the
+ * tensor); `name` labels messages (NULL: "(memory)"). */
+ina_status_t ina_npy_read_memory(const void *bytes, size_t size, const char *name,
+                                 ina_tensor_t *out);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /* .npy round trips of random arrays (f32, i32, i64; rank 0 to 5, zero-size), headers
- * as NumPy writes them, and malformed files. */
+ * as NumPy writes them, malformed files, and the same read from memory. */
 #include "core/npy.h"
 #include "tests/io/io_test_util.h"
 
@@ -310,6 +310,35 @@ static void test_write_errors(const char *dir) {
   CHECK_FAILS_WITH(ina_npy_write(path, INA_DTYPE_F32, 1, shape, data), INA_ERR_IO, path, NULL);
 }
 
+/* ina_npy_read_memory reads what ina_npy_read reads, and refuses what it refuses, naming
+ * the label it is given. */
+static void test_memory(const char *dir) {
+  static const char *GOOD = "{'descr': '<i4', 'fortran_order': False, 'shape': (2, 2), }\n";
+  char path[512];
+  io_join(path, sizeof path, dir, "memory.npy");
+  write_npy(path, 1, 0, GOOD, 16, -1);
+  size_t n = 0;
+  unsigned char *bytes = io_read_file(path, &n);
+  CHECK(bytes != NULL);
+  if (!bytes) return;
+  ina_tensor_t a, b;
+  CHECK_OK(ina_npy_read(path, &a));
+  CHECK_OK(ina_npy_read_memory(bytes, n, "logits", &b));
+  CHECK(a.dtype == b.dtype && a.ndim == 2 && b.ndim == 2 && b.shape[0] == 2 && b.shape[1] == 2);
+  CHECK(b.owns_data && b.data != (void *)bytes && memcmp(a.data, b.data, 16) == 0);
+  ina_tensor_release(&a);
+  ina_tensor_release(&b);
+  int wrong = 0;
+  for (size_t len = 0; len < n; len++) {
+    ina_clear_error();
+    ina_status_t s = ina_npy_read_memory(bytes, len, "logits", &b);
+    wrong += s != INA_ERR_FORMAT || !strstr(ina_last_error(), "logits") || !ina_tensor_is_empty(&b);
+  }
+  CHECKF(wrong == 0, "%d prefixes not rejected as FORMAT naming the label", wrong);
+  CHECK_FAILS_WITH(ina_npy_read_memory(NULL, 0, NULL, &b), INA_ERR_FORMAT, "(memory)", NULL);
+  free(bytes);
+}
+
 int main(void) {
   test_rng_t rng = {test_seed("test_npy")};
   ina_log_set_quiet_errors(1);
@@ -319,6 +348,7 @@ int main(void) {
   test_malformed(dir);
   test_random_flips(dir, &rng);
   test_write_errors(dir);
+  test_memory(dir);
   io_remove_tree(dir);
   free(dir);
   return test_finish("test_npy");
