@@ -145,14 +145,18 @@ static const char *here(const scan_t *s, char *buf, size_t size) {
                 here((s), near_, sizeof near_));                                        \
   } while (0)
 
-/* A quoted string without escapes ('...' or "..."), copied into out. */
+/* A quoted string without escapes ('...' or "..."), copied into out. A control byte
+ * (NUL above all, which would end the copy early and make 'descr\0x' read as 'descr')
+ * cannot be in a Python string literal, so it is malformed. */
 static ina_status_t scan_string(scan_t *s, char *out, size_t size) {
   ina_status_t st = INA_OK;
   skip_space(s);
   if (s->p >= s->end || (*s->p != '\'' && *s->p != '"')) SCAN_FAIL(s, "expected a quoted string");
   char quote = *s->p;
   const char *start = ++s->p;
-  while (s->p < s->end && *s->p != quote && *s->p != '\\') s->p++;
+  while (s->p < s->end && *s->p != quote && *s->p != '\\' && (unsigned char)*s->p >= 0x20) s->p++;
+  if (s->p < s->end && (unsigned char)*s->p < 0x20)
+    SCAN_FAIL(s, "control byte 0x%02x in a string", (unsigned)(unsigned char)*s->p);
   if (s->p >= s->end || *s->p != quote) SCAN_FAIL(s, "unterminated or escaped string");
   size_t n = (size_t)(s->p - start);
   if (n >= size) SCAN_FAIL(s, "string of %zu bytes is too long", n);

@@ -339,6 +339,40 @@ static void test_memory(const char *dir) {
   free(bytes);
 }
 
+/* A NUL or other control byte inside a header string is malformed: it used to end the
+ * copied key or dtype early, so that 'descr\0xyz' was taken for 'descr'. */
+static void test_control_bytes(const char *dir) {
+#define DICT(text) {text, sizeof text - 1}
+  static const struct {
+    const char *text;
+    size_t len;
+  } dicts[] = {
+      DICT("{'descr\0xyz': '<f4', 'fortran_order': False, 'shape': (2,), }\n"),
+      DICT("{'descr': '<f4\0', 'fortran_order': False, 'shape': (2,), }\n"),
+      DICT("{'descr': '<f4', 'fortran_order': False, 'sha\x01pe': (2,), }\n"),
+  };
+#undef DICT
+  char path[512];
+  io_join(path, sizeof path, dir, "control.npy");
+  for (size_t k = 0; k < sizeof dicts / sizeof dicts[0]; k++) {
+    unsigned char buf[10 + 64 + 8];
+    size_t dlen = dicts[k].len;
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (unsigned char)dlen;
+    buf[9] = 0;
+    memcpy(buf + 10, dicts[k].text, dlen);
+    memset(buf + 10 + dlen, 0, 8);
+    CHECK(io_write_file(path, buf, 10 + dlen + 8));
+    ina_tensor_t t;
+    ina_clear_error();
+    CHECK_FAILS_WITH(ina_npy_read(path, &t), INA_ERR_FORMAT, path, "control byte");
+    CHECK(ina_tensor_is_empty(&t));
+    ina_clear_error();
+    CHECK_FAILS_WITH(ina_npy_read_memory(buf, 10 + dlen + 8, "ctl", &t), INA_ERR_FORMAT, "ctl",
+                     "control byte");
+  }
+}
+
 int main(void) {
   test_rng_t rng = {test_seed("test_npy")};
   ina_log_set_quiet_errors(1);
@@ -349,6 +383,7 @@ int main(void) {
   test_random_flips(dir, &rng);
   test_write_errors(dir);
   test_memory(dir);
+  test_control_bytes(dir);
   io_remove_tree(dir);
   free(dir);
   return test_finish("test_npy");
