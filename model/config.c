@@ -174,9 +174,22 @@ fail:
 ina_status_t ina_model_config_load(const char *path, ina_model_config_t *c) {
   ina_status_t st = INA_OK;
   json_t *root = NULL;
-  const char *act = NULL;
   memset(c, 0, sizeof *c);
   INA_CHECK(ina_json_load_file(path, &root));
+  INA_CHECK(ina_model_config_from_json(root, path, c));
+fail:
+  json_decref(root);
+  return st;
+}
+
+ina_status_t ina_model_config_from_json(const json_t *root, const char *where,
+                                        ina_model_config_t *c) {
+  ina_status_t st = INA_OK;
+  const char *act = NULL;
+  const char *path = where ? where : "config.json";
+  memset(c, 0, sizeof *c);
+  INA_REQUIRE(json_is_object(root), INA_ERR_FORMAT, "%s: expected a JSON object at the top",
+              path);
   INA_CHECK(detect_arch(root, path, &c->arch));
   INA_CHECK(get_i32(root, "vocab_size", path, &c->vocab_size));
   INA_CHECK(get_i32(root, "hidden_size", path, &c->hidden_size));
@@ -236,7 +249,6 @@ ina_status_t ina_model_config_load(const char *path, ina_model_config_t *c) {
     c->topk_group = 1;
   INA_CHECK(ina_model_config_validate(c, path));
 fail:
-  json_decref(root);
   return st;
 }
 

@@ -15,6 +15,8 @@
 extern "C" {
 #endif
 
+struct json_t; /* jansson's */
+
 typedef enum ina_arch { INA_ARCH_DEEPSEEK_V2 = 2, INA_ARCH_DEEPSEEK_V3 = 3 } ina_arch_t;
 
 /* How the rope half of q and k is laid out before rotation.
@@ -77,9 +79,14 @@ typedef struct ina_model_config {
 
 /* Parse a Hugging Face config.json (DeepseekV2ForCausalLM / DeepseekV3ForCausalLM, by
  * model_type or architectures). Unsupported features (other rope types, activations,
- * scoring functions) give INA_ERR_UNSUPPORTED; missing or ill-typed keys give
- * INA_ERR_FORMAT; each message names the file and the key. */
+ * scoring functions) give INA_ERR_UNSUPPORTED; a missing required key gives
+ * INA_ERR_NOT_FOUND; ill-typed or out-of-range values give INA_ERR_FORMAT; each message
+ * names the file and the key. */
 ina_status_t ina_model_config_load(const char *config_json_path, ina_model_config_t *out);
+/* The same over a config.json already parsed (a JSON object; anything else is
+ * INA_ERR_FORMAT). `where` names it in messages (NULL: "config.json"). */
+ina_status_t ina_model_config_from_json(const struct json_t *root, const char *where,
+                                        ina_model_config_t *out);
 /* Cross-field validation (positive sizes, groups dividing experts, ...). */
 ina_status_t ina_model_config_validate(const ina_model_config_t *cfg, const char *where);
 
