@@ -1,12 +1,28 @@
 #define INA_LOG_SUBSYS "model"
 #include "model/config.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/check.h"
 #include "core/json.h"
+
+/* ---- YaRN scales (HF's yarn_get_mscale and the attention factor it derives) --------- */
+
+static double yarn_get_mscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+/* The cos/sin scale: attention_factor when given, else derived from the mscales. */
+static double yarn_attention_factor(const ina_model_config_t *c) {
+  if (c->yarn_attention_factor >= 0) return c->yarn_attention_factor;
+  if (c->yarn_mscale != 0 && c->yarn_mscale_all_dim != 0)
+    return yarn_get_mscale(c->yarn_factor, c->yarn_mscale) /
+           yarn_get_mscale(c->yarn_factor, c->yarn_mscale_all_dim);
+  return yarn_get_mscale(c->yarn_factor, 1.0);
+}
 
 /* ---- parsing ---------------------------------------------------------------------- */
 
@@ -35,7 +51,8 @@ static ina_status_t get_i32_opt(const json_t *o, const char *key, const char *wh
   return INA_OK;
 }
 
-/* eos_token_id may be an int or a list of ints (the first one is taken). */
+/* eos_token_id may be an int or a list of ints (the first one is taken). A token id is
+ * in [0, INT32_MAX]: -1 stands for "absent" here, and a wider value would be cut. */
 static ina_status_t get_token_id(const json_t *o, const char *key, const char *where, int32_t *out) {
   const json_t *v = json_object_get(o, key);
   *out = -1;
@@ -45,7 +62,13 @@ static ina_status_t get_token_id(const json_t *o, const char *key, const char *w
     ina_error(INA_LOG_SUBSYS, "%s: key '%s': expected a token id", where, key);
     return INA_ERR_FORMAT;
   }
-  *out = (int32_t)json_integer_value(v);
+  const json_int_t id = json_integer_value(v);
+  if (id < 0 || id > INT32_MAX) {
+    ina_error(INA_LOG_SUBSYS, "%s: key '%s': token id %lld is outside [0, %d]", where, key,
+              (long long)id, INT32_MAX);
+    return INA_ERR_FORMAT;
+  }
+  *out = (int32_t)id;
   return INA_OK;
 }
 
@@ -74,8 +97,9 @@ fail:
 
 static ina_status_t parse_rope(const json_t *root, const char *where, ina_model_config_t *c) {
   ina_status_t st = INA_OK;
-  const json_t *rope = json_object_get(root, "rope_parameters");
-  if (!json_is_object(rope)) rope = json_object_get(root, "rope_scaling");
+  const char *rope_key = "rope_parameters";
+  const json_t *rope = json_object_get(root, rope_key);
+  if (!json_is_object(rope)) rope = json_object_get(root, rope_key = "rope_scaling");
   if (rope && !json_is_null(rope) && !json_is_object(rope)) {
     ina_error(INA_LOG_SUBSYS, "%s: key 'rope_scaling': expected an object", where);
     return INA_ERR_FORMAT;
@@ -97,6 +121,11 @@ static ina_status_t parse_rope(const json_t *root, const char *where, ina_model_
     INA_CHECK(ina_json_get_double_opt(rope, "factor", where, -1.0, &c->yarn_factor));
     INA_CHECK(ina_json_get_double_opt(rope, "original_max_position_embeddings", where,
                                       c->max_position_embeddings, &orig));
+    /* A count of positions: 4096 or 4096.0, never 4096.5 or beyond int32. */
+    INA_REQUIRE(orig >= 1 && orig <= INT32_MAX && orig == floor(orig), INA_ERR_FORMAT,
+                "%s: %s.original_max_position_embeddings (max_position_embeddings when absent) "
+                "must be an integer in [1, %d] (got %g)",
+                where, rope_key, INT32_MAX, orig);
     c->yarn_original_max_position = (int32_t)orig;
     if (c->yarn_factor <= 0) c->yarn_factor = (double)c->max_position_embeddings / orig;
     INA_CHECK(ina_json_get_double_opt(rope, "beta_fast", where, 32.0, &c->yarn_beta_fast));
@@ -106,8 +135,14 @@ static ina_status_t parse_rope(const json_t *root, const char *where, ina_model_
     if (c->yarn_beta_slow == 0) c->yarn_beta_slow = 1.0;
     INA_CHECK(ina_json_get_double_opt(rope, "mscale", where, 0.0, &c->yarn_mscale));
     INA_CHECK(ina_json_get_double_opt(rope, "mscale_all_dim", where, 0.0, &c->yarn_mscale_all_dim));
+    /* Negative stands for "derive it" here; an explicit value must be positive (as
+     * transformers requires), or saving would turn it into "derive it". */
+    const json_t *af = json_object_get(rope, "attention_factor");
     INA_CHECK(ina_json_get_double_opt(rope, "attention_factor", where, -1.0,
                                       &c->yarn_attention_factor));
+    INA_REQUIRE(af == NULL || json_is_null(af) || c->yarn_attention_factor > 0, INA_ERR_FORMAT,
+                "%s: %s.attention_factor must be positive (got %g)", where, rope_key,
+                c->yarn_attention_factor);
     INA_CHECK(ina_json_get_bool_opt(rope, "truncate", where, 1, &c->yarn_truncate));
   } else if (strcmp(type, "default") != 0) {
     ina_error(INA_LOG_SUBSYS, "%s: rope type '%s' is not supported (default, yarn)", where, type);
@@ -162,10 +197,13 @@ static ina_status_t parse_quantization(const json_t *root, const char *where, in
   INA_REQUIRE(json_is_array(block) && json_array_size(block) == 2 &&
                   json_is_integer(json_array_get(block, 0)) && json_is_integer(json_array_get(block, 1)),
               INA_ERR_FORMAT, "%s: quantization_config.weight_block_size: expected [rows, cols]", where);
-  c->fp8_block_rows = (int32_t)json_integer_value(json_array_get(block, 0));
-  c->fp8_block_cols = (int32_t)json_integer_value(json_array_get(block, 1));
-  INA_REQUIRE(c->fp8_block_rows > 0 && c->fp8_block_cols > 0, INA_ERR_FORMAT,
-              "%s: quantization_config.weight_block_size must be positive", where);
+  const json_int_t rows = json_integer_value(json_array_get(block, 0));
+  const json_int_t cols = json_integer_value(json_array_get(block, 1));
+  INA_REQUIRE(rows > 0 && rows <= INT32_MAX && cols > 0 && cols <= INT32_MAX, INA_ERR_FORMAT,
+              "%s: quantization_config.weight_block_size [%lld, %lld] must be positive 32-bit "
+              "integers", where, (long long)rows, (long long)cols);
+  c->fp8_block_rows = (int32_t)rows;
+  c->fp8_block_cols = (int32_t)cols;
   c->fp8_block_scaled = 1;
 fail:
   return st;
@@ -266,6 +304,7 @@ ina_status_t ina_model_config_validate(const ina_model_config_t *c, const char *
   POSITIVE(qk_nope_head_dim);
   POSITIVE(qk_rope_head_dim);
   POSITIVE(v_head_dim);
+  POSITIVE(max_position_embeddings);
   INA_REQUIRE(c->q_lora_rank >= 0, INA_ERR_FORMAT, "%s: q_lora_rank must be >= 0 or null", where);
   INA_REQUIRE(c->qk_rope_head_dim % 2 == 0, INA_ERR_FORMAT,
               "%s: qk_rope_head_dim must be even (got %d)", where, c->qk_rope_head_dim);
@@ -291,9 +330,44 @@ ina_status_t ina_model_config_validate(const ina_model_config_t *c, const char *
       INA_REQUIRE(c->n_routed_experts / c->n_group >= 2, INA_ERR_FORMAT,
                   "%s: noaux_tc routing needs at least 2 experts per group", where);
   }
-  if (c->rope_yarn)
-    INA_REQUIRE(c->yarn_factor > 0 && c->yarn_original_max_position > 0, INA_ERR_FORMAT,
-                "%s: yarn rope needs a positive factor and original_max_position_embeddings", where);
+  /* ina_cfg_qk_head_dim adds them in int32. */
+  INA_REQUIRE(c->qk_nope_head_dim <= INT32_MAX - c->qk_rope_head_dim, INA_ERR_FORMAT,
+              "%s: qk_nope_head_dim + qk_rope_head_dim (%d + %d) overflows 32 bits", where,
+              c->qk_nope_head_dim, c->qk_rope_head_dim);
+  /* The frequencies are rope_theta^(-2i/d) in float32, as transformers computes them: a
+   * base that is not a positive normal float32 gives infinities or NaN. */
+  INA_REQUIRE(c->rope_theta >= FLT_MIN && c->rope_theta <= FLT_MAX, INA_ERR_FORMAT,
+              "%s: rope_theta must be a positive float32 in [%g, %g] (got %g)", where,
+              (double)FLT_MIN, (double)FLT_MAX, c->rope_theta);
+  if (c->rope_yarn) {
+    INA_REQUIRE(c->yarn_original_max_position > 0, INA_ERR_FORMAT,
+                "%s: yarn rope needs a positive original_max_position_embeddings (got %d)", where,
+                c->yarn_original_max_position);
+    /* transformers refuses factor < 1 too; below it the interpolated frequencies grow. */
+    INA_REQUIRE(c->yarn_factor >= 1, INA_ERR_FORMAT,
+                "%s: yarn rope needs a factor >= 1 (got %g)", where, c->yarn_factor);
+    /* The dims to interpolate are log(original / (beta * 2 pi)) / log(rope_theta) (times
+     * d / 2): beta must be > 0 and rope_theta must not be 1. */
+    INA_REQUIRE(c->rope_theta != 1, INA_ERR_FORMAT,
+                "%s: yarn rope needs a rope_theta other than 1 (its correction range divides by "
+                "ln(rope_theta))", where);
+    INA_REQUIRE(c->yarn_beta_fast > 0 && c->yarn_beta_slow > 0, INA_ERR_FORMAT,
+                "%s: yarn rope needs positive beta_fast and beta_slow (got %g, %g)", where,
+                c->yarn_beta_fast, c->yarn_beta_slow);
+    /* 0.1 * mscale * ln(factor) + 1 scales the attention: it must stay positive and
+     * finite, for the softmax scale and for the cos/sin scale (a float32). */
+    const double m = yarn_get_mscale(c->yarn_factor, c->yarn_mscale);
+    const double m_all = yarn_get_mscale(c->yarn_factor, c->yarn_mscale_all_dim);
+    const double scale = ina_cfg_softmax_scale(c), af = yarn_attention_factor(c);
+    INA_REQUIRE(isfinite(m) && m > 0 && isfinite(m_all) && m_all > 0, INA_ERR_FORMAT,
+                "%s: yarn mscale %g and mscale_all_dim %g with factor %g give an attention "
+                "scale that is not positive and finite (0.1 * mscale * ln(factor) + 1 must be)",
+                where, c->yarn_mscale, c->yarn_mscale_all_dim, c->yarn_factor);
+    INA_REQUIRE(isfinite(scale) && scale > 0 && af >= FLT_MIN && af <= FLT_MAX, INA_ERR_FORMAT,
+                "%s: yarn gives a softmax scale of %g and an attention factor of %g: both must "
+                "be positive and finite (in float32 for the attention factor)",
+                where, scale, af);
+  }
 #undef POSITIVE
 #undef POSITIVE_KEY
 fail:
@@ -417,10 +491,6 @@ ina_status_t ina_model_config_builtin(const char *name, ina_model_config_t *c) {
 
 /* ---- derived quantities ----------------------------------------------------------- */
 
-static double yarn_get_mscale(double scale, double mscale) {
-  return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
-}
-
 double ina_cfg_softmax_scale(const ina_model_config_t *c) {
   double scale = 1.0 / sqrt((double)ina_cfg_qk_head_dim(c));
   if (c->rope_yarn && c->yarn_mscale_all_dim != 0) {
@@ -439,13 +509,7 @@ void ina_cfg_rope_inv_freq(const ina_model_config_t *c, float *inv_freq, float *
     return;
   }
   const double factor = c->yarn_factor;
-  double af = c->yarn_attention_factor;
-  if (af < 0) {
-    if (c->yarn_mscale != 0 && c->yarn_mscale_all_dim != 0)
-      af = yarn_get_mscale(factor, c->yarn_mscale) / yarn_get_mscale(factor, c->yarn_mscale_all_dim);
-    else
-      af = yarn_get_mscale(factor, 1.0);
-  }
+  const double af = yarn_attention_factor(c);
   /* find_correction_range: the dims whose wavelength falls between beta_fast and
    * beta_slow rotations over the original context get a linear mix of interpolated and
    * extrapolated frequencies. */
@@ -492,6 +556,9 @@ static json_t *rope_json(const ina_model_config_t *c) {
   json_object_set_new(r, "mscale_all_dim", json_real(c->yarn_mscale_all_dim));
   if (c->yarn_attention_factor >= 0)
     json_object_set_new(r, "attention_factor", json_real(c->yarn_attention_factor));
+  /* Absent reads as true: a false must be written, or the saved model would rotate
+   * differently. */
+  json_object_set_new(r, "truncate", json_boolean(c->yarn_truncate));
   return r;
 }
 
