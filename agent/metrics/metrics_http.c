@@ -46,35 +46,62 @@ static void log_from_mhd(void *cls, const char *fmt, va_list ap) {
   }
 }
 
-static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned int code,
-                                 const char *text, const char *allow) {
-  struct MHD_Response *resp =
-      MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
-  if (!resp) return MHD_NO;
-  enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                                               "text/plain; charset=utf-8");
-  if (ok == MHD_YES && allow) ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
-  if (ok == MHD_YES) ok = MHD_queue_response(conn, code, resp);
-  MHD_destroy_response(resp);
-  return ok;
+#define TEXT_CONTENT_TYPE "text/plain; charset=utf-8"
+#define METRICS_CONTENT_TYPE "text/plain; version=0.0.4"
+
+/* A static text as an owned body. */
+static ina_status_t reply_text(ina_metrics_http_reply_t *out, unsigned int code, const char *text,
+                               const char *allow) {
+  out->body = strdup(text);
+  if (!out->body) return INA_ERR_OUT_OF_MEMORY;
+  out->body_len = strlen(text);
+  out->code = code;
+  out->content_type = TEXT_CONTENT_TYPE;
+  out->allow = allow;
+  return INA_OK;
 }
 
-static enum MHD_Result send_metrics(ina_metrics_http_t *srv, struct MHD_Connection *conn) {
+ina_status_t ina_metrics_http_answer(ina_metrics_t *reg, const char *method, const char *url,
+                                     ina_metrics_http_reply_t *out) {
+  if (!out) return INA_ERR_INVALID_ARGUMENT;
+  memset(out, 0, sizeof *out);
+  if (!reg || !method || !url) return INA_ERR_INVALID_ARGUMENT;
+  if (strcmp(url, "/metrics") != 0) return reply_text(out, MHD_HTTP_NOT_FOUND, "not found\n", NULL);
+  if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+    return reply_text(out, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n", "GET, HEAD");
   char *text = NULL;
   size_t len = 0;
-  if (ina_metrics_render(srv->reg, &text, &len) != INA_OK) {
-    return send_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "rendering the metrics failed\n",
-                     NULL);
-  }
-  /* The response takes the rendering over and frees it once sent. */
-  struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback(len, text, free);
+  if (ina_metrics_render(reg, &text, &len) != INA_OK)
+    return reply_text(out, MHD_HTTP_INTERNAL_SERVER_ERROR, "rendering the metrics failed\n",
+                      NULL);
+  out->code = MHD_HTTP_OK;
+  out->content_type = METRICS_CONTENT_TYPE;
+  out->body = text;
+  out->body_len = len;
+  return INA_OK;
+}
+
+void ina_metrics_http_reply_release(ina_metrics_http_reply_t *reply) {
+  if (!reply) return;
+  free(reply->body);
+  memset(reply, 0, sizeof *reply);
+}
+
+/* Queues the reply; the response takes its body over and frees it once sent (HEAD gets
+ * the same headers, Content-Length included, and libmicrohttpd leaves the body out). */
+static enum MHD_Result send_reply(struct MHD_Connection *conn, ina_metrics_http_reply_t *reply) {
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer_with_free_callback(reply->body_len, reply->body, free);
   if (!resp) {
-    free(text);
+    ina_metrics_http_reply_release(reply);
     return MHD_NO;
   }
-  enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                                               "text/plain; version=0.0.4");
-  if (ok == MHD_YES) ok = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+  reply->body = NULL;
+  enum MHD_Result ok =
+      MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, reply->content_type);
+  if (ok == MHD_YES && reply->allow)
+    ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, reply->allow);
+  if (ok == MHD_YES) ok = MHD_queue_response(conn, reply->code, resp);
   MHD_destroy_response(resp);
   return ok;
 }
@@ -98,11 +125,9 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *conn, co
     *upload_data_size = 0;
     return MHD_YES;
   }
-  if (strcmp(url, "/metrics") != 0) return send_text(conn, MHD_HTTP_NOT_FOUND, "not found\n", NULL);
-  if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
-    return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n", "GET, HEAD");
-  }
-  return send_metrics(srv, conn);
+  ina_metrics_http_reply_t reply;
+  if (ina_metrics_http_answer(srv->reg, method, url, &reply) != INA_OK) return MHD_NO;
+  return send_reply(conn, &reply);
 }
 
 ina_status_t ina_metrics_http_start(ina_metrics_t *reg, const ina_metrics_http_options_t *options,

@@ -57,6 +57,26 @@ int ina_metrics_http_port(const ina_metrics_http_t *srv);
 /* Stops serving and frees the server (see above). */
 void ina_metrics_http_stop(ina_metrics_http_t *srv);
 
+/* One request's answer, as the server sends it. */
+typedef struct ina_metrics_http_reply {
+  unsigned int code;        /* 200, 404, 405; 500 when rendering the registry failed */
+  const char *content_type; /* static: "text/plain; version=0.0.4" for 200, else plain text */
+  const char *allow;        /* static "GET, HEAD" with 405, else NULL */
+  char *body;               /* NUL-terminated, malloc'ed, owned by the reply */
+  size_t body_len;          /* strlen(body) */
+} ina_metrics_http_reply_t;
+
+/* What the server answers to `method` on `url` (the request path as libmicrohttpd hands
+ * it over: percent-decoded, the query string cut off), rendering `reg` for a 200. Every
+ * request the server takes goes through here, so tests and fuzzers can check the answers
+ * without a socket. INA_OK with *out filled (release it); INA_ERR_INVALID_ARGUMENT for a
+ * NULL argument, INA_ERR_OUT_OF_MEMORY when no body could be allocated (then *out is
+ * zeroed, and the server closes the connection). Thread safety: as ina_metrics_render. */
+ina_status_t ina_metrics_http_answer(ina_metrics_t *reg, const char *method, const char *url,
+                                     ina_metrics_http_reply_t *out);
+/* Frees the body; NULL or an already released reply is a no-op. */
+void ina_metrics_http_reply_release(ina_metrics_http_reply_t *reply);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,8 @@
  * other methods 405; a bad address or a taken port fails to start; and stopping with
  * clients connected (one idle, one halfway through a request) returns at once. Every
  * socket has a receive timeout and an alarm guards the whole run, so a hang fails the
- * test instead of stalling it. */
+ * test instead of stalling it. First, the same answers from ina_metrics_http_answer,
+ * without a socket. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -309,6 +310,48 @@ static void test_ipv6(ina_metrics_t *reg) {
   ina_metrics_http_stop(srv);
 }
 
+/* The answers without a socket, as the server's callback gets them: the status, headers
+ * and body of each kind of request, and the argument checks. */
+static void test_answers(ina_metrics_t *reg) {
+  static const struct {
+    const char *method, *url;
+    unsigned code;
+    const char *allow;
+  } cases[] = {
+      {"GET", "/metrics", 200, NULL},       {"HEAD", "/metrics", 200, NULL},
+      {"POST", "/metrics", 405, "GET, HEAD"}, {"get", "/metrics", 405, "GET, HEAD"},
+      {"GET", "/", 404, NULL},              {"DELETE", "/metrics/", 404, NULL},
+      {"GET", "", 404, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ina_metrics_http_reply_t r;
+    CHECK_OK(ina_metrics_http_answer(reg, cases[i].method, cases[i].url, &r));
+    CHECKF(r.code == cases[i].code, "%s %s: %u", cases[i].method, cases[i].url, r.code);
+    CHECK(r.body && strlen(r.body) == r.body_len && r.body_len > 0);
+    CHECK((r.allow == NULL) == (cases[i].allow == NULL));
+    if (r.allow && cases[i].allow) CHECK(strcmp(r.allow, cases[i].allow) == 0);
+    if (r.code == 200) {
+      char *text = NULL;
+      CHECK_OK(ina_metrics_render(reg, &text, NULL));
+      CHECK(text && strcmp(text, r.body) == 0);
+      CHECK(strcmp(r.content_type, "text/plain; version=0.0.4") == 0);
+      free(text);
+    } else {
+      CHECK(strncmp(r.content_type, "text/plain", 10) == 0);
+    }
+    ina_metrics_http_reply_release(&r);
+    CHECK(r.body == NULL);
+    ina_metrics_http_reply_release(&r); /* twice is harmless */
+  }
+  ina_metrics_http_reply_t r;
+  CHECK(ina_metrics_http_answer(NULL, "GET", "/metrics", &r) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(r.body == NULL);
+  CHECK(ina_metrics_http_answer(reg, NULL, "/metrics", &r) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_metrics_http_answer(reg, "GET", NULL, &r) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_metrics_http_answer(reg, "GET", "/metrics", NULL) == INA_ERR_INVALID_ARGUMENT);
+  ina_metrics_http_reply_release(NULL);
+}
+
 int main(void) {
   alarm(WATCHDOG_S); /* a hang ends the process (SIGALRM), failing the test */
   test_rng_t rng = {test_seed("test_metrics_http")};
@@ -318,6 +361,7 @@ int main(void) {
   ina_gauge_t *g = NULL;
   CHECK_OK(ina_metrics_register_gauge(reg, "ina_queue_depth", "Requests \"waiting\".", NULL, 0, &g));
   if (g) ina_gauge_set(g, test_rng_int(&rng, -100, 100));
+  test_answers(reg);
   test_round_trip(reg, &rng);
   test_start_errors(reg);
   test_ipv6(reg);
