@@ -217,11 +217,11 @@ fail:
   return st;
 }
 
-ina_status_t ina_engine_route_margins(ina_engine_t *e, float *out, int64_t capacity, int64_t *count) {
+ina_status_t ina_engine_routes(ina_engine_t *e, ina_engine_route_t *out, int64_t capacity, int64_t *count) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(e != NULL && count != NULL, INA_ERR_INVALID_ARGUMENT, "engine: NULL argument");
-  INA_REQUIRE(e->cpu != NULL, INA_ERR_UNSUPPORTED, "engine: routing margins are a CPU engine's test hook");
-  return ina_engine_cpu_route_margins(e->cpu, out, capacity, count);
+  INA_REQUIRE(e->cpu != NULL, INA_ERR_UNSUPPORTED, "engine: routes are a CPU engine's test hook");
+  return ina_engine_cpu_routes(e->cpu, out, capacity, count);
 fail:
   return st;
 }

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "model/engine_test_hooks.h"
 #include "model/model.h"
 
 /* Bytes of the version-1 engine options: everything up to and including
@@ -73,7 +74,8 @@ ina_status_t ina_engine_cpu_expert_load(ina_engine_cpu_t *engine, int reset, uin
 ina_status_t ina_engine_cpu_set_mutation(ina_engine_cpu_t *engine, int32_t mutation);
 ina_status_t ina_engine_cpu_set_rounding_noise(ina_engine_cpu_t *engine, float relative, float attention,
                                               uint64_t seed);
-ina_status_t ina_engine_cpu_route_margins(ina_engine_cpu_t *engine, float *out, int64_t capacity, int64_t *count);
+ina_status_t ina_engine_cpu_routes(ina_engine_cpu_t *engine, ina_engine_route_t *out, int64_t capacity,
+                                   int64_t *count);
 
 typedef struct ina_engine_gpu ina_engine_gpu_t;
 

@@ -153,7 +153,7 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   free(e->expert_load);
   free(e->step_load);
   free(e->inv_freq);
-  free(e->route_margin);
+  free(e->routes);
   free(e);
 }
 
@@ -557,6 +557,14 @@ fail:
   return st;
 }
 
+/* splitmix64's finalizer: spreads an id (or a hash) over all 64 bits. */
+static uint64_t id_mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 /* The routed (token, slot) pairs of a layer in expert order, then token, then slot: HF's
  * loop order, which the combine keeps. */
 typedef struct routed_pairs {
@@ -664,14 +672,20 @@ static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
     rc.norm_topk_prob = c->norm_topk_prob;
     rc.routed_scaling_factor = (float)c->routed_scaling_factor;
     INA_CHECK(ina_router_ref(&rc, logits, bias, T, ids, weights));
-    if (e->gpu_numerics && e->route_margin && T <= e->route_margin_rows) {
-      /* How near each row came to other experts: the oracle's near-tie rows. Under attention
-       * DP this layer's rows are every rank's; only a single rank's are recorded. */
+    if (e->gpu_numerics && e->routes && T <= e->route_rows) {
+      /* How each row was routed, and how near it came to other experts: the oracle's
+       * near-tie rows. Under attention DP this layer's rows are every rank's; only a
+       * single rank's are recorded. */
       float *m = malloc((size_t)T * sizeof *m);
       INA_CHECK_ALLOC(m);
       st = ina_router_ref_margins(&rc, logits, bias, T, m);
-      for (int64_t t = 0; st == INA_OK && t < T; t++)
-        if (m[t] < e->route_margin[t]) e->route_margin[t] = m[t];
+      for (int64_t t = 0; st == INA_OK && t < T; t++) {
+        ina_engine_route_t *r = &e->routes[t];
+        uint64_t set = 0; /* a sum of mixed ids: the chosen set, whatever their order */
+        for (int32_t k = 0; k < K; k++) set += id_mix((uint64_t)ids[t * K + k]);
+        r->experts = id_mix(r->experts ^ set);
+        if (m[t] < r->margin) r->margin = m[t];
+      }
       free(m);
       INA_CHECK(st);
     }
@@ -817,11 +831,11 @@ static ina_status_t forward_grown(ina_engine_cpu_t *e, const ina_batch_t *b, flo
   for (int64_t t = 0; t < s.T; t++) ina_cpu_tensor_row(&e->w->embed, b->tokens[t], s.x + t * c->hidden_size);
   as_stored(e, s.x, s.T * c->hidden_size);
   if (e->gpu_numerics) {
-    float *grown = realloc(e->route_margin, (size_t)(s.T > 0 ? s.T : 1) * sizeof *grown);
+    ina_engine_route_t *grown = realloc(e->routes, (size_t)(s.T > 0 ? s.T : 1) * sizeof *grown);
     INA_CHECK_ALLOC(grown);
-    e->route_margin = grown;
-    e->route_margin_rows = s.T;
-    for (int64_t t = 0; t < s.T; t++) e->route_margin[t] = INFINITY;
+    e->routes = grown;
+    e->route_rows = s.T;
+    for (int64_t t = 0; t < s.T; t++) e->routes[t] = (ina_engine_route_t){INFINITY, 0};
   }
   for (int32_t l = 0; l < c->num_layers; l++) {
     INA_CHECK(attention_block(&s, l));
@@ -970,12 +984,11 @@ fail:
   return st;
 }
 
-ina_status_t ina_engine_cpu_route_margins(ina_engine_cpu_t *e, float *out, int64_t capacity, int64_t *count) {
+ina_status_t ina_engine_cpu_routes(ina_engine_cpu_t *e, ina_engine_route_t *out, int64_t capacity, int64_t *count) {
   ina_status_t st = INA_OK;
-  INA_REQUIRE(e->gpu_numerics, INA_ERR_UNSUPPORTED, "engine: routing margins are kept only with GPU numerics");
-  *count = e->route_margin_rows;
-  if (out && e->route_margin)
-    memcpy(out, e->route_margin, (size_t)(capacity < *count ? capacity : *count) * sizeof *out);
+  INA_REQUIRE(e->gpu_numerics, INA_ERR_UNSUPPORTED, "engine: routes are kept only with GPU numerics");
+  *count = e->route_rows;
+  if (out && e->routes) memcpy(out, e->routes, (size_t)(capacity < *count ? capacity : *count) * sizeof *out);
 fail:
   return st;
 }

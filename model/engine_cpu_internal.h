@@ -39,8 +39,8 @@ struct ina_engine_cpu {
   int32_t num_moe_layers;
   int gpu_numerics;       /* INA_ENGINE_NUMERICS_GPU: round where the CUDA engine rounds */
   int32_t mutation;       /* ina_engine_mutation_t (model/engine_test_hooks.h), 0 in service */
-  float *route_margin;    /* gpu_numerics: the last step's routing margin per token row */
-  int64_t route_margin_rows;
+  ina_engine_route_t *routes; /* gpu_numerics: the last step's, per token row */
+  int64_t route_rows;
   /* gpu_numerics: each value is scaled by 1 + u * rounding_noise (u uniform in [-1, 1),
    * from noise_state) before its bf16 rounding: the oracle's model of the GPU's other
    * summation order (model/engine_test_hooks.h). 0 in service. */

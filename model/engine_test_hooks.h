@@ -40,12 +40,20 @@ ina_status_t ina_engine_set_mutation(ina_engine_t *engine, int32_t mutation);
  * INA_ERR_UNSUPPORTED otherwise. */
 ina_status_t ina_engine_set_rounding_noise(ina_engine_t *engine, float relative, float attention, uint64_t seed);
 
-/* The last step's routing margin of each of its token rows (step order): the smallest gap,
- * over the MoE layers and every choice the router made (groups, then experts), between
- * the score of what was kept and the best of what was not, in the units the choice was
- * made in (ina_router_ref_margins). +inf for a model without MoE layers. CPU engine in
+/* How a token row of the last step was routed. */
+typedef struct ina_engine_route {
+  /* The smallest gap, over the MoE layers and every choice the router made (groups, then
+   * experts), between the score of what was kept and the best of what was not, in the
+   * units the choice was made in (ina_router_ref_margins); +inf without MoE layers. */
+  float margin;
+  /* A hash of the sets of experts chosen, layer after layer: equal for two runs that
+   * routed the row alike (up to hash collisions). */
+  uint64_t experts;
+} ina_engine_route_t;
+
+/* The last step's routes, one per token row in step order. CPU engine in
  * INA_ENGINE_NUMERICS_GPU only (INA_ERR_UNSUPPORTED otherwise); *count receives the rows,
- * out gets min(count, capacity) of them. */
-ina_status_t ina_engine_route_margins(ina_engine_t *engine, float *out, int64_t capacity, int64_t *count);
+ * out gets min(count, capacity) of them (out may be NULL with capacity 0). */
+ina_status_t ina_engine_routes(ina_engine_t *engine, ina_engine_route_t *out, int64_t capacity, int64_t *count);
 
 #endif

@@ -1,37 +1,23 @@
-/* The CUDA engine (model/engine_gpu.c) against Hugging Face and against the CPU engine.
- *
- * The GPU computes with bf16 activations (and e4m3 activations into FP8 GEMMs), as
- * DESIGN.md's numerics say; the references are fp32. On the golden fixtures (tiny models
- * with random weights, built so that an fp32 engine routes and picks tokens like HF:
- * routing gaps >= 1e-4, greedy gaps >= 1e-3) bf16 rounding is enough to flip some expert
- * choices, and a flipped choice moves that row's logits by 10-90 %. A numpy model of
- * these numerics (bf16 rounding at every op boundary, e4m3 1x128 activations into FP8
- * GEMMs) run on the fixtures gives, against HF: median row error 1.1e-2 .. 3.0e-2 on the
- * bf16 fixtures and 6.9e-2 on v3_fp8, whole-run errors up to 0.35, and 0-5 changed
- * greedy tokens per fixture. So the checks are on what a bug changes and bf16 does not:
+/* The CUDA engine (model/engine_gpu.c) against its oracle: the CPU engine in
+ * INA_ENGINE_NUMERICS_GPU, which rounds to bf16 (and quantizes to e4m3) where the GPU does,
+ * compared on every logits row with bounds from the error model of tests/model/oracle.h.
  *
  *   1. Golden fixtures (tests/golden/fixtures, format in tests/golden/README.md), teacher
- *      forced: prefill each prompt, then decode HF's generated tokens one step at a time,
- *      each prompt alone and all prompts as one ragged batch, page sizes 1 and 16.
- *      - against HF, per fixture and mode: median over rows of the row's relative L2
- *        error <= 6e-2 (FP8 checkpoint: 0.15), and the argmax (the greedy choice) equal
- *        on >= 70 % of the rows. Wrong rope, scale, eps, norms or cache addressing move
- *        every row by 10-90 % (tests/golden/README.md's mutation table);
- *      - between modes: every mode against "alone, page 1" (same numerics, other batch
- *        composition and paging): median row error <= 1e-2 (FP8 checkpoint: 5e-2, see
- *        CONSISTENCY_BOUND_FP8).
- *      The issue's own bounds (whole-run rel L2 <= 2e-2 and free-running greedy tokens
- *      equal to HF's) are printed for every fixture and checked when INA_TEST_STRICT=1.
- *   2. GPU against CPU on random:tiny with bf16 weights: two random prompts batched, the
- *      CPU's 8 greedy tokens fed to the GPU, page sizes 1 and 16: the same criteria as 1.
- *      (whole-run rel L2 and free-running token equality printed; checked when strict).
+ *      forced on HF's tokens: prefill each prompt, then decode one step at a time, each
+ *      prompt alone and all prompts as one ragged batch, page sizes 1 and 16, decode steps
+ *      from CUDA graphs. Every row against the oracle run the same way: prefill rows and
+ *      decode rows bounded apart by the twins' spread (max, not median), NaN or Inf
+ *      failing, rows after a routing near-tie counted apart. Free-running greedy tokens
+ *      equal HF's up to the first step whose HF top-2 margin the noise could cross (the
+ *      oracle's distance from HF plus the row bound).
+ *   2. random:tiny with bf16 weights: eight short random prompts, the oracle's 8 greedy
+ *      tokens fed to the GPU, page sizes 1 and 16, against the oracle as in 1.
  *   3. Errors: out of pages and bad token ids leave every sequence and the pool as they
  *      were, and the next step computes what it would have without the failed calls.
  *   4. CUDA graphs: decode steps replayed from graphs against the same steps run eagerly,
  *      on random:tiny: bf16 with a padding row, FP8 without one, median row error <= 1e-2
  *      and equal argmax on every row but one; FP8 with a padding row (other GEMM paths
  *      for some rows, see graphs_vs_eager) within CONSISTENCY_BOUND_FP8.
- *
  *   5. Tokens per expert, counted on the device with graph padding rows left out.
  *
  * Labelled gpu: exit 77 (skipped) without a CUDA device. */
@@ -46,25 +32,19 @@
 #include "model/sampler.h"
 #include "../test_util.h"
 #include "../golden/golden_fixture.h"
+#include "oracle.h"
 
 #define MAX_PROMPTS GOLDEN_MAX_PROMPTS
 #define MAX_NEW GOLDEN_MAX_NEW
-#define STRICT_BOUND 2e-2    /* the whole-run bound */
-#define MEDIAN_BOUND 6e-2    /* median row error against fp32, bf16 activations */
-#define MEDIAN_BOUND_FP8 0.15 /* ... with e4m3 activations into FP8 GEMMs */
-#define ARGMAX_SHARE 0.70    /* rows whose greedy choice must agree */
-#define CONSISTENCY_BOUND 1e-2 /* median row error between batching / paging modes */
+_Static_assert(ORACLE_MAX_STEPS == GOLDEN_MAX_NEW && ORACLE_MAX_SEQS >= GOLDEN_MAX_PROMPTS,
+               "the oracle's runs hold a golden fixture");
+#define CONSISTENCY_BOUND 1e-2 /* median row error between graph and eager steps */
 /* An FP8 GEMM takes cuBLASLt for the first M & ~3 rows and the own kernel for the rest
  * (gemm/gemm.h), so a row's accumulation order depends on the batch it is in; e4m3
  * rounding of the next layer's activations turns those ~1e-6 differences into one-ulp
  * (6 %) flips of single values. Measured on the H200 (2026-11-30): 2.5e-2 for v3_fp8,
  * 0 for every bf16 fixture. */
 #define CONSISTENCY_BOUND_FP8 5e-2
-
-static int strict_mode(void) {
-  const char *s = getenv("INA_TEST_STRICT");
-  return s && s[0] == '1';
-}
 
 /* ---- engines and runs ---------------------------------------------------------------- */
 
@@ -243,100 +223,155 @@ static void stats_free(stats_t *s) {
   memset(s, 0, sizeof *s);
 }
 
-/* The robust checks against an fp32 reference; prints one line. */
-static void check_against_fp32(stats_t *s, double median_bound, const char *what) {
-  const double median = stats_median(s), whole = stats_whole(s);
-  const double share = s->rows ? (double)s->argmax_same / (double)s->rows : 0;
-  printf("  %-34s median row %.2e, whole run %.2e, argmax %lld/%lld\n", what, median, whole,
-         (long long)s->argmax_same, (long long)s->rows);
-  CHECKF(median <= median_bound, "%s: median row rel l2 %.3g > %g", what, median, median_bound);
-  CHECKF(share >= ARGMAX_SHARE, "%s: argmax agrees on %.0f%% of rows < %.0f%%", what, 100 * share,
-         100 * ARGMAX_SHARE);
-  if (strict_mode()) CHECKF(whole <= STRICT_BOUND, "%s (strict): whole-run rel l2 %.3g > %g", what, whole, STRICT_BOUND);
-}
+/* ---- 1. golden fixtures against the oracle ------------------------------------------ */
 
-/* ---- 1. golden fixtures ------------------------------------------------------------- */
-
-/* Modes of a fixture run: prompts alone or batched, page size 1 or 16. */
+/* Modes of a fixture run: prompts alone then batched, on each of page sizes 1 and 16. */
 #define NUM_MODES 4
-static const int32_t mode_page[NUM_MODES] = {1, 1, 16, 16};
-static const int mode_batched[NUM_MODES] = {0, 1, 0, 1};
 
-/* One mode of a fixture on engine e: teacher-forced logits into runs (one run per
- * prompt alone, or one batched run in runs[0]) checked against HF; batched modes also
- * generate free-running greedy tokens. */
-static void golden_mode(const fixture_t *f, ina_engine_t *e, int mode, run_t *runs, int *ok) {
-  const int32_t vocab = ina_engine_config(e)->vocab_size;
-  const int fp8 = ina_engine_config(e)->fp8_block_scaled;
-  const int32_t steps = f->max_new - 1;
-  char what[96];
-  stats_t s = {0};
-  *ok = 1;
-  if (mode_batched[mode]) {
-    *ok = forced_run(e, f->prompts, f->lens, f->count, f->generated, steps, &runs[0]) == 0;
-  } else {
-    for (int32_t p = 0; p < f->count; p++)
-      *ok &= forced_run(e, f->prompts + p, f->lens + p, 1, f->generated + p, steps, &runs[p]) == 0;
-  }
-  for (int32_t p = 0; *ok && p < f->count; p++) {
-    const float *got = mode_batched[mode] ? runs[0].logits[p] : runs[p].logits[0];
-    stats_add(&s, got, f->logits[p].data, f->lens[p] + steps, vocab);
-  }
-  snprintf(what, sizeof what, "vs HF, %s, page %d", mode_batched[mode] ? "batched" : "alone", mode_page[mode]);
-  if (*ok) check_against_fp32(&s, fp8 ? MEDIAN_BOUND_FP8 : MEDIAN_BOUND, what);
-  stats_free(&s);
-  if (mode_batched[mode]) {
-    /* Free-running greedy tokens, batched, as ina generate runs them. */
-    int32_t tokens[MAX_PROMPTS][MAX_NEW];
-    int same = 0;
-    if (greedy(e, f->prompts, f->lens, f->count, f->max_new, tokens, NULL) == 0)
-      for (int32_t p = 0; p < f->count; p++)
-        same += memcmp(tokens[p], f->generated[p], (size_t)f->max_new * sizeof(int32_t)) == 0;
-    printf("  %-34s greedy tokens equal to HF's for %d of %d prompts\n", "free-running, batched", same, f->count);
-    if (strict_mode())
-      CHECKF(same == f->count, "%s (strict): greedy tokens differ from HF for %d prompts", f->dir, f->count - same);
-  }
+/* The oracle of an engine made by make(): the CPU engine in GPU numerics, same paging. */
+static ina_engine_options_t oracle_options(int32_t page_size) {
+  ina_engine_options_t o = INA_ENGINE_OPTIONS_INIT;
+  o.page_size = page_size;
+  o.max_tokens = 4096;
+  o.num_threads = 2;
+  o.numerics = INA_ENGINE_NUMERICS_GPU;
+  return o;
 }
 
-static void golden_fixture(const char *name, const fixture_t *f, const ina_model_t *m) {
-  const int32_t vocab = ina_model_config(m)->vocab_size;
-  const int fp8 = ina_model_config(m)->fp8_block_scaled;
-  const int32_t steps = f->max_new - 1;
-  run_t runs[NUM_MODES][MAX_PROMPTS];
-  int ok[NUM_MODES] = {0};
-  memset(runs, 0, sizeof runs);
-  printf("%s%s\n", name, fp8 ? " (FP8 checkpoint)" : "");
-  /* One engine per page size serves both of its modes (sequences are released between). */
-  for (int mode = 0; mode < NUM_MODES; mode += 2) {
-    ina_engine_t *e = make(m, 0, mode_page[mode], 4096);
-    if (!e) continue;
-    for (int batched = 0; batched < 2; batched++) golden_mode(f, e, mode + batched, runs[mode + batched], &ok[mode + batched]);
-    CHECK(ina_page_pool_free_pages(ina_engine_page_pool(e)) == ina_page_pool_num_pages(ina_engine_page_pool(e)));
+/* One set of inputs in several modes (paging, batching): the oracle's runs and twins
+ * for every mode first, sharing their near-ties, then the GPU's runs, every row checked
+ * against the oracle's of its mode. Clean rows are added to *clean_decode / *decode. */
+typedef struct run_mode {
+  int32_t page;
+  int batched;
+} run_mode_t;
+
+/* 1 leaves the share of clean rows unchecked (random:tiny, see test_vs_cpu). */
+static int skip_clean_share = 0;
+
+static void against_oracle(const ina_model_t *m, const run_mode_t *modes, int count, int32_t *const *prompts,
+                           const int32_t *lens, int32_t n, const int32_t (*next)[ORACLE_MAX_STEPS], int32_t steps,
+                           int64_t *clean_decode, int64_t *decode) {
+  oracle_run_t want[NUM_MODES], got;
+  oracle_run_t *shared[NUM_MODES];
+  oracle_twins_t *twins = calloc(NUM_MODES, sizeof *twins);
+  int ok = twins != NULL && count <= NUM_MODES;
+  memset(want, 0, sizeof want);
+  for (int i = 0; ok && i < count; i++) {
+    const ina_engine_options_t o = oracle_options(modes[i].page);
+    ina_engine_t *oracle = NULL;
+    CHECK_OK(ina_engine_create(m, &o, &oracle));
+    ok = oracle && oracle_forced_run(oracle, prompts, lens, n, next, steps, modes[i].batched, &want[i]) == 0 &&
+         oracle_twins_make(m, &o, prompts, lens, n, next, steps, modes[i].batched, &want[i], &twins[i]) == 0;
+    ina_engine_destroy(oracle);
+    shared[i] = &want[i];
+  }
+  if (ok) oracle_share_ties(shared, count);
+  for (int i = 0; ok && i < count; i++) {
+    char what[64];
+    oracle_bound_t bound;
+    oracle_rows_t rows;
+    ina_engine_t *e = make(m, 0, modes[i].page, 4096);
+    oracle_twins_bound(&twins[i], &want[i], &bound);
+    snprintf(what, sizeof what, "%s, page %d", modes[i].batched ? "batched" : "alone", modes[i].page);
+    if (e && oracle_forced_run(e, prompts, lens, n, next, steps, modes[i].batched, &got) == 0) {
+      oracle_compare(&got, &want[i], &rows);
+      oracle_print(what, &rows, &bound);
+      CHECKF(oracle_accepts(&rows, &bound), "%s: GPU rows beyond the oracle's bounds", what);
+      if (!skip_clean_share) CHECKF(oracle_enough_rows(&rows), "%s: too few rows clear of near-ties", what);
+      *clean_decode += rows.decode;
+      *decode += n * (int64_t)steps;
+      CHECK(ina_page_pool_free_pages(ina_engine_page_pool(e)) == ina_page_pool_num_pages(ina_engine_page_pool(e)));
+    }
+    oracle_run_free(&got);
     ina_engine_destroy(e);
   }
-  /* Every mode against "alone, page 1": only batching and paging differ. */
-  for (int mode = 1; mode < NUM_MODES; mode++) {
-    stats_t s = {0};
-    if (!ok[0] || !ok[mode]) continue;
-    for (int32_t p = 0; p < f->count; p++) {
-      const float *got = mode_batched[mode] ? runs[mode][0].logits[p] : runs[mode][p].logits[0];
-      stats_add(&s, got, runs[0][p].logits[0], f->lens[p] + steps, vocab);
-    }
-    const double median = stats_median(&s);
-    printf("  %s, page %d vs alone, page 1: median row %.2e, whole run %.2e\n",
-           mode_batched[mode] ? "batched" : "alone", mode_page[mode], median, stats_whole(&s));
-    const double bound = fp8 ? CONSISTENCY_BOUND_FP8 : CONSISTENCY_BOUND;
-    CHECKF(median <= bound, "%s: %s, page %d differs from alone, page 1: median row %.3g > %g", name,
-           mode_batched[mode] ? "batched" : "alone", mode_page[mode], median, bound);
-    stats_free(&s);
+  for (int i = 0; i < count; i++) {
+    oracle_run_free(&want[i]);
+    if (twins) oracle_twins_free(&twins[i]);
   }
-  for (int mode = 0; mode < NUM_MODES; mode++)
-    for (int32_t p = 0; p < MAX_PROMPTS; p++) free_run(&runs[mode][p]);
+  free(twins);
+}
+
+/* Free-running greedy tokens against a reference's: while the tokens agree both runs see
+ * the same inputs, and wherever the reference's top-2 margin exceeds twice the largest
+ * distance of got's logits from the reference's on that row (so no logit moved far enough
+ * to swap the two), got must pick the reference's token. After the first step whose
+ * margin is smaller the runs may legitimately part, and are not compared further.
+ * ref_logits[p] / got_logits[p]: [lens[p] + max_new - 1 or more, vocab]. */
+typedef struct greedy_count {
+  int64_t compared, total;
+} greedy_count_t;
+
+static void greedy_against(const char *what, int32_t n, const int32_t *lens, int32_t max_new, int32_t vocab,
+                           float *const *ref_logits, const int32_t (*ref_tokens)[MAX_NEW], float *const *got_logits,
+                           const int32_t (*got_tokens)[MAX_NEW], greedy_count_t *count) {
+  for (int32_t p = 0; p < n; p++) {
+    for (int32_t s = 0; s < max_new; s++) {
+      const int64_t r = lens[p] - 1 + s;
+      const float *ref = ref_logits[p] + r * vocab, *got = got_logits[p] + r * vocab;
+      double dist = 0;
+      float top = -INFINITY, second = -INFINITY;
+      for (int32_t v = 0; v < vocab; v++) {
+        dist = fmax(dist, fabs((double)got[v] - ref[v]));
+        if (ref[v] > top) {
+          second = top;
+          top = ref[v];
+        } else if (ref[v] > second) {
+          second = ref[v];
+        }
+      }
+      count->total++;
+      if (!((double)top - second > 2 * dist)) break; /* a near-tie (or NaN): the runs may part here */
+      count->compared++;
+      CHECKF(got_tokens[p][s] == ref_tokens[p][s], "%s, prompt %d: greedy token %d is %d, the reference's %d (margin %.3g > 2 x %.3g)",
+             what, p, s, got_tokens[p][s], ref_tokens[p][s], (double)top - second, dist);
+      if (got_tokens[p][s] != ref_tokens[p][s]) break;
+    }
+  }
+}
+
+/* Free-running greedy generation (batched, as ina generate runs it) on the GPU against HF's
+ * tokens and against the oracle's own free-running tokens. */
+static void greedy_checks(const fixture_t *f, const ina_model_t *m, ina_engine_t *e, greedy_count_t *vs_hf,
+                          greedy_count_t *vs_oracle) {
+  const int32_t vocab = ina_engine_config(e)->vocab_size;
+  const ina_engine_options_t o = oracle_options(16);
+  int32_t tokens[MAX_PROMPTS][MAX_NEW], oracle_tokens[MAX_PROMPTS][MAX_NEW];
+  run_t gpu = {0}, oracle = {0};
+  ina_engine_t *oe = NULL;
+  float *hf[MAX_PROMPTS];
+  CHECK_OK(ina_engine_create(m, &o, &oe));
+  if (oe && greedy(e, f->prompts, f->lens, f->count, f->max_new, tokens, &gpu) == 0 &&
+      greedy(oe, f->prompts, f->lens, f->count, f->max_new, oracle_tokens, &oracle) == 0) {
+    for (int32_t p = 0; p < f->count; p++) hf[p] = f->logits[p].data;
+    greedy_against("free-running vs HF", f->count, f->lens, f->max_new, vocab, hf, f->generated, gpu.logits,
+                   (const int32_t(*)[MAX_NEW])tokens, vs_hf);
+    greedy_against("free-running vs the oracle", f->count, f->lens, f->max_new, vocab, oracle.logits,
+                   (const int32_t(*)[MAX_NEW])oracle_tokens, gpu.logits, (const int32_t(*)[MAX_NEW])tokens, vs_oracle);
+  }
+  free_run(&gpu);
+  free_run(&oracle);
+  ina_engine_destroy(oe);
+}
+
+static void golden_fixture(const char *name, const fixture_t *f, const ina_model_t *m, greedy_count_t *vs_hf,
+                           greedy_count_t *vs_oracle, int64_t *clean_decode, int64_t *decode) {
+  static const run_mode_t modes[NUM_MODES] = {{1, 0}, {1, 1}, {16, 0}, {16, 1}};
+  const int fp8 = ina_model_config(m)->fp8_block_scaled;
+  printf("%s%s\n", name, fp8 ? " (FP8 checkpoint)" : "");
+  against_oracle(m, modes, NUM_MODES, f->prompts, f->lens, f->count, (const int32_t(*)[ORACLE_MAX_STEPS])f->generated,
+                 f->max_new - 1, clean_decode, decode);
+  ina_engine_t *e = make(m, 0, 16, 4096);
+  if (e) greedy_checks(f, m, e, vs_hf, vs_oracle);
+  ina_engine_destroy(e);
 }
 
 static void test_golden(const char *root) {
   char *names[GOLDEN_MAX_FIXTURES];
   const int count = golden_fixture_names(root, names);
+  greedy_count_t vs_hf = {0, 0}, vs_oracle = {0, 0};
+  int64_t clean_decode = 0, decode = 0;
   CHECKF(count >= 9, "only %d fixtures in %s", count, root);
   for (int i = 0; i < count; i++) {
     char dir[512];
@@ -345,45 +380,27 @@ static void test_golden(const char *root) {
     snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
     CHECKF(load_fixture(dir, &f) == 0, "%s: cannot read the fixture", dir);
     CHECK_OK(ina_model_open(dir, NULL, &m));
-    if (m && f.count > 0) golden_fixture(names[i], &f, m);
+    if (m && f.count > 0) golden_fixture(names[i], &f, m, &vs_hf, &vs_oracle, &clean_decode, &decode);
     ina_model_destroy(m);
     free_fixture(&f);
     free(names[i]);
   }
+  /* Against HF the bf16 numerics move logits by 1e-2 and more, past most of HF's top-2
+   * margins (>= 1e-3 by the fixtures' construction), so few tokens are comparable; against
+   * the oracle nearly all are, and a check that compared few of them checked little. */
+  printf("free-running greedy tokens: %lld of %lld compared with HF's, %lld of %lld with the oracle's (the rest "
+         "after a near-tie)\n",
+         (long long)vs_hf.compared, (long long)vs_hf.total, (long long)vs_oracle.compared, (long long)vs_oracle.total);
+  CHECKF(vs_oracle.compared * 2 >= vs_oracle.total, "only %lld of %lld greedy tokens compared with the oracle's",
+         (long long)vs_oracle.compared, (long long)vs_oracle.total);
+  /* Decode rows come last in their sequences, where near-ties reach most: enough of them
+   * must be clean, or the decode path went unchecked. */
+  printf("decode rows clear of near-ties: %lld of %lld\n", (long long)clean_decode, (long long)decode);
+  CHECKF((double)clean_decode >= ORACLE_MIN_CLEAN * (double)decode, "only %lld of %lld decode rows clear of near-ties",
+         (long long)clean_decode, (long long)decode);
 }
 
-/* ---- 2. GPU against CPU ------------------------------------------------------------- */
-
-static void compare_with_cpu(const ina_model_t *m, int32_t page_size, int32_t *const *prompts, const int32_t *lens,
-                             int32_t n, int32_t max_new) {
-  const int32_t vocab = ina_model_config(m)->vocab_size;
-  ina_engine_t *cpu = make(m, -1, page_size, 4096), *gpu = make(m, 0, page_size, 4096);
-  int32_t cpu_tokens[MAX_PROMPTS][MAX_NEW], gpu_tokens[MAX_PROMPTS][MAX_NEW];
-  run_t rc = {0}, rg = {0};
-  stats_t s = {0};
-  char what[96];
-  if (!cpu || !gpu) goto done;
-  if (greedy(cpu, prompts, lens, n, max_new, cpu_tokens, &rc) != 0) goto done;
-  /* The GPU fed the CPU's tokens: every row sees the same inputs. */
-  if (forced_run(gpu, prompts, lens, n, cpu_tokens, max_new - 1, &rg) != 0) goto done;
-  for (int32_t k = 0; k < n; k++) stats_add(&s, rg.logits[k], rc.logits[k], lens[k] + max_new - 1, vocab);
-  snprintf(what, sizeof what, "gpu vs cpu, page %d", page_size);
-  check_against_fp32(&s, MEDIAN_BOUND, what);
-  {
-    int same = 0;
-    if (greedy(gpu, prompts, lens, n, max_new, gpu_tokens, NULL) == 0)
-      for (int32_t k = 0; k < n; k++)
-        same += memcmp(gpu_tokens[k], cpu_tokens[k], (size_t)max_new * sizeof(int32_t)) == 0;
-    printf("  %-34s greedy tokens equal to the CPU's for %d of %d prompts\n", "free-running", same, n);
-    if (strict_mode()) CHECKF(same == n, "gpu vs cpu (strict): greedy tokens differ for %d prompts", n - same);
-  }
-done:
-  stats_free(&s);
-  free_run(&rc);
-  free_run(&rg);
-  ina_engine_destroy(cpu);
-  ina_engine_destroy(gpu);
-}
+/* ---- 2. random weights against the oracle ------------------------------------------- */
 
 static void test_vs_cpu(test_rng_t *rng) {
   ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
@@ -392,16 +409,36 @@ static void test_vs_cpu(test_rng_t *rng) {
   mo.dtype = INA_DTYPE_BF16;
   CHECK_OK(ina_model_open("random:tiny", &mo, &m));
   if (!m) return;
+  enum { N = 8, MAX_LEN = 6, NEW = 8 };
   const int32_t vocab = ina_model_config(m)->vocab_size;
-  int32_t buf[2][40], lens[2];
-  int32_t *prompts[2] = {buf[0], buf[1]};
-  lens[0] = 1 + (int32_t)test_rng_int(rng, 0, 4);
-  lens[1] = 17 + (int32_t)test_rng_int(rng, 0, 20);
-  for (int k = 0; k < 2; k++)
+  int32_t buf[N][MAX_LEN], lens[N], next[MAX_PROMPTS][MAX_NEW];
+  int32_t *prompts[N];
+  for (int k = 0; k < N; k++) {
+    prompts[k] = buf[k];
+    lens[k] = 1 + (int32_t)test_rng_int(rng, 0, MAX_LEN - 1);
     for (int32_t t = 0; t < lens[k]; t++) buf[k][t] = (int32_t)test_rng_int(rng, 0, vocab - 1);
-  printf("random:tiny (bf16 weights), prompts of %d and %d tokens, 8 greedy steps\n", lens[0], lens[1]);
-  compare_with_cpu(m, 1, prompts, lens, 2, 8);
-  compare_with_cpu(m, 16, prompts, lens, 2, 8);
+  }
+  printf("random:tiny (bf16 weights), %d prompts of 1-%d tokens, %d greedy steps of the oracle\n", N, MAX_LEN, NEW);
+  {
+    const ina_engine_options_t o = oracle_options(16);
+    ina_engine_t *oracle = NULL;
+    CHECK_OK(ina_engine_create(m, &o, &oracle));
+    if (oracle) CHECK(greedy(oracle, prompts, lens, N, NEW, next, NULL) == 0);
+    ina_engine_destroy(oracle);
+  }
+  {
+    /* random:tiny routes 8 experts by a random router whose top scores lie close: most of
+     * its rows sit at a near-tie (60-80 % in trials), so short prompts, and the share of
+     * clean rows is not asked for here (the golden fixtures ask for it); some clean decode
+     * rows must be compared. */
+    static const run_mode_t modes[2] = {{1, 1}, {16, 1}};
+    int64_t clean_decode = 0, decode = 0;
+    skip_clean_share = 1;
+    against_oracle(m, modes, 2, prompts, lens, N, (const int32_t(*)[ORACLE_MAX_STEPS])next, NEW - 1, &clean_decode,
+                   &decode);
+    skip_clean_share = 0;
+    CHECKF(clean_decode > 0, "random:tiny: no decode row clear of near-ties (of %lld)", (long long)decode);
+  }
   ina_model_destroy(m);
 }
 

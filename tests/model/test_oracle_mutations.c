@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
       {
         ina_engine_t *t = NULL;
         CHECK_OK(ina_engine_create(m, &o, &t));
-        CHECK_OK(ina_engine_set_rounding_noise(t, ORACLE_NOISE, ORACLE_ATTENTION_NOISE, 0xfeedull + (uint64_t)i));
+        CHECK_OK(ina_engine_set_rounding_noise(t, ORACLE_NOISE, oracle_attention_noise(ina_model_config(m)), 0xfeedull + (uint64_t)i));
         if (t && oracle_forced_run(t, f.prompts, f.lens, f.count, (const int32_t(*)[ORACLE_MAX_STEPS])f.generated,
                                    steps, 1, &twin_free) == 0) {
           oracle_compare(&twin_free, &base, &rows);
