@@ -52,20 +52,24 @@ static void log_from_mhd(void *cls, const char *fmt, va_list ap) {
 /* A static text as an owned body. */
 static ina_status_t reply_text(ina_metrics_http_reply_t *out, unsigned int code, const char *text,
                                const char *allow) {
+  ina_status_t st = INA_OK;
   out->body = strdup(text);
-  if (!out->body) return INA_ERR_OUT_OF_MEMORY;
+  INA_CHECK_ALLOC(out->body);
   out->body_len = strlen(text);
   out->code = code;
   out->content_type = TEXT_CONTENT_TYPE;
   out->allow = allow;
-  return INA_OK;
+fail:
+  return st;
 }
 
 ina_status_t ina_metrics_http_answer(ina_metrics_t *reg, const char *method, const char *url,
                                      ina_metrics_http_reply_t *out) {
-  if (!out) return INA_ERR_INVALID_ARGUMENT;
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT, "ina_metrics_http_answer: out is NULL");
   memset(out, 0, sizeof *out);
-  if (!reg || !method || !url) return INA_ERR_INVALID_ARGUMENT;
+  INA_REQUIRE(reg != NULL && method != NULL && url != NULL, INA_ERR_INVALID_ARGUMENT,
+              "ina_metrics_http_answer: registry, method and url must not be NULL");
   if (strcmp(url, "/metrics") != 0) return reply_text(out, MHD_HTTP_NOT_FOUND, "not found\n", NULL);
   if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
     return reply_text(out, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n", "GET, HEAD");
@@ -78,7 +82,8 @@ ina_status_t ina_metrics_http_answer(ina_metrics_t *reg, const char *method, con
   out->content_type = METRICS_CONTENT_TYPE;
   out->body = text;
   out->body_len = len;
-  return INA_OK;
+fail:
+  return st;
 }
 
 void ina_metrics_http_reply_release(ina_metrics_http_reply_t *reply) {

@@ -344,11 +344,14 @@ static void test_answers(ina_metrics_t *reg) {
     ina_metrics_http_reply_release(&r); /* twice is harmless */
   }
   ina_metrics_http_reply_t r;
+  ina_log_set_quiet_errors(1); /* the refusals below are meant */
   CHECK(ina_metrics_http_answer(NULL, "GET", "/metrics", &r) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(ina_last_error(), "ina_metrics_http_answer") != NULL);
   CHECK(r.body == NULL);
   CHECK(ina_metrics_http_answer(reg, NULL, "/metrics", &r) == INA_ERR_INVALID_ARGUMENT);
   CHECK(ina_metrics_http_answer(reg, "GET", NULL, &r) == INA_ERR_INVALID_ARGUMENT);
   CHECK(ina_metrics_http_answer(reg, "GET", "/metrics", NULL) == INA_ERR_INVALID_ARGUMENT);
+  ina_log_set_quiet_errors(0);
   ina_metrics_http_reply_release(NULL);
 }
 
