@@ -1,5 +1,5 @@
 /* GPU MLA decode attention (mla/mla.h) on the DeepSeek shapes of its issue, against the
- * read ceiling measured in the same run and FlashMLA's figures (DESIGN.md's table).
+ * read ceiling measured in the same run and FlashMLA's figures (bench/RESULTS.md).
  *
  * Each shape gets random bf16 (or packed FP8) latent caches whose pages are drawn in
  * shuffled order from one pool allocated once at the largest size any selected shape

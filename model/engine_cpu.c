@@ -1,5 +1,5 @@
 /* The CPU engine: one forward step of DeepSeek-V2/V3 over a ragged batch, in fp32, with
- * the paged latent cache in host memory. The step follows DESIGN.md's data flow:
+ * the paged latent cache in host memory. The step follows the model's data flow:
  * embedding -> per layer (RMSNorm, MLA, residual, RMSNorm, MLP or MoE, residual) ->
  * final norm -> LM head. */
 #define INA_LOG_SUBSYS "model"

@@ -7,7 +7,7 @@
  *   router, permutation, per-expert GEMMs, weighted combine plus shared experts) ->
  *   final norm -> LM head in fp32 -> logits copied to the host.
  *
- * Numerics (DESIGN.md): bf16 activations between ops, fp32 accumulation inside them; the
+ * Numerics (docs/NUMERICS.md): bf16 activations between ops, fp32 accumulation inside them; the
  * residual stream is bf16 (as HF's bf16 model). Every step, prefill included, uses
  * absorbed MLA over the latent cache (mathematically the expanded form).
  *

@@ -100,7 +100,7 @@ static inline void widen_bf16(const uint16_t *x, float *out, size_t n) {
 }
 
 /* Checks a bf16 GPU result against an fp32 reference: relative L2 error within
- * `rel_l2` (DESIGN.md: bf16 paths <= 1e-2) and every element within the reference's
+ * `rel_l2` (docs/NUMERICS.md: bf16 paths <= 1e-2) and every element within the reference's
  * bf16 rounding (2^-8 relative, which allows for a last-bit difference before the
  * rounding) plus `abs_tol`. NaN in either fails. */
 static inline void check_bf16_close(const uint16_t *got_bf16, const float *ref, size_t n,
