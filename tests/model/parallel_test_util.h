@@ -1,7 +1,9 @@
 /* Shared by the multi-rank engine tests (test_engine_ep.c, test_engine_tp.c,
- * test_engine_placement.c, test_engine_gpu_parallel.c): greedy generation of a golden
- * fixture's prompts as one batch, on an engine with the given tensor- and
- * expert-parallel communicators (NULL: one rank), and agreement checks over the ranks.
+ * test_engine_placement.c, test_engine_dp.c, test_engine_gpu_parallel.c): greedy
+ * generation of a golden fixture's prompts as one batch, on an engine with the given
+ * tensor- and expert-parallel communicators (NULL: one rank), agreement checks over the
+ * ranks, and the tally of what a test compared, which fails the test when fewer fixtures
+ * ran than it requires (so that skips cannot leave it passing on nothing).
  * Include after tests/test_util.h and tests/golden/golden_fixture.h. */
 #ifndef INA_TESTS_MODEL_PARALLEL_TEST_UTIL_H
 #define INA_TESTS_MODEL_PARALLEL_TEST_UTIL_H
@@ -114,6 +116,77 @@ static inline void parallel_random_placement(test_rng_t *rng, int32_t ep, int32_
   free(order);
   free(used);
   CHECK_OK(ina_expert_placement_validate(p));
+}
+
+/* ---- what a test compared ------------------------------------------------------------ */
+
+/* The least a test must compare: fixtures whose every prompt was compared, how many of
+ * them FP8 block-scaled checkpoints and how many with MoE layers. Set on the command line
+ * (parallel_minimum_arg); every rank runs the same fixtures and skips, so every rank
+ * counts alike. */
+typedef struct parallel_minimum {
+  int fixtures, fp8, moe;
+} parallel_minimum_t;
+
+/* At least one fixture unless the command line says otherwise. */
+#define PARALLEL_MINIMUM_INIT {1, 0, 0}
+
+typedef struct parallel_tally {
+  int fixtures, fp8, moe; /* fixtures fully compared */
+  long long comparisons;  /* prompts compared, over every fixture and mode */
+  int skipped;
+  char skips[GOLDEN_MAX_FIXTURES][200]; /* "name (why)" */
+} parallel_tally_t;
+
+/* argv[*i] is one of --min-fixtures N, --min-fp8 N, --min-moe N: takes it and its value
+ * (advancing *i) and returns 1; else returns 0. */
+static inline int parallel_minimum_arg(int argc, char **argv, int *i, parallel_minimum_t *m) {
+  int *field = strcmp(argv[*i], "--min-fixtures") == 0 ? &m->fixtures
+               : strcmp(argv[*i], "--min-fp8") == 0    ? &m->fp8
+               : strcmp(argv[*i], "--min-moe") == 0    ? &m->moe
+                                                       : NULL;
+  if (!field) return 0;
+  CHECKF(*i + 1 < argc, "%s needs a number", argv[*i]);
+  if (*i + 1 < argc) *field = atoi(argv[++*i]);
+  return 1;
+}
+
+static inline int parallel_config_has_moe(const ina_model_config_t *c) {
+  for (int32_t l = 0; l < c->num_layers; l++)
+    if (ina_cfg_layer_is_moe(c, l)) return 1;
+  return 0;
+}
+
+/* A fixture whose prompts were all compared (c: its config). */
+static inline void parallel_tally_ran(parallel_tally_t *t, const ina_model_config_t *c) {
+  t->fixtures++;
+  t->fp8 += c->fp8_block_scaled != 0;
+  t->moe += parallel_config_has_moe(c);
+}
+
+/* A fixture left out, and why (printed by parallel_tally_check). */
+static inline void parallel_tally_skip(parallel_tally_t *t, const char *name, const char *why) {
+  if (t->skipped < GOLDEN_MAX_FIXTURES)
+    snprintf(t->skips[t->skipped], sizeof t->skips[0], "%s (%s)", name, why);
+  t->skipped++;
+}
+
+/* Rank 0 prints what ran and what was skipped; every rank fails below the minimum (and
+ * with no fixture compared at all, whatever the minimum). */
+static inline void parallel_tally_check(const parallel_tally_t *t, const parallel_minimum_t *m,
+                                        const char *test, int rank) {
+  const int least = m->fixtures > 1 ? m->fixtures : 1;
+  if (rank == 0) {
+    printf("%s: compared %d fixtures (%d FP8, %d with MoE layers) in %lld prompt comparisons on rank 0; "
+           "at least %d (%d FP8, %d with MoE layers) required\n",
+           test, t->fixtures, t->fp8, t->moe, t->comparisons, least, m->fp8, m->moe);
+    printf("%s: skipped %d fixtures\n", test, t->skipped);
+    for (int i = 0; i < t->skipped && i < GOLDEN_MAX_FIXTURES; i++) printf("  skipped %s\n", t->skips[i]);
+  }
+  CHECKF(t->fixtures >= least, "%s: %d fixtures compared, at least %d required", test, t->fixtures, least);
+  CHECKF(t->fp8 >= m->fp8, "%s: %d FP8 fixtures compared, at least %d required", test, t->fp8, m->fp8);
+  CHECKF(t->moe >= m->moe, "%s: %d fixtures with MoE layers compared, at least %d required", test, t->moe,
+         m->moe);
 }
 
 static inline void fixture_run_free(fixture_run_t *r) {

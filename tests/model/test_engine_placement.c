@@ -8,11 +8,17 @@
  * tokens must be Hugging Face's, the engine must report the placement applied, and the
  * bytes moved must equal the experts each rank lacked times an expert's size.
  *
- * Refusals, on the first fixture: an expert with no slot, an expert twice on one rank, an
- * expert out of range, the wrong ep or layer count, ranks given different placements,
- * and a placement over max_expert_bytes all fail on every rank with the expected code,
- * leave the placement in force, and the engine then runs on bit-identically; dry_run
- * reports the bytes and changes nothing. */
+ * A fixture without MoE layers has a placement of zero layers, which the moving run
+ * applies again before every step: nothing moves and the logits stay the fixed run's.
+ *
+ * Refusals, on the first fixture with MoE layers: an expert with no slot, an expert twice
+ * on one rank, an expert out of range, the wrong ep or layer count, ranks given different
+ * placements, and a placement over max_expert_bytes all fail on every rank with the
+ * expected code, leave the placement in force, and the engine then runs on
+ * bit-identically; dry_run reports the bytes and changes nothing.
+ *
+ * The test fails unless at least --min-fixtures fixtures (--min-fp8 of them FP8, --min-moe
+ * with MoE layers) had both runs compared over every step. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +33,7 @@
 
 static int g_rank, g_size, g_tp, g_ep;
 static ina_comm_t *g_world;
+static parallel_tally_t g_tally;
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
@@ -159,10 +166,12 @@ static ina_engine_t *make_engine(const ina_model_t *m, ina_comm_t *tp, ina_comm_
 
 /* ---- the checks ---------------------------------------------------------------------- */
 
-static void check_moving(const char *name, const fixture_t *f, const ina_model_t *m, ina_comm_t *tp,
-                         ina_comm_t *ep, test_rng_t *rng) {
+/* Returns 1 when both runs took every step and were compared. */
+static int check_moving(const char *name, const fixture_t *f, const ina_model_t *m, ina_comm_t *tp,
+                        ina_comm_t *ep, test_rng_t *rng) {
   const ina_model_config_t *c = ina_model_config(m);
   const int32_t layers = moe_layer_count(c);
+  int32_t steps = 0;
   ina_engine_t *fixed = make_engine(m, tp, ep, 0), *moving = make_engine(m, tp, ep, 0);
   if (!fixed || !moving) goto done;
   run_t a, b;
@@ -173,7 +182,8 @@ static void check_moving(const char *name, const fixture_t *f, const ina_model_t
   for (int32_t step = 0; step < f->max_new; step++) {
     ina_expert_placement_t before = {0}, next = {0}, now = {0};
     CHECK_OK(ina_engine_get_placement(moving, &before));
-    parallel_random_placement(rng, g_ep, layers, c->n_routed_experts, &next);
+    if (layers > 0) parallel_random_placement(rng, g_ep, layers, c->n_routed_experts, &next);
+    else CHECK_OK(ina_expert_placement_copy(&before, &next)); /* zero layers: the only placement */
     int64_t moved = -1;
     CHECK_OK(ina_engine_apply_placement(moving, &next, 0, &moved));
     CHECK_OK(ina_engine_get_placement(moving, &now));
@@ -188,8 +198,10 @@ static void check_moving(const char *name, const fixture_t *f, const ina_model_t
     ina_expert_placement_free(&next);
     ina_expert_placement_free(&now);
     if (!run_step(&a, step) || !run_step(&b, step)) break;
+    steps++;
   }
-  CHECKF(moved_total > 0 || g_ep == 1, "%s: no expert ever moved", name);
+  CHECKF(moved_total > 0 || g_ep == 1 || layers == 0, "%s: no expert ever moved", name);
+  CHECKF(moved_total == 0 || layers > 0, "%s: %lld bytes moved without MoE layers", name, (long long)moved_total);
   int same = a.rows == b.rows &&
              memcmp(a.logits, b.logits, (size_t)a.rows * a.vocab * sizeof(float)) == 0;
   CHECKF(same, "%s: logits with placement changes differ from the fixed placement's", name);
@@ -199,13 +211,17 @@ static void check_moving(const char *name, const fixture_t *f, const ina_model_t
     same &= hf;
   }
   CHECKF(parallel_all_ranks(g_world, same), "%s: some rank's results differ", name);
-  if (g_rank == 0) printf("  %s: %lld bytes of experts moved over %d steps\n", name,
-                          (long long)moved_total, f->max_new);
+  if (g_rank == 0 && layers == 0)
+    printf("  %s: no MoE layers; the placement of 0 layers applied again before each of %d steps\n", name,
+           f->max_new);
+  else if (g_rank == 0)
+    printf("  %s: %lld bytes of experts moved over %d steps\n", name, (long long)moved_total, f->max_new);
   run_free(&a);
   run_free(&b);
 done:
   ina_engine_destroy(fixed);
   ina_engine_destroy(moving);
+  return steps == f->max_new;
 }
 
 /* apply must fail with `code` on every rank and change nothing. */
@@ -230,12 +246,15 @@ static void expect_refused(ina_engine_t *e, const ina_expert_placement_t *p, ina
   ina_expert_placement_free(&after);
 }
 
-static void check_refusals(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep,
-                           test_rng_t *rng) {
+/* Returns 1 when the checks ran (the model has MoE layers and the engines were made). */
+static int check_refusals(const fixture_t *f, const ina_model_t *m, ina_comm_t *tp, ina_comm_t *ep,
+                          test_rng_t *rng) {
   const ina_model_config_t *c = ina_model_config(m);
   const int32_t layers = moe_layer_count(c), E = c->n_routed_experts;
+  int ran = 0;
   ina_engine_t *e = make_engine(m, tp, ep, 0), *ref = make_engine(m, tp, ep, 0);
   if (!e || !ref || layers == 0) goto done;
+  ran = 1;
   ina_expert_placement_t good = {0}, bad = {0};
   parallel_random_placement(rng, g_ep, layers, E, &good);
   int64_t moved = -1;
@@ -319,6 +338,7 @@ static void check_refusals(const fixture_t *f, const ina_model_t *m, ina_comm_t 
 done:
   ina_engine_destroy(e);
   ina_engine_destroy(ref);
+  return ran;
 }
 
 static int g_refusals_checked;
@@ -330,9 +350,15 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *tp,
   ina_model_config_t c;
   ina_model_t *part = NULL;
   CHECK_OK(ina_model_spec_config(dir, &c));
-  if (f.count == 0) goto done;
+  if (f.count == 0) {
+    parallel_tally_skip(&g_tally, name, "cannot be read");
+    goto done;
+  }
   if (c.num_heads % g_tp || c.intermediate_size % g_tp || c.moe_intermediate_size % g_tp) {
-    if (g_rank == 0) printf("  %s: skipped (does not split %d ways)\n", name, g_tp);
+    char why[96];
+    snprintf(why, sizeof why, "heads or intermediates do not split %d ways", g_tp);
+    if (g_rank == 0) printf("  %s: skipped (%s)\n", name, why);
+    parallel_tally_skip(&g_tally, name, why);
     goto done;
   }
   ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
@@ -344,13 +370,16 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *tp,
   const ina_status_t opened = ina_model_open(dir, &mo, &part);
   if (opened == INA_ERR_UNSUPPORTED) {
     if (g_rank == 0) printf("  %s: skipped (%s)\n", name, ina_last_error());
+    parallel_tally_skip(&g_tally, name, "the shard cannot be opened: an FP8 scale block would be cut");
     goto done;
   }
   CHECK_OK(opened);
   if (!part) goto done;
-  check_moving(name, &f, part, tp, ep, rng);
-  if (!g_refusals_checked) check_refusals(&f, part, tp, ep, rng);
-  g_refusals_checked = 1;
+  const int compared = check_moving(name, &f, part, tp, ep, rng);
+  g_tally.comparisons += compared ? f.count : 0;
+  if (parallel_all_ranks(g_world, compared)) parallel_tally_ran(&g_tally, &c);
+  else parallel_tally_skip(&g_tally, name, "a run stopped before its last step");
+  if (!g_refusals_checked) g_refusals_checked = check_refusals(&f, part, tp, ep, rng);
 done:
   ina_model_destroy(part);
   free_fixture(&f);
@@ -362,10 +391,11 @@ int main(int argc, char **argv) {
   g_rank = ina_bootstrap_world_rank(boot);
   g_size = ina_bootstrap_world_size(boot);
   const char *root = "tests/golden/fixtures";
+  parallel_minimum_t min = PARALLEL_MINIMUM_INIT;
   g_tp = 1;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--tp") == 0 && i + 1 < argc) g_tp = atoi(argv[++i]);
-    else root = argv[i];
+    else if (!parallel_minimum_arg(argc, argv, &i, &min)) root = argv[i];
   }
   CHECKF(g_tp >= 1 && g_size % g_tp == 0, "--tp %d must divide the %d ranks", g_tp, g_size);
   if (g_tp < 1 || g_size % g_tp) g_tp = 1;
@@ -390,6 +420,7 @@ int main(int argc, char **argv) {
     free(names[i]);
   }
   CHECKF(g_refusals_checked, "no fixture could run the refusal checks");
+  parallel_tally_check(&g_tally, &min, "test_engine_placement", g_rank);
   ina_comm_destroy(ep);
   ina_comm_destroy(tp);
   ina_comm_destroy(g_world);

@@ -6,7 +6,9 @@
  * batch of greedy generation on both. The sharded run must give Hugging Face's tokens,
  * logits within LOGITS_BOUND (relative L2) of one rank's (partial sums change the fp32
  * summation order), and bit-identical logits on every rank. Fixtures whose head or
- * intermediate counts do not divide by T are skipped, with the reason printed. */
+ * intermediate counts do not divide by T, or whose FP8 scale blocks a slice would cut,
+ * are skipped, with the reason printed; the test fails unless at least --min-fixtures
+ * fixtures (--min-fp8 of them FP8, --min-moe with MoE layers) had every prompt compared. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +24,7 @@
 #define LOGITS_BOUND 1e-5
 
 static int g_rank, g_size, g_tp, g_ep;
+static parallel_tally_t g_tally;
 
 static uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
   const uint8_t *p = data;
@@ -47,7 +50,10 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *world, 
   const ina_model_config_t *c = ina_model_config(whole);
   const char *why = indivisible(c, g_tp);
   if (why) {
-    if (g_rank == 0) printf("  %s: skipped (%s %% %d != 0)\n", name, why, g_tp);
+    char reason[96];
+    snprintf(reason, sizeof reason, "%s %% %d != 0", why, g_tp);
+    if (g_rank == 0) printf("  %s: skipped (%s)\n", name, reason);
+    parallel_tally_skip(&g_tally, name, reason);
     goto done;
   }
   ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
@@ -59,6 +65,7 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *world, 
   ina_status_t opened = ina_model_open(dir, &mo, &part);
   if (opened == INA_ERR_UNSUPPORTED) { /* e.g. an FP8 slice boundary inside a scale block */
     if (g_rank == 0) printf("  %s: skipped (%s)\n", name, ina_last_error());
+    parallel_tally_skip(&g_tally, name, "the shard cannot be opened: an FP8 scale block would be cut");
     goto done;
   }
   CHECK_OK(opened);
@@ -68,9 +75,11 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *world, 
   fixture_generate(&f, part, tp, ep, 4, &got);
   uint64_t hash = 0xCBF29CE484222325ull;
   double worst = 0;
+  int compared = 0;
   for (int32_t p = 0; p < f.count; p++) {
     const size_t n = (size_t)(f.lens[p] + f.max_new - 1) * c->vocab_size;
-    if (!ref.r[p].logits || !got.r[p].logits) continue;
+    if (!ref.r[p].logits || !got.r[p].logits || !got.r[p].output) continue;
+    compared++;
     const double err = test_rel_l2(got.r[p].logits, ref.r[p].logits, n);
     if (err > worst) worst = err;
     CHECKF(err <= LOGITS_BOUND, "%s prompt %d (rank %d: tp %d of %d, experts [%d, %d)): logits "
@@ -82,6 +91,10 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *world, 
     hash = fnv1a(got.r[p].logits, n * sizeof(float), hash);
   }
   CHECKF(parallel_same_everywhere(world, hash), "%s: the ranks' logits are not bit-identical", dir);
+  /* Counted only when every rank compared every prompt, so that every rank counts alike. */
+  g_tally.comparisons += compared;
+  if (parallel_all_ranks(world, compared == f.count)) parallel_tally_ran(&g_tally, c);
+  else parallel_tally_skip(&g_tally, name, "a run gave no logits");
   if (g_rank == 0) printf("  %s: worst logits rel l2 %.2e on rank 0\n", name, worst);
   fixture_run_free(&ref);
   fixture_run_free(&got);
@@ -97,10 +110,11 @@ int main(int argc, char **argv) {
   g_rank = ina_bootstrap_world_rank(boot);
   g_size = ina_bootstrap_world_size(boot);
   const char *root = "tests/golden/fixtures";
+  parallel_minimum_t min = PARALLEL_MINIMUM_INIT;
   g_tp = g_size;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--tp") == 0 && i + 1 < argc) g_tp = atoi(argv[++i]);
-    else root = argv[i];
+    else if (!parallel_minimum_arg(argc, argv, &i, &min)) root = argv[i];
   }
   CHECKF(g_tp >= 1 && g_size % g_tp == 0, "--tp %d must divide the %d ranks", g_tp, g_size);
   if (g_tp < 1 || g_size % g_tp) g_tp = g_size;
@@ -118,6 +132,7 @@ int main(int argc, char **argv) {
     check_fixture(dir, names[i], world, tp, g_ep > 1 ? ep : NULL);
     free(names[i]);
   }
+  parallel_tally_check(&g_tally, &min, "test_engine_tp", g_rank);
   ina_comm_destroy(ep);
   ina_comm_destroy(tp);
   ina_comm_destroy(world);
