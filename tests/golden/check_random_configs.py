@@ -36,6 +36,9 @@ repeats one trial exactly.
 Prints one line per trial and a final `N passed, M failed`; exits 1 on any
 failure. A failing trial's checkpoint, HF reference (hf_P.npy, hf.json) and
 ina output stay on disk, with the commands that reproduce the comparison.
+Exits 77 (skipped, as ctest's SKIP_RETURN_CODE) with a message when numpy,
+torch, transformers or safetensors cannot be imported (scripts/install-torch.sh
+installs them).
 """
 
 import argparse
@@ -58,8 +61,17 @@ import warnings  # noqa: E402
 
 warnings.filterwarnings("ignore")  # transformers/torch chatter (zero-element tensors, rope factor notes)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+SKIP = 77  # ctest's SKIP_RETURN_CODE for this test
+
+try:
+    import numpy as np  # noqa: E402
+    import safetensors  # noqa: E402,F401
+    import torch  # noqa: E402
+    import transformers  # noqa: E402,F401
+except ImportError as exc:
+    print(f"check_random_configs: skipped ({exc}; scripts/install-torch.sh installs numpy, torch, "
+          "transformers and safetensors)")
+    sys.exit(SKIP)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_logits  # noqa: E402
