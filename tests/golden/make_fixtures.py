@@ -168,6 +168,48 @@ FIXTURES = [
         "config": v3(vocab_size=128, hidden_size=160, intermediate_size=192, moe_intermediate_size=32,
                      num_hidden_layers=2, q_lora_rank=96, kv_lora_rank=144),
     },
+    # The fixtures below split over 2 and 4 tensor-parallel ranks (heads, intermediates and,
+    # for FP8, every slice boundary on a 128 block), for the multi-rank tests.
+    {
+        "name": "v3_dense",
+        "doc": "V3 without routed experts (n_routed_experts 0, so every layer is dense: "
+               "first_k_dense_replace = num_hidden_layers), q LoRA, YaRN, 4 heads",
+        "model_type": "deepseek_v3", "storage": "f32", "seed": 10,
+        "config": v3(vocab_size=128, hidden_size=32, num_attention_heads=4, num_key_value_heads=4,
+                     q_lora_rank=24, intermediate_size=64, n_routed_experts=0, n_shared_experts=0,
+                     first_k_dense_replace=3),
+    },
+    {
+        "name": "v3_fp8_tp",
+        "doc": "V3 release format (as v3_fp8) that splits 2 and 4 ways: 8 heads of qk 64 + 64 and "
+               "v 64, intermediates 512, so each rank's rows or columns are whole 128 blocks; "
+               "hidden 160, q_lora_rank 96 and kv_lora_rank 144 leave ragged blocks in the "
+               "dimensions that are not split; top-2 of 4 experts, 1 shared, first layer dense",
+        "model_type": "deepseek_v3", "storage": "fp8", "seed": 11,
+        "config": v3(vocab_size=128, hidden_size=160, intermediate_size=512, moe_intermediate_size=512,
+                     num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+                     q_lora_rank=96, kv_lora_rank=144, qk_nope_head_dim=64, qk_rope_head_dim=64,
+                     v_head_dim=64, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1),
+    },
+    {
+        "name": "v2_group_bf16",
+        "doc": "V2 group_limited_greedy with q LoRA stored in bf16, 8 heads, 2 shared experts; "
+               "logits from HF float32 on the bf16 values",
+        "model_type": "deepseek_v2", "storage": "bf16", "seed": 12,
+        "config": dict(
+            vocab_size=160, hidden_size=48, intermediate_size=96, moe_intermediate_size=16,
+            num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=8,
+            q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=2,
+            first_k_dense_replace=1, topk_method="group_limited_greedy", norm_topk_prob=False,
+            routed_scaling_factor=2.0, max_position_embeddings=256, rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
+                             "rope_theta": 10000.0},
+            moe_layer_freq=1, scoring_func="softmax",
+        ),
+    },
 ]
 
 
