@@ -226,11 +226,11 @@ fail:
   return st;
 }
 
-ina_status_t ina_engine_set_rounding_noise(ina_engine_t *e, float relative, float attention, uint64_t seed) {
+ina_status_t ina_engine_set_rounding_noise(ina_engine_t *e, const ina_engine_noise_t *noise) {
   ina_status_t st = INA_OK;
-  INA_REQUIRE(e != NULL, INA_ERR_INVALID_ARGUMENT, "engine: NULL engine");
+  INA_REQUIRE(e != NULL && noise != NULL, INA_ERR_INVALID_ARGUMENT, "engine: NULL argument");
   INA_REQUIRE(e->cpu != NULL, INA_ERR_UNSUPPORTED, "engine: rounding noise is a CPU engine's test hook");
-  return ina_engine_cpu_set_rounding_noise(e->cpu, relative, attention, seed);
+  return ina_engine_cpu_set_rounding_noise(e->cpu, noise);
 fail:
   return st;
 }

@@ -72,8 +72,7 @@ ina_status_t ina_engine_cpu_expert_load(ina_engine_cpu_t *engine, int reset, uin
                                         int64_t capacity, int32_t *num_moe_layers);
 /* model/engine_test_hooks.h */
 ina_status_t ina_engine_cpu_set_mutation(ina_engine_cpu_t *engine, int32_t mutation);
-ina_status_t ina_engine_cpu_set_rounding_noise(ina_engine_cpu_t *engine, float relative, float attention,
-                                              uint64_t seed);
+ina_status_t ina_engine_cpu_set_rounding_noise(ina_engine_cpu_t *engine, const ina_engine_noise_t *noise);
 ina_status_t ina_engine_cpu_routes(ina_engine_cpu_t *engine, ina_engine_route_t *out, int64_t capacity,
                                    int64_t *count);
 

@@ -33,7 +33,7 @@ static float latent_norm_eps(const ina_engine_cpu_t *e) {
 }
 
 /* With GPU numerics, x[n] as the CUDA engine stores it (bf16); else unchanged. The
- * oracle's noise (rounding_noise x noise_gain) goes on before the rounding. */
+ * oracle's noise of relative size `noise` goes on before the rounding. */
 static void as_stored_noise(ina_engine_cpu_t *e, float *x, int64_t n, float noise) {
   if (!e->gpu_numerics) return;
   if (noise > 0)
@@ -47,7 +47,7 @@ static void as_stored_noise(ina_engine_cpu_t *e, float *x, int64_t n, float nois
   ina_cpu_round_bf16(x, n);
 }
 
-static void as_stored(ina_engine_cpu_t *e, float *x, int64_t n) { as_stored_noise(e, x, n, e->rounding_noise); }
+static void as_stored(ina_engine_cpu_t *e, float *x, int64_t n) { as_stored_noise(e, x, n, e->noise.relative); }
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
                                    ina_engine_cpu_t **out) {
@@ -443,7 +443,7 @@ static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq
                                                         ina_page_pool_page_size(e->kv), C, R),
                               o_latent, NULL};
     INA_CHECK(ina_mla_attention_ref(&p, e->pool));
-    as_stored_noise(e, o_latent, (int64_t)count * H * C, e->attention_noise);
+    as_stored_noise(e, o_latent, (int64_t)count * H * C, e->noise.attention);
     ina_parallel_for(e->pool, H, 1, absorb_v_heads, &job);
     for (int32_t i = 0; i < count; i++) as_stored(e, s->attn + (int64_t)tokens[i] * H * c->v_head_dim, (int64_t)H * c->v_head_dim);
   }
@@ -535,6 +535,7 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
     INA_CHECK(attend_absorbed(s, layer, decoding, ndecoding, scale, e->mutation == INA_MUTATION_DECODE_SKIP_NEWEST));
   }
   INA_CHECK(linear(e, &L->o_proj, s->attn, T, s->tmp));
+  if (e->noise.reduced > 0) as_stored_noise(e, s->tmp, T * Hd, e->noise.reduced);
   INA_CHECK(tp_sum(e, s->tmp, T * Hd));
   for (int64_t i = 0; i < T * Hd; i++) s->x[i] += s->tmp[i];
   as_stored(e, s->x, T * Hd);
@@ -792,6 +793,7 @@ static ina_status_t mlp_block(step_t *s, int32_t layer) {
     INA_CHECK(moe_block(s, layer, s->tmp));
   else
     INA_CHECK(mlp(s, &L->mlp, s->h, T, s->tmp));
+  if (s->e->noise.reduced > 0) as_stored_noise(s->e, s->tmp, T * Hd, s->e->noise.reduced);
   INA_CHECK(tp_sum(s->e, s->tmp, T * Hd));
   for (int64_t i = 0; i < T * Hd; i++) s->x[i] += s->tmp[i];
   as_stored(s->e, s->x, T * Hd);
@@ -971,15 +973,15 @@ fail:
   return st;
 }
 
-ina_status_t ina_engine_cpu_set_rounding_noise(ina_engine_cpu_t *e, float relative, float attention,
-                                              uint64_t seed) {
+ina_status_t ina_engine_cpu_set_rounding_noise(ina_engine_cpu_t *e, const ina_engine_noise_t *noise) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(e->gpu_numerics, INA_ERR_UNSUPPORTED, "engine: rounding noise needs GPU numerics");
-  INA_REQUIRE(relative >= 0 && relative < 1 && attention >= 0 && attention < 1, INA_ERR_INVALID_ARGUMENT,
-              "engine: rounding noise %g / %g out of [0, 1)", (double)relative, (double)attention);
-  e->rounding_noise = relative;
-  e->attention_noise = attention;
-  e->noise_state = seed;
+  INA_REQUIRE(noise->relative >= 0 && noise->relative < 1 && noise->attention >= 0 && noise->attention < 1 &&
+                  noise->reduced >= 0 && noise->reduced < 1,
+              INA_ERR_INVALID_ARGUMENT, "engine: rounding noise %g / %g / %g out of [0, 1)", (double)noise->relative,
+              (double)noise->attention, (double)noise->reduced);
+  e->noise = *noise;
+  e->noise_state = noise->seed;
 fail:
   return st;
 }

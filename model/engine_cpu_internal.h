@@ -41,11 +41,9 @@ struct ina_engine_cpu {
   int32_t mutation;       /* ina_engine_mutation_t (model/engine_test_hooks.h), 0 in service */
   ina_engine_route_t *routes; /* gpu_numerics: the last step's, per token row */
   int64_t route_rows;
-  /* gpu_numerics: each value is scaled by 1 + u * rounding_noise (u uniform in [-1, 1),
-   * from noise_state) before its bf16 rounding: the oracle's model of the GPU's other
-   * summation order (model/engine_test_hooks.h). 0 in service. */
-  float rounding_noise;
-  float attention_noise;  /* the same for the attention output (its P in bf16 on the GPU) */
+  /* gpu_numerics: the oracle's model of the GPU's other summation order, applied before
+   * the bf16 roundings (model/engine_test_hooks.h); all 0 in service. */
+  ina_engine_noise_t noise;
   uint64_t noise_state;
 };
 

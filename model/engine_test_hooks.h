@@ -33,12 +33,19 @@ const char *ina_engine_mutation_name(int32_t mutation);
  * INA_ERR_UNSUPPORTED for a CUDA engine, INA_ERR_INVALID_ARGUMENT out of range. */
 ina_status_t ina_engine_set_mutation(ina_engine_t *engine, int32_t mutation);
 
-/* GPU numerics only: before each bf16 rounding every value is scaled by 1 + u * relative
- * (the attention output's by 1 + u * attention), u uniform in [-1, 1) from a generator
- * seeded with `seed`; 0 turns it off. This is the oracle's error model of the CUDA engine:
- * the same rounding points, sums in another order (tests/model/oracle.h).
- * INA_ERR_UNSUPPORTED otherwise. */
-ina_status_t ina_engine_set_rounding_noise(ina_engine_t *engine, float relative, float attention, uint64_t seed);
+/* The oracle's error model of the CUDA engine (tests/model/oracle.h): the same rounding
+ * points, sums in another order. Before each bf16 rounding every value is scaled by
+ * 1 + u * relative, u uniform in [-1, 1) from a generator seeded with `seed`; the
+ * attention output's by 1 + u * attention, and the outputs tensor parallelism sums over
+ * ranks (o_proj, each MLP or MoE block) by 1 + u * reduced. 0 turns a part off. */
+typedef struct ina_engine_noise {
+  float relative, attention, reduced;
+  uint64_t seed;
+} ina_engine_noise_t;
+
+/* Sets the noise of a CPU engine in GPU numerics (INA_ERR_UNSUPPORTED otherwise;
+ * INA_ERR_INVALID_ARGUMENT for a part outside [0, 1)). */
+ina_status_t ina_engine_set_rounding_noise(ina_engine_t *engine, const ina_engine_noise_t *noise);
 
 /* How a token row of the last step was routed. */
 typedef struct ina_engine_route {

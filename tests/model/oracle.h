@@ -47,6 +47,10 @@
 #define ORACLE_MAX_STEPS 64
 #define ORACLE_NOISE 0x1p-22f
 #define ORACLE_P_BF16_NOISE 0x1p-9f
+/* Under tensor parallelism each rank rounds its partial sum to bf16 before the all-reduce
+ * adds them: a bf16 rounding of every summed output, half an ulp (2^-9) and a little more
+ * for the sum of those roundings. */
+#define ORACLE_TP_NOISE 0x1p-8f
 #define ORACLE_TWINS 8
 #define ORACLE_SAFETY 2.0
 #define ORACLE_TIE_MARGIN 0x1p-16f
@@ -220,14 +224,19 @@ typedef struct oracle_bound {
   double prefill, decode;
 } oracle_bound_t;
 
-/* The attention output's noise: the P . V rounding of the tensor-core kernels where they
- * run (mla/mla_plan.c picks them for kv_lora_rank 512, rope 64), else a sum order's. */
-static inline float oracle_attention_noise(const ina_model_config_t *c) {
-  return c->kv_lora_rank == 512 && c->qk_rope_head_dim == 64 ? ORACLE_P_BF16_NOISE : ORACLE_NOISE;
+/* The twins' noise for model c: a sum order's everywhere, and on the attention output the
+ * P . V rounding of the tensor-core kernels where they run (mla/mla_plan.c picks them for
+ * kv_lora_rank 512, rope 64). */
+static inline ina_engine_noise_t oracle_noise(const ina_model_config_t *c, uint64_t seed) {
+  const ina_engine_noise_t n = {ORACLE_NOISE,
+                                c->kv_lora_rank == 512 && c->qk_rope_head_dim == 64 ? ORACLE_P_BF16_NOISE : ORACLE_NOISE,
+                                0, seed};
+  return n;
 }
 
 /* ORACLE_TWINS noisy runs of the oracle beside `base` (an oracle run of model m with these
- * options and inputs). Marks in base->tied the rows near a tie by the noise model itself:
+ * options and inputs); `reduced` is the noise of the outputs tensor parallelism sums
+ * (ORACLE_TP_NOISE under TP, else 0). Marks in base->tied the rows near a tie by the noise model itself:
  * rows a twin routed to other experts, and rows whose margin a twin moved by 3/4 of it
  * while that twin still routed the sequence alike (past a twin's first other choice its
  * rows carry that choice's consequences, not noise). Returns 0 on success. */
@@ -241,7 +250,8 @@ static inline void oracle_twins_free(oracle_twins_t *tw) {
 
 static inline int oracle_twins_make(const ina_model_t *m, const ina_engine_options_t *o, int32_t *const *prompts,
                                     const int32_t *lens, int32_t n, const int32_t (*next)[ORACLE_MAX_STEPS],
-                                    int32_t steps, int batched, oracle_run_t *base, oracle_twins_t *tw) {
+                                    int32_t steps, int batched, float reduced, oracle_run_t *base,
+                                    oracle_twins_t *tw) {
   ina_engine_options_t opts = *o;
   int rc = 0;
   opts.numerics = INA_ENGINE_NUMERICS_GPU;
@@ -250,8 +260,9 @@ static inline int oracle_twins_make(const ina_model_t *m, const ina_engine_optio
     ina_engine_t *twin = NULL;
     CHECK_OK(ina_engine_create(m, &opts, &twin));
     if (!twin) return -1;
-    CHECK_OK(ina_engine_set_rounding_noise(twin, ORACLE_NOISE, oracle_attention_noise(ina_model_config(m)),
-                                           0x5eed0000u + (uint64_t)t));
+    ina_engine_noise_t noise = oracle_noise(ina_model_config(m), 0x5eed0000u + (uint64_t)t);
+    noise.reduced = reduced;
+    CHECK_OK(ina_engine_set_rounding_noise(twin, &noise));
     rc = oracle_forced_run(twin, prompts, lens, n, next, steps, batched, &tw->run[t]);
     ina_engine_destroy(twin);
   }
@@ -296,7 +307,7 @@ static inline int oracle_twin_bound(const ina_model_t *m, const ina_engine_optio
                                     const int32_t *lens, int32_t n, const int32_t (*next)[ORACLE_MAX_STEPS],
                                     int32_t steps, int batched, oracle_run_t *base, oracle_bound_t *bound) {
   oracle_twins_t tw;
-  const int rc = oracle_twins_make(m, o, prompts, lens, n, next, steps, batched, base, &tw);
+  const int rc = oracle_twins_make(m, o, prompts, lens, n, next, steps, batched, 0, base, &tw);
   if (rc == 0) oracle_twins_bound(&tw, base, bound);
   oracle_twins_free(&tw);
   return rc;
@@ -318,6 +329,44 @@ static inline void oracle_print(const char *what, const oracle_rows_t *r, const 
          "%lld after a near-tie, %lld non-finite\n",
          what, (long long)r->prefill, r->max_prefill, b->prefill, (long long)r->decode, r->max_decode, b->decode,
          (long long)r->tied, (long long)r->nonfinite);
+}
+
+/* Free-running greedy tokens against a reference's: while the tokens agree both runs see
+ * the same inputs, and wherever the reference's top-2 margin exceeds twice the largest
+ * distance of got's logits from the reference's on that row (so no logit moved far enough
+ * to swap the two), got must pick the reference's token. After the first step whose
+ * margin is smaller the runs may legitimately part, and are not compared further.
+ * ref_logits[p] / got_logits[p]: [lens[p] + max_new - 1 or more, vocab]. */
+typedef struct oracle_greedy_count {
+  int64_t compared, total;
+} oracle_greedy_count_t;
+
+static inline void oracle_greedy_against(const char *what, int32_t n, const int32_t *lens, int32_t max_new, int32_t vocab,
+                           float *const *ref_logits, const int32_t (*ref_tokens)[ORACLE_MAX_STEPS], float *const *got_logits,
+                           const int32_t (*got_tokens)[ORACLE_MAX_STEPS], oracle_greedy_count_t *count) {
+  for (int32_t p = 0; p < n; p++) {
+    for (int32_t s = 0; s < max_new; s++) {
+      const int64_t r = lens[p] - 1 + s;
+      const float *ref = ref_logits[p] + r * vocab, *got = got_logits[p] + r * vocab;
+      double dist = 0;
+      float top = -INFINITY, second = -INFINITY;
+      for (int32_t v = 0; v < vocab; v++) {
+        dist = fmax(dist, fabs((double)got[v] - ref[v]));
+        if (ref[v] > top) {
+          second = top;
+          top = ref[v];
+        } else if (ref[v] > second) {
+          second = ref[v];
+        }
+      }
+      count->total++;
+      if (!((double)top - second > 2 * dist)) break; /* a near-tie (or NaN): the runs may part here */
+      count->compared++;
+      CHECKF(got_tokens[p][s] == ref_tokens[p][s], "%s, prompt %d: greedy token %d is %d, the reference's %d (margin %.3g > 2 x %.3g)",
+             what, p, s, got_tokens[p][s], ref_tokens[p][s], (double)top - second, dist);
+      if (got_tokens[p][s] != ref_tokens[p][s]) break;
+    }
+  }
 }
 
 #endif

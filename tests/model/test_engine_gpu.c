@@ -262,7 +262,7 @@ static void against_oracle(const ina_model_t *m, const run_mode_t *modes, int co
     ina_engine_t *oracle = NULL;
     CHECK_OK(ina_engine_create(m, &o, &oracle));
     ok = oracle && oracle_forced_run(oracle, prompts, lens, n, next, steps, modes[i].batched, &want[i]) == 0 &&
-         oracle_twins_make(m, &o, prompts, lens, n, next, steps, modes[i].batched, &want[i], &twins[i]) == 0;
+         oracle_twins_make(m, &o, prompts, lens, n, next, steps, modes[i].batched, 0, &want[i], &twins[i]) == 0;
     ina_engine_destroy(oracle);
     shared[i] = &want[i];
   }
@@ -293,48 +293,10 @@ static void against_oracle(const ina_model_t *m, const run_mode_t *modes, int co
   free(twins);
 }
 
-/* Free-running greedy tokens against a reference's: while the tokens agree both runs see
- * the same inputs, and wherever the reference's top-2 margin exceeds twice the largest
- * distance of got's logits from the reference's on that row (so no logit moved far enough
- * to swap the two), got must pick the reference's token. After the first step whose
- * margin is smaller the runs may legitimately part, and are not compared further.
- * ref_logits[p] / got_logits[p]: [lens[p] + max_new - 1 or more, vocab]. */
-typedef struct greedy_count {
-  int64_t compared, total;
-} greedy_count_t;
-
-static void greedy_against(const char *what, int32_t n, const int32_t *lens, int32_t max_new, int32_t vocab,
-                           float *const *ref_logits, const int32_t (*ref_tokens)[MAX_NEW], float *const *got_logits,
-                           const int32_t (*got_tokens)[MAX_NEW], greedy_count_t *count) {
-  for (int32_t p = 0; p < n; p++) {
-    for (int32_t s = 0; s < max_new; s++) {
-      const int64_t r = lens[p] - 1 + s;
-      const float *ref = ref_logits[p] + r * vocab, *got = got_logits[p] + r * vocab;
-      double dist = 0;
-      float top = -INFINITY, second = -INFINITY;
-      for (int32_t v = 0; v < vocab; v++) {
-        dist = fmax(dist, fabs((double)got[v] - ref[v]));
-        if (ref[v] > top) {
-          second = top;
-          top = ref[v];
-        } else if (ref[v] > second) {
-          second = ref[v];
-        }
-      }
-      count->total++;
-      if (!((double)top - second > 2 * dist)) break; /* a near-tie (or NaN): the runs may part here */
-      count->compared++;
-      CHECKF(got_tokens[p][s] == ref_tokens[p][s], "%s, prompt %d: greedy token %d is %d, the reference's %d (margin %.3g > 2 x %.3g)",
-             what, p, s, got_tokens[p][s], ref_tokens[p][s], (double)top - second, dist);
-      if (got_tokens[p][s] != ref_tokens[p][s]) break;
-    }
-  }
-}
-
 /* Free-running greedy generation (batched, as ina generate runs it) on the GPU against HF's
  * tokens and against the oracle's own free-running tokens. */
-static void greedy_checks(const fixture_t *f, const ina_model_t *m, ina_engine_t *e, greedy_count_t *vs_hf,
-                          greedy_count_t *vs_oracle) {
+static void greedy_checks(const fixture_t *f, const ina_model_t *m, ina_engine_t *e, oracle_greedy_count_t *vs_hf,
+                          oracle_greedy_count_t *vs_oracle) {
   const int32_t vocab = ina_engine_config(e)->vocab_size;
   const ina_engine_options_t o = oracle_options(16);
   int32_t tokens[MAX_PROMPTS][MAX_NEW], oracle_tokens[MAX_PROMPTS][MAX_NEW];
@@ -345,9 +307,9 @@ static void greedy_checks(const fixture_t *f, const ina_model_t *m, ina_engine_t
   if (oe && greedy(e, f->prompts, f->lens, f->count, f->max_new, tokens, &gpu) == 0 &&
       greedy(oe, f->prompts, f->lens, f->count, f->max_new, oracle_tokens, &oracle) == 0) {
     for (int32_t p = 0; p < f->count; p++) hf[p] = f->logits[p].data;
-    greedy_against("free-running vs HF", f->count, f->lens, f->max_new, vocab, hf, f->generated, gpu.logits,
+    oracle_greedy_against("free-running vs HF", f->count, f->lens, f->max_new, vocab, hf, f->generated, gpu.logits,
                    (const int32_t(*)[MAX_NEW])tokens, vs_hf);
-    greedy_against("free-running vs the oracle", f->count, f->lens, f->max_new, vocab, oracle.logits,
+    oracle_greedy_against("free-running vs the oracle", f->count, f->lens, f->max_new, vocab, oracle.logits,
                    (const int32_t(*)[MAX_NEW])oracle_tokens, gpu.logits, (const int32_t(*)[MAX_NEW])tokens, vs_oracle);
   }
   free_run(&gpu);
@@ -355,8 +317,8 @@ static void greedy_checks(const fixture_t *f, const ina_model_t *m, ina_engine_t
   ina_engine_destroy(oe);
 }
 
-static void golden_fixture(const char *name, const fixture_t *f, const ina_model_t *m, greedy_count_t *vs_hf,
-                           greedy_count_t *vs_oracle, int64_t *clean_decode, int64_t *decode) {
+static void golden_fixture(const char *name, const fixture_t *f, const ina_model_t *m, oracle_greedy_count_t *vs_hf,
+                           oracle_greedy_count_t *vs_oracle, int64_t *clean_decode, int64_t *decode) {
   static const run_mode_t modes[NUM_MODES] = {{1, 0}, {1, 1}, {16, 0}, {16, 1}};
   const int fp8 = ina_model_config(m)->fp8_block_scaled;
   printf("%s%s\n", name, fp8 ? " (FP8 checkpoint)" : "");
@@ -370,7 +332,7 @@ static void golden_fixture(const char *name, const fixture_t *f, const ina_model
 static void test_golden(const char *root) {
   char *names[GOLDEN_MAX_FIXTURES];
   const int count = golden_fixture_names(root, names);
-  greedy_count_t vs_hf = {0, 0}, vs_oracle = {0, 0};
+  oracle_greedy_count_t vs_hf = {0, 0}, vs_oracle = {0, 0};
   int64_t clean_decode = 0, decode = 0;
   CHECKF(count >= 9, "only %d fixtures in %s", count, root);
   for (int i = 0; i < count; i++) {

@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
       const int32_t steps = f.max_new - 1;
       ina_engine_t *e = NULL;
       oracle_run_t base, twin_free;
-      oracle_bound_t bound;
+      oracle_bound_t bound = {0, 0};
       oracle_rows_t rows;
       CHECK_OK(ina_engine_create(m, &o, &e));
       if (!e) goto next;
@@ -74,7 +74,8 @@ int main(int argc, char **argv) {
       {
         ina_engine_t *t = NULL;
         CHECK_OK(ina_engine_create(m, &o, &t));
-        CHECK_OK(ina_engine_set_rounding_noise(t, ORACLE_NOISE, oracle_attention_noise(ina_model_config(m)), 0xfeedull + (uint64_t)i));
+        const ina_engine_noise_t noise = oracle_noise(ina_model_config(m), 0xfeedull + (uint64_t)i);
+        CHECK_OK(ina_engine_set_rounding_noise(t, &noise));
         if (t && oracle_forced_run(t, f.prompts, f.lens, f.count, (const int32_t(*)[ORACLE_MAX_STEPS])f.generated,
                                    steps, 1, &twin_free) == 0) {
           oracle_compare(&twin_free, &base, &rows);
