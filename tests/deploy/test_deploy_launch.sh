@@ -32,10 +32,28 @@ RANDOM=$seed
 
 tmp=$(mktemp -d)
 launcher_pid=
-procs=() # the launcher's descendants, gathered while they run
+procs=() # the launcher's descendants as PID:START, gathered while they run
+
+# start_time PID: when process PID started (clock ticks after boot); nothing when gone
+start_time() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  read -r -a stat <<<"${stat##*) }" # the fields after "PID (COMM) ", from the 3rd
+  echo "${stat[19]}"                # the 22nd: starttime
+}
+# alive PID:START: that very process still runs (a pid is reused once its process ends;
+# the start time tells the two apart)
+alive() { [ "$(start_time "${1%%:*}")" = "${1#*:}" ]; }
+# kill_alive PID:START...: SIGKILL to those of them that still run
+kill_alive() {
+  local p
+  for p in "$@"; do alive "$p" && kill -KILL "${p%%:*}" 2>/dev/null; done
+  return 0
+}
 # shellcheck disable=SC2317 # run by the trap below
 cleanup() {
-  for pid in $launcher_pid "${procs[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  [ -z "$launcher_pid" ] || kill -KILL "$launcher_pid" 2>/dev/null # a child not yet waited for
+  kill_alive "${procs[@]}"
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -199,11 +217,11 @@ stop_early "SIGUSR1 to a following rank: ignored" follower-agent followed 1 --ep
 
 # ---- 3, 4. real launches on this host -----------------------------------------------------
 
-# descendants PID: every process below PID
+# descendants PID: every process below PID, as PID:START
 descendants() {
   local child
   for child in $(ps -o pid= --ppid "$1"); do
-    echo "$child"
+    echo "$child:$(start_time "$child")"
     descendants "$child"
   done
 }
@@ -227,28 +245,27 @@ launch() {
 }
 
 # stopped LOG WHAT: SIGTERM was sent to the launcher: it must end with status 0 within
-# a minute and leave none of its processes behind. Those left are killed here, and the
-# list is emptied: a pid kept past its process's end may name another process later
-# (cleanup must never kill that).
+# a minute and leave none of its processes behind. Those left are killed here.
 stopped() {
-  local log=$1 what=$2 rc left=()
+  local log=$1 what=$2 rc p left=()
   for _ in $(seq 600); do kill -0 "$launcher_pid" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$launcher_pid" 2>/dev/null; then
     fail "$what: the launcher still runs a minute after SIGTERM"
     tail -20 "$log"
-    for pid in "$launcher_pid" "${procs[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+    kill -KILL "$launcher_pid" 2>/dev/null
+    kill_alive "${procs[@]}"
     wait "$launcher_pid"
     launcher_pid='' procs=()
     return
   fi
   wait "$launcher_pid"
   rc=$?
-  for pid in "${procs[@]}"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
+  for p in "${procs[@]}"; do alive "$p" && left+=("${p%%:*}"); done
   if [ "$rc" != 0 ] || ((${#left[@]})); then
     # 137 and the like: a signal from outside the test (it sends the launcher SIGTERM only).
     ((rc <= 128)) || echo "note: status $rc: the launcher, or the rank whose status mpirun passed on, died of signal $((rc - 128))"
     fail "$what: launcher status $rc, ${#left[@]} process(es) left (${left[*]})"; tail -20 "$log"
-    for pid in "${left[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+    kill_alive "${procs[@]}"
   else
     ok "$what: SIGTERM to the launcher: status 0, all ${#procs[@]} processes gone"
   fi
