@@ -131,10 +131,14 @@ trap 'stop_pending=1' USR1
 
 # Whether the agent catches SIGTERM yet: it installs its handler once the model is
 # loaded, and a SIGTERM before that would kill it (in a job, rank 0 dying so aborts
-# every rank instead of draining them). Unknown (no /proc): yes.
+# every rank instead of draining them). Unknown (no /proc): yes. Read with builtins:
+# mpirun passes SIGUSR1 to this script's whole process group, and would kill a helper
+# process (awk) in the middle, whose empty answer would then read as yes.
 catches_term() {
-  local mask
-  mask=$(awk '$1 == "SigCgt:" { print $2 }' "/proc/$agent_pid/status" 2>/dev/null) || return 0
+  local key value mask=''
+  while read -r key value; do
+    [[ $key != SigCgt: ]] || { mask=$value; break; }
+  done 2>/dev/null <"/proc/$agent_pid/status"
   [[ -n $mask ]] || return 0
   (((16#$mask >> 14) & 1)) # bit N-1: signal N (SIGTERM is 15)
 }
@@ -151,7 +155,9 @@ while kill -0 "$agent_pid" 2>/dev/null; do
     handed_over=1
     kill -TERM "$agent_pid" 2>/dev/null || true
   else
-    sleep 0.2
+    # The sleep ignores SIGUSR1: the launcher's repeated stop reaches the whole process
+    # group, and would kill it (a message in the log; under set -e, this script too).
+    (trap '' USR1 && exec sleep 0.2) || true
   fi
 done
 status=0

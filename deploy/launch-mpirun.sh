@@ -209,10 +209,13 @@ setsid -w "${cmd[@]}" &
 mpirun_pid=$!
 
 # catches PID SIGNAL: whether process PID has a handler for SIGNAL (a number) yet; when
-# that cannot be read (no /proc), yes.
+# that cannot be read (no /proc), yes. Read with builtins, as agent-rank.sh does: a
+# terminal's SIGINT reaches this script's process group, helpers included.
 catches() {
-  local mask
-  mask=$(awk '$1 == "SigCgt:" { print $2 }' "/proc/$1/status" 2>/dev/null) || return 0
+  local key value mask=''
+  while read -r key value; do
+    [[ $key != SigCgt: ]] || { mask=$value; break; }
+  done 2>/dev/null <"/proc/$1/status"
   [[ -n $mask ]] || return 0
   (((16#$mask >> ($2 - 1)) & 1))
 }

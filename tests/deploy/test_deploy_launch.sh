@@ -11,7 +11,9 @@
 #      --device follows INA_DEVICE (a GPU job rank gets --device cuda and the node's
 #      GPUs, an independent GPU rank --device cuda:0 and its own). With stand-ins
 #      that handle SIGTERM late: SIGUSR1 reaches a serving agent as SIGTERM only once it
-#      handles it (it drains, exit 0); a following rank ignores SIGUSR1.
+#      handles it (it drains, exit 0); a following rank ignores SIGUSR1. Through the
+#      launcher and mpirun, SIGTERM while 2 stand-ins still load (mpirun sends SIGUSR1
+#      to each rank's process group, the launcher repeats it): both drain, status 0.
 #   3. A real 2-rank CPU job (launch-mpirun.sh --cpu --gpus-per-node 2 --ep, tiny model,
 #      a free port): health SERVING, ina info lists 2 ranks, ina generate --server equals
 #      ina generate on one rank; SIGTERM to the launcher while a long generation runs:
@@ -271,6 +273,44 @@ stopped() {
   fi
   launcher_pid='' procs=()
 }
+
+# A stop while the agents still load, through the launcher and mpirun (stand-in agents
+# that handle SIGTERM after 5 s): mpirun passes SIGUSR1 to each rank's whole process
+# group, again when the launcher repeats it 3 s later, while agent-rank.sh still waits
+# for its agent to handle SIGTERM. Its helper processes must survive that: both agents
+# drain once they handle SIGTERM, and the launcher exits 0.
+cat >"$tmp/loading-agent" <<'AGENT'
+#!/bin/sh
+echo loading
+sleep 5
+trap 'echo drained; exit 0' TERM
+echo loaded
+i=0
+while [ $i -lt 600 ]; do sleep 0.05; i=$((i + 1)); done
+echo "not stopped"
+AGENT
+chmod +x "$tmp/loading-agent"
+: >"$tmp/loading.log"
+"$launcher" --hostfile "$tmp/localhost" --agent "$tmp/loading-agent" --base-port 0 --model tiny \
+  --cpu --gpus-per-node 2 >"$tmp/loading.log" 2>&1 &
+launcher_pid=$!
+for _ in $(seq 200); do
+  [ "$(grep -c "loading$" "$tmp/loading.log")" -ge 2 ] && break
+  kill -0 "$launcher_pid" 2>/dev/null || break
+  sleep 0.05
+done
+mapfile -t procs < <(descendants "$launcher_pid")
+kill -TERM "$launcher_pid"
+stopped "$tmp/loading.log" "a stop while the agents load"
+if [ "$(grep -c "drained$" "$tmp/loading.log")" = 2 ]; then
+  ok "a stop while the agents load: both drain once they handle SIGTERM"
+else
+  fail "a stop while the agents load: $(grep -c "drained$" "$tmp/loading.log") of 2 agents drained"
+  sed 's/^/  | /' "$tmp/loading.log" | tail -20
+fi
+# The repeat is what matters; under heavy load it may come after the loading ended.
+forwards=$(sed '/loaded$/q' "$tmp/loading.log" | grep -c "Forwarding signal 10")
+((forwards >= 2)) || echo "note: $forwards SIGUSR1 forwarded while the agents loaded (the repeat went untested)"
 
 model_seed=$RANDOM
 prompt=$((2 + RANDOM % 1000)),$((2 + RANDOM % 1000)),$((2 + RANDOM % 1000)),$((2 + RANDOM % 1000))
