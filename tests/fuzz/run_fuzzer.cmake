@@ -5,7 +5,9 @@
 # as ARTIFACTS/<target>-crash-<sha1> (or leak-, timeout-, oom-) for replay with
 # `<target> <file>`.
 #
-# cmake -DFUZZER=<binary> -DSEEDS=<dir> -DARTIFACTS=<dir> -DSECONDS=<n> -P run_fuzzer.cmake
+# cmake -DFUZZER=<binary> -DSEEDS=<dir> -DARTIFACTS=<dir> -DSECONDS=<n> [-DDICT=<file>]
+#       -P run_fuzzer.cmake
+# DICT: a libFuzzer dictionary (tokens the target's input format is made of).
 foreach(var FUZZER SEEDS ARTIFACTS SECONDS)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "run_fuzzer.cmake: -D${var}=... is required")
@@ -26,10 +28,15 @@ if(seeds)
   file(COPY ${seeds} DESTINATION "${corpus}")
 endif()
 
+set(dict_option)
+if(DEFINED DICT AND NOT DICT STREQUAL "")
+  set(dict_option "-dict=${DICT}")
+endif()
+
 # -timeout: one input taking 10 s would stall a server thread; report it.
 execute_process(
   COMMAND "${FUZZER}" -max_total_time=${SECONDS} -rss_limit_mb=2048 -timeout=10
-          -print_final_stats=1 "-artifact_prefix=${ARTIFACTS}/${name}-" "${corpus}"
+          -print_final_stats=1 ${dict_option} "-artifact_prefix=${ARTIFACTS}/${name}-" "${corpus}"
   RESULT_VARIABLE rc)
 file(REMOVE_RECURSE "${corpus}")
 if(NOT rc EQUAL 0)
