@@ -51,7 +51,7 @@
  * adds them: a bf16 rounding of every summed output, half an ulp (2^-9) and a little more
  * for the sum of those roundings. */
 #define ORACLE_TP_NOISE 0x1p-8f
-#define ORACLE_TWINS 8
+#define ORACLE_TWINS 32
 #define ORACLE_SAFETY 2.0
 #define ORACLE_TIE_MARGIN 0x1p-16f
 #define ORACLE_MIN_CLEAN 0.25

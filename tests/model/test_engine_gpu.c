@@ -30,6 +30,7 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "../gpu_test_util.h"
 #include "../test_util.h"
 #include "../golden/golden_fixture.h"
 #include "oracle.h"
@@ -677,10 +678,8 @@ done:
 }
 
 int main(int argc, char **argv) {
-  if (ina_cuda_device_count() == 0) {
-    printf("test_engine_gpu: skipped (no CUDA device)\n");
-    return TEST_SKIP;
-  }
+  const int skip = test_require_gpus("test_engine_gpu", 1);
+  if (skip) return skip;
   char name[128];
   printf("device: %s\n", ina_cuda_device_name(0, name, sizeof name));
   test_rng_t rng = {test_seed("test_engine_gpu")};
