@@ -43,7 +43,9 @@ typedef struct ina_ep_piece {
  * [expert_begin, expert_end) and checks that the ranges, in rank order, tile
  * [0, num_experts); the group starts with the placement where rank r holds its range in
  * slots 0, 1, ... With comm NULL the range must be all experts. A rank whose range breaks
- * the tiling fails on every rank with INA_ERR_INVALID_ARGUMENT naming it. */
+ * the tiling fails on every rank with INA_ERR_INVALID_ARGUMENT naming it. A model without
+ * MoE layers (num_moe_layers 0; num_experts may then be 0, every range empty) gives a
+ * group with nothing to place or exchange. */
 ina_status_t ina_ep_group_init(ina_comm_t *comm, int32_t expert_begin, int32_t expert_end,
                                int32_t num_experts, int32_t num_moe_layers, ina_ep_group_t *out);
 void ina_ep_group_free(ina_ep_group_t *g);

@@ -11,8 +11,10 @@ files. Every fixture is checked on the way out:
   * no routing decision and no greedy token may be a near tie (otherwise a
     correct engine could pick a different expert or token); a prompt that
     comes too close is redrawn from the next seed.
-The run is deterministic: the same transformers/torch versions rewrite
-byte-identical files.
+The run is deterministic: the same transformers/torch versions rewrite the
+same weights, configs and prompts, and byte-identical logits on the same CPU
+(another CPU may differ in the last bits; README.md says more). Add a fixture
+with --only NAME.
 """
 
 import argparse
