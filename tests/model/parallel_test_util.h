@@ -128,7 +128,7 @@ typedef struct parallel_minimum {
   int fixtures, fp8, moe;
 } parallel_minimum_t;
 
-/* At least one fixture unless the command line says otherwise. */
+/* At least one fixture (never fewer, whatever the command line says). */
 #define PARALLEL_MINIMUM_INIT {1, 0, 0}
 
 typedef struct parallel_tally {
