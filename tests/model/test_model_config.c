@@ -1,6 +1,8 @@
 /* config.json parsing: the keys of DeepseekV2/V3 configs as transformers writes them
  * (old and new rope keys), derived quantities against an independent double-precision
- * YaRN, and clear errors for bad files. */
+ * YaRN, clear errors for bad files, and each value the parser once took wrongly (cut to
+ * int32, lost on saving, NaN frequencies, a negative attention scale) refused, naming
+ * the key, beside accepted neighbours. */
 #include <string.h>
 
 #include "core/log.h"
@@ -143,10 +145,285 @@ static void test_errors(void) {
   ina_log_set_quiet_errors(0);
 }
 
+/* ---- values the parser once took wrongly -------------------------------------------- */
+
+/* tests/golden/fixtures/v3_mscale/config.json, as transformers saved it: DeepSeek-V3 with
+ * YaRN (factor 4, mscale 1.0, mscale_all_dim 0.707) in rope_parameters. */
+static const char kFixture[] =
+    "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"attention_bias\": false,"
+    " \"attention_dropout\": 0.0, \"bos_token_id\": 0, \"dtype\": \"float32\", \"eos_token_id\": 1,"
+    " \"first_k_dense_replace\": 1, \"head_dim\": 8, \"hidden_act\": \"silu\", \"hidden_size\": 32,"
+    " \"initializer_range\": 0.02, \"intermediate_size\": 96, \"kv_lora_rank\": 32,"
+    " \"max_position_embeddings\": 128, \"model_type\": \"deepseek_v3\","
+    " \"moe_intermediate_size\": 16, \"n_group\": 4, \"n_routed_experts\": 8,"
+    " \"n_shared_experts\": 1, \"norm_topk_prob\": true, \"num_attention_heads\": 4,"
+    " \"num_experts_per_tok\": 2, \"num_hidden_layers\": 2, \"num_key_value_heads\": 4,"
+    " \"num_nextn_predict_layers\": 1, \"output_router_logits\": false, \"pad_token_id\": null,"
+    " \"pretraining_tp\": 1, \"q_lora_rank\": 24, \"qk_head_dim\": 24, \"qk_nope_head_dim\": 16,"
+    " \"qk_rope_head_dim\": 8, \"rms_norm_eps\": 1e-06, \"rope_interleave\": true,"
+    " \"rope_parameters\": {\"beta_fast\": 32, \"beta_slow\": 1, \"factor\": 4.0, \"mscale\": 1.0,"
+    " \"mscale_all_dim\": 0.707, \"original_max_position_embeddings\": 32,"
+    " \"rope_theta\": 10000.0, \"rope_type\": \"yarn\"},"
+    " \"routed_scaling_factor\": 2.5, \"scoring_func\": \"sigmoid\", \"tie_word_embeddings\": false,"
+    " \"topk_group\": 2, \"topk_method\": \"noaux_tc\", \"transformers_version\": \"5.24.0\","
+    " \"use_cache\": true, \"v_head_dim\": 16, \"vocab_size\": 128}";
+
+#define FIXTURE_WHERE "v3_mscale/config.json"
+
+/* The fixture with up to two keys changed, parsed in memory. A key is top-level or
+ * "rope.KEY" (in rope_parameters); a NULL value deletes it. */
+static ina_status_t parse_fixture(const char *key, const char *value, const char *key2,
+                                  const char *value2, ina_model_config_t *c) {
+  json_t *root = json_loads(kFixture, JSON_REJECT_DUPLICATES, NULL);
+  CHECK(root != NULL);
+  if (!root) return INA_ERR_INTERNAL;
+  for (int k = 0; k < 2; k++) {
+    const char *full = k ? key2 : key, *text = k ? value2 : value;
+    if (!full) continue;
+    json_t *obj = root;
+    if (strncmp(full, "rope.", 5) == 0) {
+      obj = json_object_get(root, "rope_parameters");
+      full += 5;
+    }
+    if (!text) {
+      json_object_del(obj, full);
+      continue;
+    }
+    json_t *v = json_loads(text, JSON_DECODE_ANY, NULL);
+    CHECKF(v != NULL, "bad JSON in the test: %s", text);
+    json_object_set_new(obj, full, v);
+  }
+  ina_clear_error();
+  ina_status_t st = ina_model_config_from_json(root, FIXTURE_WHERE, c);
+  json_decref(root);
+  return st;
+}
+
+/* "key = value[, key2 = value2]" for messages. */
+static const char *describe(const char *key, const char *value, const char *key2,
+                            const char *value2) {
+  static char text[512];
+  snprintf(text, sizeof text, "%s = %s%s%s%s%s", key ? key : "(nothing)",
+           value ? value : "(deleted)", key2 ? ", " : "", key2 ? key2 : "", key2 ? " = " : "",
+           key2 ? (value2 ? value2 : "(deleted)") : "");
+  return text;
+}
+
+/* The change is refused as INA_ERR_FORMAT, with a message naming the file and `needle`
+ * (the key). */
+static void expect_refused2(const char *key, const char *value, const char *key2,
+                            const char *value2, const char *needle) {
+  ina_model_config_t c;
+  ina_status_t st = parse_fixture(key, value, key2, value2, &c);
+  const char *msg = ina_last_error();
+  CHECKF(st == INA_ERR_FORMAT, "%s: status %d, want INA_ERR_FORMAT (%s)",
+         describe(key, value, key2, value2), st, msg);
+  CHECKF(strstr(msg, needle) != NULL && strstr(msg, FIXTURE_WHERE) != NULL,
+         "%s: message '%s' lacks '%s' or the file", describe(key, value, key2, value2), msg,
+         needle);
+}
+
+static void expect_refused(const char *key, const char *value, const char *needle) {
+  expect_refused2(key, value, NULL, NULL, needle);
+}
+
+/* The change is accepted; *c is what it gives. */
+static void expect_accepted2(const char *key, const char *value, const char *key2,
+                             const char *value2, ina_model_config_t *c) {
+  ina_status_t st = parse_fixture(key, value, key2, value2, c);
+  CHECKF(st == INA_OK, "%s: refused (%s)", describe(key, value, key2, value2), ina_last_error());
+}
+
+static void expect_accepted(const char *key, const char *value, ina_model_config_t *c) {
+  expect_accepted2(key, value, NULL, NULL, c);
+}
+
+/* Saved with ina_model_config_save and loaded again. */
+static void save_and_load(const ina_model_config_t *c, ina_model_config_t *back) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/roundtrip.json", g_dir);
+  CHECK_OK(ina_model_config_save(c, path));
+  CHECK_OK(ina_model_config_load(path, back));
+}
+
+static void test_rope_theta(void) {
+  ina_model_config_t c;
+  /* ln(rope_theta) divides YaRN's correction range. */
+  expect_refused("rope.rope_theta", "1", "rope_theta");
+  expect_refused2("rope.rope_theta", "1", "rope.beta_fast", "1.0", "rope_theta");
+  /* 0, negative, or 0 / inf as a float32: the float32 frequencies are NaN or inf. */
+  expect_refused("rope.rope_theta", "1.1e-299", "rope_theta");
+  expect_refused("rope.rope_theta", "1e-39", "rope_theta");
+  expect_refused("rope.rope_theta", "0", "rope_theta");
+  expect_refused("rope.rope_theta", "-10000", "rope_theta");
+  expect_refused("rope.rope_theta", "1e39", "rope_theta");
+  /* the top-level key, when the rope object has none */
+  expect_refused2("rope.rope_theta", NULL, "rope_theta", "1.1e-299", "rope_theta");
+  expect_accepted("rope.rope_theta", "1e6", &c);
+  CHECK(c.rope_theta == 1e6);
+  expect_accepted("rope.rope_theta", "1.5", &c);
+  expect_accepted2("rope.rope_theta", NULL, "rope_theta", "50000", &c);
+  CHECK(c.rope_theta == 50000);
+  /* theta 1 without YaRN: every frequency is 1, which is sound */
+  expect_accepted2("rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 1}", NULL, NULL,
+                   &c);
+  CHECK(!c.rope_yarn && c.rope_theta == 1);
+}
+
+static void test_original_max_position(void) {
+  ina_model_config_t c;
+  const char *key = "rope.original_max_position_embeddings";
+  const char *needle = "rope_parameters.original_max_position_embeddings";
+  expect_refused(key, "1e20", needle);
+  expect_refused(key, "4096.5", needle);
+  expect_refused(key, "32.25", needle);
+  expect_refused(key, "2147483648", needle);
+  expect_refused(key, "4294967328", needle); /* 2^32 + 32 */
+  expect_refused(key, "0", needle);
+  /* The legacy key names itself in the message. */
+  expect_refused2("rope_parameters", NULL, "rope_scaling",
+                  "{\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32.5}",
+                  "rope_scaling.original_max_position_embeddings");
+  expect_accepted(key, "4096.0", &c);
+  CHECK(c.yarn_original_max_position == 4096);
+  expect_accepted(key, "2147483647", &c);
+  CHECK(c.yarn_original_max_position == INT32_MAX);
+  /* absent: max_position_embeddings (128), and the factor 4 given */
+  expect_accepted(key, NULL, &c);
+  CHECK(c.yarn_original_max_position == 128 && c.yarn_factor == 4.0);
+}
+
+static void test_token_ids(void) {
+  ina_model_config_t c, back;
+  expect_refused("bos_token_id", "4294967296", "bos_token_id"); /* was cut to 0 */
+  expect_refused("eos_token_id", "4294967297", "eos_token_id"); /* was cut to 1 */
+  expect_refused("eos_token_id", "[4294967296, 1]", "eos_token_id");
+  expect_refused("bos_token_id", "2147483648", "bos_token_id");
+  /* a negative id was saved as absent */
+  expect_refused("eos_token_id", "-7", "eos_token_id");
+  expect_refused("eos_token_id", "[-7]", "eos_token_id");
+  expect_refused("bos_token_id", "-1", "bos_token_id");
+  expect_accepted2("bos_token_id", "2147483647", "eos_token_id", "[0, 5]", &c);
+  CHECK(c.bos_token_id == INT32_MAX && c.eos_token_id == 0);
+  save_and_load(&c, &back);
+  CHECK(back.bos_token_id == INT32_MAX && back.eos_token_id == 0);
+  expect_accepted2("bos_token_id", "null", "eos_token_id", NULL, &c);
+  CHECK(c.bos_token_id == -1 && c.eos_token_id == -1);
+  save_and_load(&c, &back);
+  CHECK(back.bos_token_id == -1 && back.eos_token_id == -1);
+}
+
+static void test_weight_block_size(void) {
+  ina_model_config_t c;
+  const char *key = "quantization_config";
+  expect_refused(key, "{\"quant_method\": \"fp8\", \"weight_block_size\": [4294967424, 128]}",
+                 "weight_block_size"); /* was cut to [128, 128] */
+  expect_refused(key, "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 4294967424]}",
+                 "weight_block_size");
+  expect_refused(key, "{\"quant_method\": \"fp8\", \"weight_block_size\": [2147483648, 1]}",
+                 "weight_block_size");
+  expect_refused(key, "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, -128]}",
+                 "weight_block_size");
+  expect_accepted(key, "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}", &c);
+  CHECK(c.fp8_block_scaled && c.fp8_block_rows == 128 && c.fp8_block_cols == 128);
+  expect_accepted(key, "{\"quant_method\": \"fp8\", \"weight_block_size\": [1, 2147483647]}", &c);
+  CHECK(c.fp8_block_rows == 1 && c.fp8_block_cols == INT32_MAX);
+}
+
+static void test_attention_factor(void) {
+  ina_model_config_t c, back;
+  /* <= 0 was saved as "derive it" (a negative one) or scaled cos and sin by 0 */
+  expect_refused("rope.attention_factor", "-3.0", "attention_factor");
+  expect_refused("rope.attention_factor", "-1", "attention_factor");
+  expect_refused("rope.attention_factor", "0", "attention_factor");
+  expect_accepted("rope.attention_factor", "0.5", &c);
+  CHECK(c.yarn_attention_factor == 0.5);
+  save_and_load(&c, &back);
+  CHECK(back.yarn_attention_factor == 0.5);
+  float inv[4], af = 0;
+  ina_cfg_rope_inv_freq(&back, inv, &af);
+  CHECK(af == 0.5f);
+  /* null: derived from the mscales, and still derived after saving */
+  expect_accepted("rope.attention_factor", "null", &c);
+  CHECK(c.yarn_attention_factor < 0);
+  save_and_load(&c, &back);
+  CHECK(back.yarn_attention_factor < 0);
+}
+
+static void test_beta_factor_mscale(void) {
+  ina_model_config_t c;
+  expect_refused("rope.beta_slow", "-1.0", "beta_slow");
+  expect_refused("rope.beta_fast", "-32", "beta_fast");
+  expect_refused("rope.factor", "0.5", "factor");
+  expect_refused("rope.factor", "0.999", "factor");
+  /* 0.1 * mscale * ln(4) + 1 < 0: a negative attention scale */
+  expect_refused("rope.mscale_all_dim", "-10.0", "mscale_all_dim");
+  expect_refused("rope.mscale", "-10.0", "mscale");
+  expect_refused2("rope.mscale", "-10.0", "rope.mscale_all_dim", "-10.0", "mscale");
+  /* an explicit 0 beta means the default, as in transformers */
+  expect_accepted2("rope.beta_fast", "0", "rope.beta_slow", "2", &c);
+  CHECK(c.yarn_beta_fast == 32 && c.yarn_beta_slow == 2);
+  expect_accepted("rope.factor", "1", &c);
+  CHECK(c.yarn_factor == 1);
+  expect_accepted("rope.factor", "40", &c);
+  expect_accepted("rope.mscale_all_dim", "-1.0", &c); /* 0.1 * -1 * ln 4 + 1 = 0.86 */
+  CHECK(ina_cfg_softmax_scale(&c) > 0);
+  expect_accepted2("rope.mscale", "0.707", "rope.mscale_all_dim", "0", &c);
+}
+
+static void test_head_dims_and_positions(void) {
+  ina_model_config_t c;
+  expect_refused("qk_nope_head_dim", "2147483647", "qk_nope_head_dim + qk_rope_head_dim");
+  expect_refused("qk_nope_head_dim", "2147483641", "qk_nope_head_dim + qk_rope_head_dim");
+  expect_accepted("qk_nope_head_dim", "2147483639", &c); /* + 8 = INT32_MAX */
+  CHECK(ina_cfg_qk_head_dim(&c) == INT32_MAX);
+  /* original_max_position_embeddings is given, so only the check of the key itself
+   * refuses these */
+  expect_refused("max_position_embeddings", "0", "max_position_embeddings");
+  expect_refused("max_position_embeddings", "-5", "max_position_embeddings");
+  expect_accepted("max_position_embeddings", "1", &c);
+  CHECK(c.max_position_embeddings == 1);
+  expect_accepted("max_position_embeddings", NULL, &c);
+  CHECK(c.max_position_embeddings == 4096);
+}
+
+/* ina_model_config_save keeps YaRN's "truncate": false (absent reads as true). */
+static void test_truncate_saved(void) {
+  ina_model_config_t c, back;
+  float inv[4], inv_back[4], af, af_back;
+  expect_accepted("rope.truncate", "false", &c);
+  CHECK(c.rope_yarn && c.yarn_truncate == 0);
+  save_and_load(&c, &back);
+  CHECK(back.rope_yarn && back.yarn_truncate == 0);
+  ina_cfg_rope_inv_freq(&c, inv, &af);
+  ina_cfg_rope_inv_freq(&back, inv_back, &af_back);
+  CHECK(memcmp(inv, inv_back, sizeof inv) == 0 && af == af_back);
+  expect_accepted("rope.truncate", "true", &c);
+  CHECK(c.yarn_truncate == 1);
+  save_and_load(&c, &back);
+  CHECK(back.yarn_truncate == 1);
+  expect_accepted(NULL, NULL, &c); /* the fixture as it is: truncate on */
+  CHECK(c.yarn_truncate == 1);
+}
+
+static void test_fixed_values(void) {
+  ina_log_set_quiet_errors(1);
+  test_rope_theta();
+  test_original_max_position();
+  test_token_ids();
+  test_weight_block_size();
+  test_attention_factor();
+  test_beta_factor_mscale();
+  test_head_dims_and_positions();
+  test_truncate_saved();
+  ina_log_set_quiet_errors(0);
+}
+
 int main(void) {
   CHECK(mkdtemp(g_dir) != NULL);
   test_valid();
   test_errors();
+  test_fixed_values();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
   CHECK(system(cmd) == 0);
