@@ -5,49 +5,133 @@
 # gRPC API, shows the load they put on each expert, rebalances the experts from that load
 # (replicas of the hot ones, weights moved between the ranks; the CPU ranks only),
 # generates again with the new placement, and stops the agent cleanly.
+#
+# usage: scripts/run-demo.sh [BUILD_DIR]   (default: build/ at the top of the repository)
+#
+# It checks what it shows and exits non-zero, naming the step, when something is not so:
+# the agent serves; each stream ends normally with every requested token; the balance
+# moves the placement to the next generation and the streams after it equal those before
+# (a placement change does not change tokens); SIGTERM drains the agent, every rank exits
+# 0 and rank 0 says "stopped". Every wait is bounded, and on any exit the agent's
+# processes are stopped (killed if they do not stop).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/setup.sh" "$root/build"
-bin=$root/build
-log=$(mktemp)
-token=$(mktemp)
-trap 'rm -f "$log" "$token"' EXIT
+build=${1:-$root/build}
+"$root/scripts/setup.sh" "$build"
+ina=$build/tools/ina
+work=$(mktemp -d)
+log=$work/agent.log token=$work/token
+launcher='' stopped=0 # the agent's launcher (mpirun, or the GPU agent itself); a clean stop
+
+# Kills the ranks that still run: the pids they printed ("... (pid N)"), each checked to
+# be an ina-agent still (a pid may be reused once its process ended).
+kill_ranks() {
+  local pid
+  for pid in $(grep -o "(pid [0-9]*)" "$log" 2>/dev/null | grep -o "[0-9]*"); do
+    tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q "ina-agent" && kill -KILL "$pid" 2>/dev/null
+  done
+  return 0
+}
+# shellcheck disable=SC2317 # run by the trap below
+cleanup() {
+  local status=$?
+  if [ -n "$launcher" ] && kill -0 "$launcher" 2>/dev/null; then
+    echo "demo: stopping the agent (launcher pid $launcher)" >&2
+    kill -TERM "$launcher" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$launcher" 2>/dev/null || true
+  fi
+  [ -z "$launcher" ] || [ "$stopped" = 1 ] || kill_ranks
+  rm -rf "$work"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+fail() {
+  echo "demo: FAILED: $*" >&2
+  [ -s "$log" ] && { echo "demo: the agent's log ends with:" >&2; tail -n 20 "$log" | sed 's/^/  | /' >&2; }
+  exit 1
+}
+# step WHAT CMD...: runs CMD (at most 2 minutes), prints its output, which it also keeps
+# in $work/out; fails the demo when CMD fails.
+step() {
+  local what=$1 rc=0
+  shift
+  timeout 120 "$@" >"$work/out" 2>&1 || rc=$?
+  cat "$work/out"
+  [ "$rc" != 124 ] || fail "$what: no answer within 2 minutes"
+  [ "$rc" = 0 ] || fail "$what: exit status $rc"
+}
+# streamed WHAT TOKENS: $work/out holds `ina generate --server` output for two prompts:
+# each a "prompt N:" line of TOKENS token ids and a "finish: length" line.
+streamed() {
+  local what=$1 want=$2 i n
+  for i in 0 1; do
+    n=$(sed -n "s/^prompt $i://p" "$work/out" | tr ',' ' ' | wc -w)
+    [ "$n" = "$want" ] || fail "$what: prompt $i streamed $n tokens, not $want"
+  done
+  n=$(grep -c "^finish: length, .* $want generated" "$work/out" || true)
+  [ "$n" = 2 ] || fail "$what: $n of 2 streams ended with 'finish: length' and $want tokens"
+}
+
+: >"$log" # the agent's background job may open it after the first grep below
 echo "demo-$RANDOM$RANDOM" >"$token"
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "demo: one ina-agent rank on the GPU"
-  "$bin/agent/ina-agent" --model tiny --admin-token-file "$token" >"$log" 2>&1 &
+  "$build/agent/ina-agent" --model tiny --admin-token-file "$token" >"$log" 2>&1 &
   gpu=1
 else
   echo "demo: two ina-agent ranks on the CPU, each holding half of the routed experts"
-  mpirun --oversubscribe -np 2 "$bin/agent/ina-agent" --ep --model tiny --admin-token-file "$token" >"$log" 2>&1 &
+  mpirun --oversubscribe -np 2 "$build/agent/ina-agent" --ep --model tiny --admin-token-file "$token" >"$log" 2>&1 &
   gpu=0
 fi
 launcher=$!
-for _ in $(seq 600); do grep -q -e "serving$" -e "^ina-agent: .*rror" "$log" && break; sleep 0.1; done
+for _ in $(seq 1200); do
+  grep -q -e "serving$" -e "^ina-agent: .*rror" "$log" && break
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.1
+done
 cat "$log"
-grep -q "serving$" "$log" || { echo "demo: the agent did not start"; exit 1; }
+grep -q "serving$" "$log" || fail "the agent did not start serving within 2 minutes"
 server=127.0.0.1:$(grep -o "listening on 127.0.0.1:[0-9]*" "$log" | grep -o "[0-9]*$")
 # Rank 0 serves: its pid is printed with several ranks, else it is the launched process.
 rank0=$(grep -o "rank 0 of .*(pid [0-9]*)" "$log" | grep -o "[0-9]*)" | tr -d ')' || true)
 rank0=${rank0:-$launcher}
 
-"$bin/tools/ina" info --server "$server"
-"$bin/tools/ina" generate --server "$server" \
-  --prompt-ids 1,15,42,7,300 --prompt-ids 9,8,7 --max-new-tokens 24 --ignore-eos
+prompts=(--prompt-ids "1,15,42,7,300" --prompt-ids "9,8,7" --max-new-tokens 24 --ignore-eos)
+step "ina info" "$ina" info --server "$server"
+step "ina generate" "$ina" generate --server "$server" "${prompts[@]}"
+streamed "ina generate" 24
+before=$(grep "^prompt " "$work/out")
 if [ "$gpu" = 0 ]; then
-  "$bin/tools/ina" load --server "$server" --experts
+  step "ina load" "$ina" load --server "$server" --experts
   echo "demo: rebalancing the experts from that load (5 slots per rank: room for replicas)"
-  "$bin/tools/ina" place --server "$server" --balance --slots-per-rank 5 --admin-token-file "$token"
-  "$bin/tools/ina" place --server "$server" --show | head -n 12
-  "$bin/tools/ina" generate --server "$server" \
-    --prompt-ids 1,15,42,7,300 --prompt-ids 9,8,7 --max-new-tokens 24 --ignore-eos
+  step "ina place --balance" "$ina" place --server "$server" --balance --slots-per-rank 5 --admin-token-file "$token"
+  grep -q "^applied: generation 1 -> 2 " "$work/out" || fail "ina place --balance did not apply generation 2"
+  step "ina place --show" "$ina" place --server "$server" --show --out "$work/placement.json"
+  grep -q "^placement generation 2 " "$work/out" || fail "the agent does not show placement generation 2"
+  head -n 12 "$work/placement.json"
+  step "ina generate (new placement)" "$ina" generate --server "$server" "${prompts[@]}"
+  streamed "ina generate (new placement)" 24
+  [ "$(grep "^prompt " "$work/out")" = "$before" ] ||
+    fail "the streams after the placement change differ from those before it"
+  echo "demo: the same tokens with the new placement"
 else
   # The GPU engine counts no tokens per expert and keeps its placement for now.
-  "$bin/tools/ina" place --server "$server" --show | head -n 12
+  step "ina place --show" "$ina" place --server "$server" --show --out "$work/placement.json"
+  head -n 12 "$work/placement.json"
 fi
 
+echo "demo: SIGTERM to rank 0 (pid $rank0): it drains, then every rank exits"
 kill -TERM "$rank0"
-wait "$launcher"
+for _ in $(seq 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$launcher" 2>/dev/null && fail "the agent still runs a minute after SIGTERM"
+status=0
+wait "$launcher" || status=$?
 tail -n 1 "$log"
+[ "$status" = 0 ] || fail "the agent exited with status $status"
+grep -q "ina-agent: stopped$" "$log" || fail "rank 0 did not print 'ina-agent: stopped'"
+stopped=1
+echo "demo: done, the agent stopped cleanly"
