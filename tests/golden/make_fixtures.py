@@ -90,6 +90,16 @@ FIXTURES = [
                      rope_interleave=False, num_attention_heads=5, num_key_value_heads=5, vocab_size=160),
     },
     {
+        "name": "v3_theta_1e6",
+        "doc": "V3 plain rope (no scaling) with rope_theta 1e6, interleaved, 4 heads: a base far from "
+               "the default 10000, so a loader or engine that ignores rope_theta moves every position "
+               "past the first",
+        "model_type": "deepseek_v3", "storage": "f32", "seed": 13,
+        "config": v3(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=4, q_lora_rank=24,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    },
+    {
         "name": "v3_mscale",
         "doc": "V3 YaRN with mscale 1.0 != mscale_all_dim 0.707 (attention_factor != 1 on cos/sin, "
                "softmax scale times get_mscale(factor, mscale_all_dim)^2), interleaved rope",
