@@ -1,7 +1,7 @@
 /* Hugging Face checkpoint directories: an index with a weight map over shards opened on
  * demand, a single model.safetensors, or a set of *.safetensors files. */
 #define INA_LOG_SUBSYS "checkpoint"
-#include "core/safetensors.h"
+#include "core/checkpoint.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -118,12 +118,12 @@ static size_t find_shard(const ina_checkpoint_t *ck, const char *file) {
   return lo;
 }
 
-static ina_status_t open_indexed(ina_checkpoint_t *ck) {
+/* The weight map of the index already loaded into ck->index (a JSON object). */
+static ina_status_t read_weight_map(ina_checkpoint_t *ck) {
   ina_status_t st = INA_OK;
   const char **files = NULL;
   const char *key;
   json_t *value;
-  INA_CHECK(ina_json_load_file(ck->index_path, &ck->index));
   json_t *map = json_object_get(ck->index, "weight_map");
   INA_REQUIRE(map != NULL, INA_ERR_FORMAT, "%s: missing key 'weight_map'", ck->index_path);
   INA_REQUIRE(json_is_object(map), INA_ERR_FORMAT, "%s: key 'weight_map': expected an object",
@@ -237,7 +237,8 @@ ina_status_t ina_checkpoint_open(const char *dir, ina_checkpoint_t **out) {
   ck->index_path = join_path(dir, INDEX_FILE);
   INA_CHECK_ALLOC(ck->index_path);
   if (is_regular_file(ck->index_path)) {
-    INA_CHECK(open_indexed(ck));
+    INA_CHECK(ina_json_load_file(ck->index_path, &ck->index));
+    INA_CHECK(read_weight_map(ck));
   } else {
     free(ck->index_path);
     ck->index_path = NULL;
@@ -262,6 +263,36 @@ ina_status_t ina_checkpoint_open(const char *dir, ina_checkpoint_t **out) {
   return INA_OK;
 fail:
   free(single);
+  ina_checkpoint_close(ck);
+  return st;
+}
+
+ina_status_t ina_checkpoint_open_index_memory(const char *dir, const void *json, size_t size,
+                                              const char *name, ina_checkpoint_t **out) {
+  ina_status_t st = INA_OK;
+  ina_checkpoint_t *ck = NULL;
+  json_error_t err;
+  INA_REQUIRE(out != NULL, INA_ERR_INVALID_ARGUMENT,
+              "ina_checkpoint_open_index_memory: out is NULL");
+  *out = NULL;
+  INA_REQUIRE(dir != NULL && (json != NULL || size == 0), INA_ERR_INVALID_ARGUMENT,
+              "ina_checkpoint_open_index_memory: dir or bytes is NULL");
+  ck = calloc(1, sizeof *ck);
+  INA_CHECK_ALLOC(ck);
+  ck->dir = strdup(dir);
+  INA_CHECK_ALLOC(ck->dir);
+  ck->index_path = name ? strdup(name) : join_path(dir, INDEX_FILE);
+  INA_CHECK_ALLOC(ck->index_path);
+  /* As ina_json_load_file reads the file: duplicate keys refused. */
+  ck->index = json_loadb(size ? json : "", size, JSON_REJECT_DUPLICATES, &err);
+  INA_REQUIRE(ck->index != NULL, INA_ERR_FORMAT, "%s:%d:%d: invalid JSON: %s", ck->index_path,
+              err.line, err.column, err.text);
+  INA_REQUIRE(json_is_object(ck->index), INA_ERR_FORMAT, "%s: expected a JSON object at the top",
+              ck->index_path);
+  INA_CHECK(read_weight_map(ck));
+  *out = ck;
+  return INA_OK;
+fail:
   ina_checkpoint_close(ck);
   return st;
 }
@@ -321,4 +352,9 @@ size_t ina_checkpoint_count(ina_checkpoint_t *ck) { return ck ? ck->ntensors : 0
 
 const char *ina_checkpoint_name_at(ina_checkpoint_t *ck, size_t i) {
   return ck && i < ck->ntensors ? ck->tensors[i].name : NULL;
+}
+
+const char *ina_checkpoint_shard_of(const ina_checkpoint_t *ck, const char *name) {
+  const tensor_ref_t *ref = ck && name ? find_ref(ck, name) : NULL;
+  return ref ? ck->shards[ref->shard].file_name : NULL;
 }

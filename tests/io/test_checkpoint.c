@@ -1,7 +1,9 @@
-/* Checkpoint directories: an index over two shards opened lazily, a single file, several
- * files without an index, and the ways each can be wrong. */
+/* Checkpoint directories: an index over two shards opened lazily (read from the directory
+ * or given in memory), a single file, several files without an index, and the ways each
+ * can be wrong. */
 #include <sys/stat.h>
 
+#include "core/checkpoint.h"
 #include "core/safetensors.h"
 #include "tests/io/io_test_util.h"
 
@@ -88,15 +90,19 @@ static void check_view(ina_checkpoint_t *ck, int i) {
 static const char *SHARD1 = "model-00001-of-00002.safetensors";
 static const char *SHARD2 = "model-00002-of-00002.safetensors";
 
+static const char *index_text(char *text, size_t size, const int *order) {
+  int len = snprintf(text, size, "{\"metadata\": {\"total_size\": 1234},\n \"weight_map\": {");
+  for (int k = 0; k < NT; k++)
+    len += snprintf(text + len, size - (size_t)len, "%s\n  \"%s\": \"%s\"", k ? "," : "",
+                    g_tensors[order[k]].name, order[k] < 5 ? SHARD1 : SHARD2);
+  snprintf(text + len, size - (size_t)len, "\n }\n}\n");
+  return text;
+}
+
 static void write_index(const char *dir, const int *order) {
   char text[4096], path[512];
-  int len =
-      snprintf(text, sizeof text, "{\"metadata\": {\"total_size\": 1234},\n \"weight_map\": {");
-  for (int k = 0; k < NT; k++)
-    len += snprintf(text + len, sizeof text - (size_t)len, "%s\n  \"%s\": \"%s\"", k ? "," : "",
-                    g_tensors[order[k]].name, order[k] < 5 ? SHARD1 : SHARD2);
-  snprintf(text + len, sizeof text - (size_t)len, "\n }\n}\n");
-  CHECK(io_write_text(io_join(path, sizeof path, dir, "model.safetensors.index.json"), text));
+  CHECK(io_write_text(io_join(path, sizeof path, dir, "model.safetensors.index.json"),
+                      index_text(text, sizeof text, order)));
 }
 
 static void test_indexed(const char *root, test_rng_t *rng) {
@@ -124,9 +130,13 @@ static void test_indexed(const char *root, test_rng_t *rng) {
     const char *name = ina_checkpoint_name_at(ck, (size_t)k);
     CHECK(name && strcmp(name, g_tensors[order[k]].name) == 0);
     CHECK(ina_checkpoint_has(ck, g_tensors[k].name));
+    const char *shard = ina_checkpoint_shard_of(ck, g_tensors[k].name);
+    CHECK(shard && strcmp(shard, k < 5 ? SHARD1 : SHARD2) == 0);
   }
   CHECK(ina_checkpoint_name_at(ck, NT) == NULL);
   CHECK(!ina_checkpoint_has(ck, "model.layers.2.mlp.gate.weight"));
+  CHECK(ina_checkpoint_shard_of(ck, "model.layers.2.mlp.gate.weight") == NULL);
+  CHECK(ina_checkpoint_shard_of(NULL, g_tensors[0].name) == NULL);
 
   /* Lazy opening: shard 2 is removed after open. Tensors of shard 1 still load; those of
    * shard 2 fail naming the file, and load once it is back. */
@@ -156,40 +166,50 @@ static void test_indexed(const char *root, test_rng_t *rng) {
 }
 
 /* Indexes that are wrong in each of the ways the reader checks. */
+static const struct {
+  const char *what, *index;
+  ina_status_t at_open; /* status of ina_checkpoint_open */
+  const char *in_message;
+} kBadIndexes[] = {
+    {"not JSON", "{\"weight_map\": ", INA_ERR_FORMAT, "index.json"},
+    {"no weight_map", "{\"metadata\": {}}", INA_ERR_FORMAT, "weight_map"},
+    {"weight_map an array", "{\"weight_map\": [\"a.safetensors\"]}", INA_ERR_FORMAT,
+     "weight_map"},
+    {"file name a number", "{\"weight_map\": {\"w.num\": 3}}", INA_ERR_FORMAT, "w.num"},
+    {"parent directory", "{\"weight_map\": {\"w.up\": \"../model.safetensors\"}}", INA_ERR_FORMAT,
+     "../model.safetensors"},
+    {"dot-dot", "{\"weight_map\": {\"w.dd\": \"..\"}}", INA_ERR_FORMAT, "w.dd"},
+    {"dot", "{\"weight_map\": {\"w.dot\": \".\"}}", INA_ERR_FORMAT, "w.dot"},
+    {"subdirectory", "{\"weight_map\": {\"w.sub\": \"sub/x.safetensors\"}}", INA_ERR_FORMAT,
+     "sub/x.safetensors"},
+    {"absolute path", "{\"weight_map\": {\"w.abs\": \"/etc/passwd\"}}", INA_ERR_FORMAT, "w.abs"},
+    {"empty file name", "{\"weight_map\": {\"w.empty\": \"\"}}", INA_ERR_FORMAT, "w.empty"},
+    {"duplicate tensor", "{\"weight_map\": {\"w\": \"a.safetensors\", \"w\": \"b.safetensors\"}}",
+     INA_ERR_FORMAT, "index.json"},
+    {"escaped slash", "{\"weight_map\": {\"w.esc\": \"sub\\/x.safetensors\"}}", INA_ERR_FORMAT,
+     "sub/x.safetensors"},
+    {"escaped dots", "{\"weight_map\": {\"w.udots\": \"\\u002e\\u002e\"}}", INA_ERR_FORMAT,
+     "w.udots"},
+    {"an array at the top", "[{\"weight_map\": {}}]", INA_ERR_FORMAT, "index.json"},
+    {"empty", "", INA_ERR_FORMAT, "index.json"},
+};
+enum { N_BAD_INDEXES = sizeof kBadIndexes / sizeof kBadIndexes[0] };
+
 static void test_bad_indexes(const char *root) {
-  static const struct {
-    const char *what, *index;
-    ina_status_t at_open; /* status of ina_checkpoint_open */
-    const char *in_message;
-  } cases[] = {
-      {"not JSON", "{\"weight_map\": ", INA_ERR_FORMAT, "index.json"},
-      {"no weight_map", "{\"metadata\": {}}", INA_ERR_FORMAT, "weight_map"},
-      {"weight_map an array", "{\"weight_map\": [\"a.safetensors\"]}", INA_ERR_FORMAT,
-       "weight_map"},
-      {"file name a number", "{\"weight_map\": {\"w.num\": 3}}", INA_ERR_FORMAT, "w.num"},
-      {"parent directory", "{\"weight_map\": {\"w.up\": \"../model.safetensors\"}}", INA_ERR_FORMAT,
-       "../model.safetensors"},
-      {"dot-dot", "{\"weight_map\": {\"w.dd\": \"..\"}}", INA_ERR_FORMAT, "w.dd"},
-      {"dot", "{\"weight_map\": {\"w.dot\": \".\"}}", INA_ERR_FORMAT, "w.dot"},
-      {"subdirectory", "{\"weight_map\": {\"w.sub\": \"sub/x.safetensors\"}}", INA_ERR_FORMAT,
-       "sub/x.safetensors"},
-      {"absolute path", "{\"weight_map\": {\"w.abs\": \"/etc/passwd\"}}", INA_ERR_FORMAT, "w.abs"},
-      {"empty file name", "{\"weight_map\": {\"w.empty\": \"\"}}", INA_ERR_FORMAT, "w.empty"},
-      {"duplicate tensor", "{\"weight_map\": {\"w\": \"a.safetensors\", \"w\": \"b.safetensors\"}}",
-       INA_ERR_FORMAT, "index.json"},
-  };
-  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+  for (size_t k = 0; k < N_BAD_INDEXES; k++) {
     char name[32], dir[512], path[512];
     snprintf(name, sizeof name, "badindex%zu", k);
     subdir(dir, sizeof dir, root, name);
     CHECK(io_write_text(io_join(path, sizeof path, dir, "model.safetensors.index.json"),
-                        cases[k].index));
+                        kBadIndexes[k].index));
     ina_checkpoint_t *ck = (ina_checkpoint_t *)&ck;
     int failed_before = test_checks_failed_;
     ina_clear_error();
-    CHECK_FAILS_WITH(ina_checkpoint_open(dir, &ck), cases[k].at_open, dir, cases[k].in_message);
+    CHECK_FAILS_WITH(ina_checkpoint_open(dir, &ck), kBadIndexes[k].at_open, dir,
+                     kBadIndexes[k].in_message);
     CHECK(ck == NULL);
-    if (test_checks_failed_ > failed_before) fprintf(stderr, "  in case: %s\n", cases[k].what);
+    if (test_checks_failed_ > failed_before)
+      fprintf(stderr, "  in case: %s\n", kBadIndexes[k].what);
   }
 
   /* The index names a shard that is not there: found at the first get, as an I/O error
@@ -218,6 +238,80 @@ static void test_bad_indexes(const char *root) {
   ina_checkpoint_close(ck);
 }
 
+/* The index given in memory: the same checkpoint as from the file, shards opened from the
+ * directory when first needed, and the same refusals, naming the label given. */
+static void test_index_in_memory(const char *root) {
+  char dir[512], text[4096];
+  subdir(dir, sizeof dir, root, "in_memory");
+  write_shard(dir, SHARD1, 0, 5);
+  write_shard(dir, SHARD2, 5, 3);
+  int order[NT];
+  for (int k = 0; k < NT; k++) order[k] = NT - 1 - k;
+  index_text(text, sizeof text, order);
+  ina_checkpoint_t *ck = NULL;
+  CHECK_OK(ina_checkpoint_open_index_memory(dir, text, strlen(text), NULL, &ck));
+  if (!ck) return;
+  CHECK(strcmp(ina_checkpoint_dir(ck), dir) == 0 && ina_checkpoint_count(ck) == NT);
+  for (int k = 0; k < NT; k++) {
+    CHECK(strcmp(ina_checkpoint_name_at(ck, (size_t)k), g_tensors[order[k]].name) == 0);
+    const char *shard = ina_checkpoint_shard_of(ck, g_tensors[k].name);
+    CHECK(shard && strcmp(shard, k < 5 ? SHARD1 : SHARD2) == 0);
+  }
+  /* The bytes are not kept: the checkpoint outlives them. */
+  memset(text, 'x', sizeof text);
+  for (int i = 0; i < NT; i++) check_view(ck, i);
+  ina_tensor_t v;
+  CHECK_FAILS_WITH(ina_checkpoint_get(ck, "absent.weight", &v), INA_ERR_NOT_FOUND, dir,
+                   "absent.weight");
+  ina_checkpoint_close(ck);
+
+  /* dir is read only for the shards: one that is not there fails at the first get. */
+  char gone[512];
+  io_join(gone, sizeof gone, root, "no_such_checkpoint");
+  static const char one[] = "{\"weight_map\": {\"w\": \"only.safetensors\"}}";
+  CHECK_OK(ina_checkpoint_open_index_memory(gone, one, sizeof one - 1, "label.json", &ck));
+  if (!ck) return;
+  CHECK(ina_checkpoint_has(ck, "w"));
+  CHECK(strcmp(ina_checkpoint_shard_of(ck, "w"), "only.safetensors") == 0);
+  CHECK_FAILS_WITH(ina_checkpoint_get(ck, "w", &v), INA_ERR_IO, "only.safetensors", gone);
+  ina_checkpoint_close(ck);
+
+  /* An empty weight map is an empty checkpoint, as from the file. */
+  static const char empty_map[] = "{\"weight_map\": {}}";
+  CHECK_OK(ina_checkpoint_open_index_memory(dir, empty_map, sizeof empty_map - 1, NULL, &ck));
+  CHECK(ck && ina_checkpoint_count(ck) == 0 && ina_checkpoint_name_at(ck, 0) == NULL);
+  ina_checkpoint_close(ck);
+
+  for (size_t k = 0; k < N_BAD_INDEXES; k++) {
+    int failed_before = test_checks_failed_;
+    const char *label = "memory/model.safetensors.index.json";
+    ck = (ina_checkpoint_t *)&ck;
+    ina_clear_error();
+    CHECK_FAILS_WITH(ina_checkpoint_open_index_memory(dir, kBadIndexes[k].index,
+                                                      strlen(kBadIndexes[k].index), label, &ck),
+                     kBadIndexes[k].at_open, label, kBadIndexes[k].in_message);
+    CHECK(ck == NULL);
+    /* Without a label, the messages name the index file of the directory. */
+    ina_clear_error();
+    CHECK_FAILS_WITH(ina_checkpoint_open_index_memory(dir, kBadIndexes[k].index,
+                                                      strlen(kBadIndexes[k].index), NULL, &ck),
+                     kBadIndexes[k].at_open, dir, "model.safetensors.index.json");
+    if (test_checks_failed_ > failed_before)
+      fprintf(stderr, "  in case (in memory): %s\n", kBadIndexes[k].what);
+  }
+  /* Only the bytes given are read: a valid index cut short is not JSON. */
+  CHECK_FAILS_WITH(ina_checkpoint_open_index_memory(dir, one, sizeof one - 2, NULL, &ck),
+                   INA_ERR_FORMAT, dir, "invalid JSON");
+  CHECK_FAILS_WITH(ina_checkpoint_open_index_memory(dir, NULL, 0, NULL, &ck), INA_ERR_FORMAT, dir,
+                   "invalid JSON");
+  CHECK(ck == NULL);
+  CHECK(ina_checkpoint_open_index_memory(dir, one, sizeof one - 1, NULL, NULL) ==
+        INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_checkpoint_open_index_memory(NULL, one, sizeof one - 1, NULL, &ck) ==
+            INA_ERR_INVALID_ARGUMENT &&
+        ck == NULL);
+}
+
 static void test_single_file(const char *root) {
   char dir[512];
   subdir(dir, sizeof dir, root, "single");
@@ -230,6 +324,7 @@ static void test_single_file(const char *root) {
   CHECK(ina_checkpoint_count(ck) == NT);
   for (int i = 0; i < NT; i++) {
     CHECK(strcmp(ina_checkpoint_name_at(ck, (size_t)i), g_tensors[i].name) == 0); /* file order */
+    CHECK(strcmp(ina_checkpoint_shard_of(ck, g_tensors[i].name), "model.safetensors") == 0);
     check_view(ck, i);
   }
   ina_tensor_t v;
@@ -262,6 +357,8 @@ static void test_several_files(const char *root) {
   for (int i = 0; i < NT; i++) {
     CHECK(strcmp(ina_checkpoint_name_at(ck, (size_t)i), g_tensors[i].name) == 0);
     CHECK(ina_checkpoint_has(ck, g_tensors[i].name));
+    CHECK(strcmp(ina_checkpoint_shard_of(ck, g_tensors[i].name),
+                 i < 3 ? "a.safetensors" : "b.safetensors") == 0);
     check_view(ck, i);
   }
   ina_checkpoint_close(ck);
@@ -313,6 +410,7 @@ int main(void) {
   make_tensors(&rng);
   test_indexed(root, &rng);
   test_bad_indexes(root);
+  test_index_in_memory(root);
   test_single_file(root);
   test_several_files(root);
   test_not_a_checkpoint(root);
