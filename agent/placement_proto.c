@@ -23,11 +23,13 @@ static ina_rpc_code_t check_layout(const Ina__V1__ExpertPlacement *msg, const pl
                          "placement.layout: tp %u, dp %u, ep %u differs from the job's tp %d, dp "
                          "%d, ep %d; a new layout needs a restart of the job",
                          l->tp, l->dp, l->ep, shape->tp, shape->dp, shape->ep);
-  if (msg->slots_per_rank < 1 || msg->slots_per_rank > (uint32_t)shape->num_experts)
+  /* A dense-only model's placement has one empty slot per rank (model/expert_placement.h). */
+  const int32_t most = shape->num_experts > 0 ? shape->num_experts : 1;
+  if (msg->slots_per_rank < 1 || msg->slots_per_rank > (uint32_t)most)
     return ina_rpc_error(message, INA_RPC_INVALID_ARGUMENT,
                          "placement.slots_per_rank: %u is outside [1, %d] (a rank holds each of "
                          "the %d experts at most once)",
-                         msg->slots_per_rank, shape->num_experts, shape->num_experts);
+                         msg->slots_per_rank, most, shape->num_experts);
   if (msg->n_layers != (size_t)shape->num_moe_layers)
     return ina_rpc_error(message, INA_RPC_INVALID_ARGUMENT,
                          "placement.layers: %zu entries, the model has %d MoE layers", msg->n_layers,
@@ -205,8 +207,8 @@ ina_status_t placement_command_decode(const void *bytes, size_t size, ina_expert
   memcpy(head, bytes, sizeof head);
   INA_REQUIRE(head[0] == COMMAND_MAGIC && (head[1] == 0 || head[1] == 1) && head[2] >= 1 &&
                   head[2] <= INT32_MAX && head[3] >= 1 && head[3] <= INT32_MAX && head[4] >= 0 &&
-                  head[4] <= INT32_MAX && head[5] >= 1 && head[5] <= INT32_MAX,
-              INA_ERR_FORMAT, "placement command: bad header");
+                  head[4] <= INT32_MAX && head[5] >= (head[4] > 0) && head[5] <= INT32_MAX,
+              INA_ERR_FORMAT, "placement command: bad header"); /* no MoE layers: no experts either */
   INA_CHECK(ina_expert_placement_init((int32_t)head[2], (int32_t)head[3], (int32_t)head[4],
                                       (int32_t)head[5], out));
   const size_t slots = (size_t)out->ep * (size_t)out->slots_per_rank * (size_t)out->num_moe_layers;

@@ -195,10 +195,11 @@ static ina_rpc_code_t reply_with_expert_load(ina_agent_t *agent, int reset, Ina_
     snprintf(reply->message, sizeof reply->message, "include_expert_load: %s", ina_last_error());
     return INA_RPC_UNIMPLEMENTED;
   }
-  const size_t n = agent->expert_counters;
+  /* A dense-only model (no routed experts) has no counters and answers no layers. */
+  const size_t n = agent->expert_counters, per_layer = experts > 0 ? (size_t)experts : 1;
   counts = malloc((n ? n : 1) * sizeof *counts);
-  entries = calloc((size_t)(n / (size_t)experts) + 1, sizeof *entries);
-  list = calloc((size_t)(n / (size_t)experts) + 1, sizeof *list);
+  entries = calloc(n / per_layer + 1, sizeof *entries);
+  list = calloc(n / per_layer + 1, sizeof *list);
   if (!counts || !entries || !list) {
     snprintf(reply->message, sizeof reply->message, "GetLoad: out of memory");
     code = INA_RPC_INTERNAL;

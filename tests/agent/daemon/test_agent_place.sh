@@ -14,7 +14,9 @@
 #      Malformed files (wrong type, unknown key, missing key, not JSON) exit 2 naming the
 #      key path, before any call (even with no agent at the address); the agent still
 #      serves afterwards.
-#   3. SIGTERM: the agent drains, exits 0 and leaves no process behind.
+#   3. A dense-only model (the v3_dense fixture, no routed experts) in a second agent: load
+#      --experts, place --show and --file, then a generation, and a clean stop.
+#   4. SIGTERM: the agent drains, exits 0 and leaves no process behind.
 # Prompt, model seed and token are random: TEST_SEED=N replays a run.
 # usage: test_agent_place.sh INA_AGENT INA
 set -u
@@ -228,6 +230,39 @@ check "malformed: not JSON" 2 "$tmp/notjson.json:" \
   "$ina" place --server "$server" --file "$tmp/notjson.json" --admin-token "$token"
 grep -q "invalid JSON" "$tmp/out" || fail "malformed: not JSON: the message does not say invalid JSON"
 check "health after all that" 0 "health: SERVING" "$ina" health --server "$server"
+
+# ---- a dense-only model -------------------------------------------------------------------
+# No routed experts: GetLoad with expert load answers no layers, the placement it shows has
+# no MoE layers and applies back, and the agent keeps serving.
+dense_dir=$(cd "$(dirname "$0")/../../golden/fixtures/v3_dense" && pwd)
+"$agent" --model "$dense_dir" --device cpu --listen 127.0.0.1:0 --threads 2 --max-tokens 4096 \
+  --admin-token-file "$tmp/token" >"$tmp/dense.log" 2>&1 &
+dense_pid=$!
+for _ in $(seq 1200); do
+  grep -q "serving$" "$tmp/dense.log" && break
+  kill -0 "$dense_pid" 2>/dev/null || break
+  sleep 0.1
+done
+dense_port=$(grep -o "listening on 127.0.0.1:[0-9]*" "$tmp/dense.log" | grep -o "[0-9]*$")
+if [ -z "$dense_port" ] || ! grep -q "serving$" "$tmp/dense.log"; then
+  fail "dense: ina-agent did not start serving: $(tail -5 "$tmp/dense.log")"
+else
+  dense=127.0.0.1:$dense_port
+  check "dense: load --experts" 0 "requests: 0 queued, 0 running" "$ina" load --server "$dense" --experts --reset
+  check "dense: place --show" 0 "written to $tmp/dense.json" "$ina" place --server "$dense" --show --out "$tmp/dense.json"
+  check "dense: place --file" 0 "" "$ina" place --server "$dense" --file "$tmp/dense.json" --admin-token "$token"
+  check "dense: generate after them" 0 "finish: length" \
+    "$ina" generate --server "$dense" --prompt-ids 1,2,3 --max-new-tokens 4
+  kill -TERM "$dense_pid"
+  for _ in $(seq 600); do kill -0 "$dense_pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$dense_pid" 2>/dev/null; then
+    kill -KILL "$dense_pid"
+    fail "dense: ina-agent still runs 60 s after SIGTERM"
+  fi
+  wait "$dense_pid"
+  rc=$?
+  [ "$rc" = 0 ] || fail "dense: ina-agent exited with status $rc (log: $(tail -5 "$tmp/dense.log"))"
+fi
 
 # ---- stop ---------------------------------------------------------------------------------
 kill -TERM "$agent_pid"
