@@ -32,9 +32,16 @@
  * forward, eager (only decode steps replay graphs); one warm-up, then the median of 3.
  *   prefill tokens/s = prompt / median forward time.
  *
+ * Check. Before timing a dtype, its engine runs the largest batch of short random
+ * sequences (a prefill, then a decode step from the batch's graph), and the first of them
+ * are compared row by row with the GPU engine's oracle on the host's copy of the same
+ * random weights (bench_decode_check.c). A dtype whose check fails prints no figure.
+ * The host copy costs the weights' size in host memory and a minute or two (--no-check
+ * skips it; the figures are then marked unchecked).
+ *
  * Usage: bench_decode [--quick] [--dtype bf16,fp8] [--batch 1,8,64,256]
  *                     [--context 1024,4096] [--steps N] [--prompt N] [--seed N]
- *                     [--no-cuda-graphs] [--help]
+ *                     [--no-cuda-graphs] [--no-check] [--help]
  * Progress goes to stderr; figures (`name value unit formula`), the JSON line and a
  * summary table to stdout. Exit 77 without a device, 2 for bad options, 1 when a shape
  * failed. */
@@ -48,6 +55,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_decode_check.h"
 #include "bench/bench_util.h"
 #include "bench/decode_roofline.h"
 #include "core/check.h"
@@ -78,6 +86,7 @@ typedef struct options {
   int steps;
   int64_t prompt; /* 0: no prefill */
   int cuda_graphs;
+  int check; /* compare with the oracle before timing (--no-check: 0) */
   uint64_t seed;
 } options_t;
 
@@ -112,7 +121,7 @@ static void progress(const char *fmt, ...) {
 static void usage(FILE *f, const char *program) {
   fprintf(f,
           "usage: %s [--quick] [--dtype bf16,fp8] [--batch 1,8,64,256] [--context 1024,4096]\n"
-          "          [--steps N] [--prompt N] [--seed N] [--no-cuda-graphs] [--help]\n"
+          "          [--steps N] [--prompt N] [--seed N] [--no-cuda-graphs] [--no-check] [--help]\n"
           "  decode steps of %s (random weights) against their memory roofline, and\n"
           "  the prefill throughput of one prompt\n"
           "  --quick           context 1024, batch 1 and 64, %d steps (unless given)\n"
@@ -121,7 +130,9 @@ static void usage(FILE *f, const char *program) {
           "  --context         positions each step attends (default 1024,4096)\n"
           "  --steps N         timed steps per shape after %d warm-up steps (default %d)\n"
           "  --prompt N        prefill prompt length, 0 for none (default %d)\n"
-          "  --no-cuda-graphs  run decode steps eagerly (to compare with graph replay)\n",
+          "  --no-cuda-graphs  run decode steps eagerly (to compare with graph replay)\n"
+          "  --no-check        skip the check against the CPU oracle before timing (it needs\n"
+          "                    the weights' size in host memory); figures are marked unchecked\n",
           program, MODEL_SPEC, QUICK_STEPS, MAX_BATCH, WARMUP_STEPS, DEFAULT_STEPS, DEFAULT_PROMPT);
 }
 
@@ -147,6 +158,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
   o->steps = DEFAULT_STEPS;
   o->prompt = DEFAULT_PROMPT;
   o->cuda_graphs = 1;
+  o->check = 1;
   o->seed = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -158,6 +170,8 @@ static int parse_options(int argc, char **argv, options_t *o) {
       quick = 1;
     } else if (strcmp(a, "--no-cuda-graphs") == 0) {
       o->cuda_graphs = 0;
+    } else if (strcmp(a, "--no-check") == 0) {
+      o->check = 0;
     } else if (strcmp(a, "--dtype") == 0 && v) {
       i++;
       bad = parse_dtypes(v, o->dtype);
@@ -417,6 +431,21 @@ static int run_dtype(int d, const options_t *o, double ceiling_tbs, float *logit
     return 1;
   }
   (void)cudaMemGetInfo(&free_after, &total);
+  if (o->check) {
+    int64_t largest = 1;
+    for (int b = 0; b < o->num_batch; b++)
+      if (o->batch[b] > largest) largest = o->batch[b];
+    progress("%s: checking a batch of %" PRId64 " against the CPU oracle", k_dtype_names[d], largest);
+    if (!bench_decode_check(engine, MODEL_SPEC, &mo, PAGE_SIZE, largest, &rng, k_dtype_names[d])) {
+      fprintf(stderr, "bench_decode: %s: the check failed; no figures for this dtype\n", k_dtype_names[d]);
+      ina_engine_destroy(engine);
+      ina_model_destroy(model);
+      return 1;
+    }
+  } else {
+    ina_bench_result(k_dtype_names[d][0] == 'b' ? "unchecked_bf16" : "unchecked_fp8", 1, "flag",
+                     "--no-check: these figures were not compared with the oracle");
+  }
   {
     const double cache = (double)round_up(eo.max_tokens, PAGE_SIZE) * (cfg->kv_lora_rank + cfg->qk_rope_head_dim) *
                          2.0 * cfg->num_layers;

@@ -39,11 +39,12 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/log.h"
 #include "model/engine_test_hooks.h"
 #include "model/model.h"
 #include "../test_util.h"
 
-#define ORACLE_MAX_SEQS 8
+#define ORACLE_MAX_SEQS 256 /* a graph bucket's worth */
 #define ORACLE_MAX_STEPS 64
 #define ORACLE_NOISE 0x1p-22f
 #define ORACLE_P_BF16_NOISE 0x1p-9f
@@ -102,6 +103,9 @@ static inline int oracle_forced_run(ina_engine_t *e, int32_t *const *prompts, co
   const int routes = ina_engine_routes(e, NULL, 0, &(int64_t){0}) == INA_OK;
   int rc = -1;
   memset(out, 0, sizeof *out);
+  CHECKF(n >= 1 && n <= ORACLE_MAX_SEQS && steps >= 0 && steps <= ORACLE_MAX_STEPS,
+         "oracle: %d sequences and %d steps, at most %d and %d", n, steps, ORACLE_MAX_SEQS, ORACLE_MAX_STEPS);
+  if (n < 1 || n > ORACLE_MAX_SEQS || steps < 0 || steps > ORACLE_MAX_STEPS) return -1;
   out->n = n;
   out->steps = steps;
   out->vocab = vocab;
@@ -241,6 +245,7 @@ static inline ina_engine_noise_t oracle_noise(const ina_model_config_t *c, uint6
  * while that twin still routed the sequence alike (past a twin's first other choice its
  * rows carry that choice's consequences, not noise). Returns 0 on success. */
 typedef struct oracle_twins {
+  int count; /* runs made: ORACLE_TWINS, or fewer where a full set costs too much */
   oracle_run_t run[ORACLE_TWINS];
 } oracle_twins_t;
 
@@ -248,15 +253,16 @@ static inline void oracle_twins_free(oracle_twins_t *tw) {
   for (int t = 0; t < ORACLE_TWINS; t++) oracle_run_free(&tw->run[t]);
 }
 
-static inline int oracle_twins_make(const ina_model_t *m, const ina_engine_options_t *o, int32_t *const *prompts,
-                                    const int32_t *lens, int32_t n, const int32_t (*next)[ORACLE_MAX_STEPS],
-                                    int32_t steps, int batched, float reduced, oracle_run_t *base,
-                                    oracle_twins_t *tw) {
+static inline int oracle_twins_make_n(const ina_model_t *m, const ina_engine_options_t *o, int32_t *const *prompts,
+                                      const int32_t *lens, int32_t n, const int32_t (*next)[ORACLE_MAX_STEPS],
+                                      int32_t steps, int batched, float reduced, int count, oracle_run_t *base,
+                                      oracle_twins_t *tw) {
   ina_engine_options_t opts = *o;
   int rc = 0;
   opts.numerics = INA_ENGINE_NUMERICS_GPU;
   memset(tw, 0, sizeof *tw);
-  for (int t = 0; rc == 0 && t < ORACLE_TWINS; t++) {
+  tw->count = count < ORACLE_TWINS ? count : ORACLE_TWINS;
+  for (int t = 0; rc == 0 && t < tw->count; t++) {
     ina_engine_t *twin = NULL;
     CHECK_OK(ina_engine_create(m, &opts, &twin));
     if (!twin) return -1;
@@ -266,7 +272,7 @@ static inline int oracle_twins_make(const ina_model_t *m, const ina_engine_optio
     rc = oracle_forced_run(twin, prompts, lens, n, next, steps, batched, &tw->run[t]);
     ina_engine_destroy(twin);
   }
-  for (int t = 0; rc == 0 && t < ORACLE_TWINS; t++)
+  for (int t = 0; rc == 0 && t < tw->count; t++)
     for (int32_t k = 0; k < n && base->route[k] && tw->run[t].route[k]; k++) {
       int parted = 0;
       for (int32_t r = 0; r < lens[k] + steps; r++) {
@@ -276,6 +282,13 @@ static inline int oracle_twins_make(const ina_model_t *m, const ina_engine_optio
       }
     }
   return rc;
+}
+
+static inline int oracle_twins_make(const ina_model_t *m, const ina_engine_options_t *o, int32_t *const *prompts,
+                                    const int32_t *lens, int32_t n, const int32_t (*next)[ORACLE_MAX_STEPS],
+                                    int32_t steps, int batched, float reduced, oracle_run_t *base,
+                                    oracle_twins_t *tw) {
+  return oracle_twins_make_n(m, o, prompts, lens, n, next, steps, batched, reduced, ORACLE_TWINS, base, tw);
 }
 
 /* Runs of the same inputs (other batching or paging) share what their twins found: near a
@@ -292,7 +305,7 @@ static inline void oracle_share_ties(oracle_run_t *const *runs, int count) {
 /* ORACLE_SAFETY x the largest error of the twins against base, on base's clean rows. */
 static inline void oracle_twins_bound(const oracle_twins_t *tw, const oracle_run_t *base, oracle_bound_t *bound) {
   bound->prefill = bound->decode = 0;
-  for (int t = 0; t < ORACLE_TWINS; t++) {
+  for (int t = 0; t < tw->count; t++) {
     oracle_rows_t rows;
     oracle_compare(&tw->run[t], base, &rows);
     if (rows.max_prefill > bound->prefill) bound->prefill = rows.max_prefill;
