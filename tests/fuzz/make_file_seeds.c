@@ -9,6 +9,11 @@
  *                        writer; files with every dtype, scalars, empty tensors and
  *                        metadata; and a few laid out as other writers do (unpadded
  *                        header, metadata last, bytes no tensor covers);
+ *   fuzz_checkpoint_index
+ *                        each fixture's tensors as a model.safetensors.index.json over
+ *                        two shards, as transformers writes it; an empty map, a tensor
+ *                        mapped to the index itself, and shard names the reader must
+ *                        refuse (a parent directory, a path, escaped '/' and "..");
  *   fuzz_npy             a fixture's logits, arrays as ina_npy_write writes them, and
  *                        the forms NumPy also writes (version 2.0, no trailing comma);
  *   fuzz_placement_json  placements as `ina place --show --out` writes them;
@@ -256,6 +261,54 @@ static void safetensors_seeds(const char *fixtures, const char *const *names, si
                   bytes, 24);
 }
 
+/* ---- checkpoint index ----------------------------------------------------------------- */
+
+/* The fixture's tensors over two shards (the first half of the file in the first), with
+ * the total size, as transformers' save_pretrained writes the index (sorted, indented). */
+static void checkpoint_index(const char *fixtures, const char *fixture) {
+  char from[4096], name[256];
+  snprintf(from, sizeof from, "%s/%s/model.safetensors", fixtures, fixture);
+  ina_safetensors_t *sf = NULL;
+  if (ina_safetensors_open(from, &sf) != INA_OK) die(from);
+  const size_t n = ina_safetensors_count(sf);
+  json_t *map = json_object(), *index = json_object();
+  size_t total = 0;
+  if (!map || !index) die("out of memory");
+  for (size_t i = 0; i < n; i++) {
+    const ina_st_entry_t *e = ina_safetensors_at(sf, i);
+    total += e->nbytes;
+    const char *shard = i < n / 2 ? "model-00001-of-00002.safetensors"
+                                  : "model-00002-of-00002.safetensors";
+    if (json_object_set_new(map, e->name, json_string(shard)) != 0) die(e->name);
+  }
+  json_object_set_new(index, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total));
+  json_object_set_new(index, "weight_map", map);
+  snprintf(name, sizeof name, "%s.index.json", fixture);
+  if (json_dump_file(index, seed_path("fuzz_checkpoint_index", name),
+                     JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+    die(name);
+  json_decref(index);
+  ina_safetensors_close(sf);
+}
+
+static void checkpoint_index_seeds(const char *fixtures, const char *const *names, size_t n) {
+  for (size_t i = 0; i < n; i++) checkpoint_index(fixtures, names[i]);
+  static const char *const raw[][2] = {
+      {"empty_map.json", "{\"metadata\": {}, \"weight_map\": {}}"},
+      {"index_as_shard.json",
+       "{\"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\","
+       " \"lm_head.weight\": \"model.safetensors.index.json\","
+       " \"model.norm.weight\": \"model-00002-of-00002.safetensors\"}}"},
+      {"parent_directory.json", "{\"weight_map\": {\"w\": \"../model.safetensors\"}}"},
+      {"absolute_path.json", "{\"weight_map\": {\"w\": \"/etc/passwd\"}}"},
+      {"escaped_slash.json", "{\"weight_map\": {\"w\": \"sub\\/x.safetensors\"}}"},
+      {"escaped_dots.json", "{\"weight_map\": {\"w\": \"\\u002e\\u002e\"}}"},
+      {"not_a_string.json", "{\"weight_map\": {\"w\": 1}, \"metadata\": null}"},
+  };
+  for (size_t i = 0; i < sizeof raw / sizeof raw[0]; i++)
+    write_bytes("fuzz_checkpoint_index", raw[i][0], raw[i][1], strlen(raw[i][1]));
+}
+
 /* ---- npy ------------------------------------------------------------------------------ */
 
 /* magic, version, length (2 or 4 bytes), the dict padded to 64 with a newline, data. */
@@ -406,6 +459,7 @@ int main(int argc, char **argv) {
 
   config_seeds(fixtures, (const char *const *)names, n);
   safetensors_seeds(fixtures, (const char *const *)names, n);
+  checkpoint_index_seeds(fixtures, (const char *const *)names, n);
   npy_seeds(fixtures, (const char *const *)names, n);
   placement_seeds();
   metrics_seeds();
