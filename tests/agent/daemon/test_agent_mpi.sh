@@ -18,7 +18,10 @@
 set -u
 mpiexec=$1 agent=$2 ina=$3 fixture=$4
 tmp=$(mktemp -d)
-trap 'pkill -KILL -f "$agent --" 2>/dev/null; rm -rf "$tmp"' EXIT
+# Only this test's own processes: every job here has its token file (in its own $tmp) on
+# its command line. "$agent --" also matched other tests' agents and launchers running
+# beside it under ctest -j, and killed them (test_deploy_launch's job, with status 137).
+trap 'pkill -KILL -f -- "$tmp/token" 2>/dev/null; rm -rf "$tmp"' EXIT
 here=$(cd "$(dirname "$0")" && pwd)
 echo "admin-$RANDOM" >"$tmp/token"
 failed=0
