@@ -74,6 +74,21 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   e->max_expert_bytes = ina_engine_options_max_expert_bytes(options);
   e->attention_dp = ina_engine_options_attention_dp(options);
   e->gpu_numerics = ina_engine_options_numerics(options) == INA_ENGINE_NUMERICS_GPU;
+  if (e->gpu_numerics) {
+    e->kv_a_norm_bf16 = calloc((size_t)e->cfg->num_layers, sizeof *e->kv_a_norm_bf16);
+    INA_CHECK_ALLOC(e->kv_a_norm_bf16);
+    for (int32_t l = 0; l < e->cfg->num_layers; l++) {
+      const ina_tensor_t *w = &e->w->layers[l].kv_a_norm;
+      const int64_t n = ina_tensor_numel(w);
+      float *f32 = malloc((size_t)n * sizeof *f32);
+      INA_CHECK_ALLOC(f32);
+      ina_to_f32(w->data, w->dtype, f32, (size_t)n);
+      st = ina_tensor_alloc(&e->kv_a_norm_bf16[l], INA_DTYPE_BF16, 1, &n, INA_CPU);
+      if (st == INA_OK) st = ina_from_f32(f32, e->kv_a_norm_bf16[l].data, INA_DTYPE_BF16, (size_t)n);
+      free(f32);
+      INA_CHECK(st);
+    }
+  }
   INA_REQUIRE(e->attention_dp >= 0 && e->attention_dp <= 2, INA_ERR_INVALID_ARGUMENT,
               "engine: attention_dp %d (0 off, 1 a batch per rank, 2 one batch split by sequence)", e->attention_dp);
   INA_REQUIRE(!e->attention_dp || ina_engine_options_ep_comm(options), INA_ERR_INVALID_ARGUMENT,
@@ -154,6 +169,8 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   free(e->step_load);
   free(e->inv_freq);
   free(e->routes);
+  for (int32_t l = 0; e->kv_a_norm_bf16 && l < e->cfg->num_layers; l++) ina_tensor_release(&e->kv_a_norm_bf16[l]);
+  free(e->kv_a_norm_bf16);
   free(e);
 }
 
@@ -246,31 +263,19 @@ static void kv_b_row(const ina_engine_cpu_t *e, const ina_linear_t *kv_b, int64_
     ina_cpu_linear_row(kv_b, n, out);
 }
 
-/* RMSNorm of rows [m, n] into y, as stored: the CUDA engine's norms read bf16 values,
- * take f32 weights (kv_a_layernorm's as bf16, bf16_weight) and write bf16. */
-static void norm_rows(ina_engine_cpu_t *e, const float *x, const ina_tensor_t *weight, int bf16_weight,
-                      int64_t m, int64_t n, float eps, int64_t x_stride, float *y, int64_t y_stride) {
-  if (e->gpu_numerics && bf16_weight && weight->dtype != INA_DTYPE_BF16) {
-    float w[512];
-    for (int64_t i = 0; i < m; i++) {
-      const float *xi = x + i * x_stride;
-      float *yi = y + i * y_stride;
-      double ss = 0;
-      for (int64_t c = 0; c < n; c++) ss += (double)xi[c] * xi[c];
-      const float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-      for (int64_t c0 = 0; c0 < n; c0 += 512) {
-        const int64_t len = n - c0 < 512 ? n - c0 : 512;
-        ina_to_f32((const char *)weight->data + (size_t)c0 * ina_dtype_size(weight->dtype), weight->dtype, w,
-                   (size_t)len);
-        ina_cpu_round_bf16(w, len);
-        for (int64_t c = 0; c < len; c++) yi[c0 + c] = w[c] * (xi[c0 + c] * inv);
-      }
-      as_stored(e, yi, n);
-    }
-    return;
-  }
+/* RMSNorm of rows [m, n] into y, as stored: the CUDA engine's norms read bf16 values and
+ * write bf16 (their weights: f32, kv_a_layernorm's bf16, see kv_a_norm_weight). */
+static void norm_rows(ina_engine_cpu_t *e, const float *x, const ina_tensor_t *weight, int64_t m, int64_t n,
+                      float eps, int64_t x_stride, float *y, int64_t y_stride) {
   ina_cpu_rmsnorm(x, weight, m, n, eps, x_stride, y, y_stride);
   for (int64_t i = 0; i < m; i++) as_stored(e, y + i * y_stride, n);
+}
+
+/* The kv_a_layernorm weight of a layer as the engine's numerics hold it: the CUDA engine
+ * uploads it as bf16 (engine_gpu_weights.c), so GPU numerics read the bf16 copy made at
+ * create. */
+static const ina_tensor_t *kv_a_norm_weight(const ina_engine_cpu_t *e, int32_t layer) {
+  return e->kv_a_norm_bf16 ? &e->kv_a_norm_bf16[layer] : &e->w->layers[layer].kv_a_norm;
 }
 
 /* ---- attention -------------------------------------------------------------------- */
@@ -481,11 +486,10 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
   int32_t *absorbed = NULL, *decoding = NULL;
   int32_t nabsorbed = 0, ndecoding = 0;
 
-  norm_rows(e, s->x, &L->input_norm, 0, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
+  norm_rows(e, s->x, &L->input_norm, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
   if (c->q_lora_rank > 0) {
     INA_CHECK(linear(e, &L->q_a_proj, s->h, T, s->qa));
-    norm_rows(e, s->qa, &L->q_a_norm, 0, T, c->q_lora_rank, latent_norm_eps(e), c->q_lora_rank, s->qa,
-              c->q_lora_rank);
+    norm_rows(e, s->qa, &L->q_a_norm, T, c->q_lora_rank, latent_norm_eps(e), c->q_lora_rank, s->qa, c->q_lora_rank);
     INA_CHECK(linear(e, &L->q_b_proj, s->qa, T, s->q));
   } else {
     INA_CHECK(linear(e, &L->q_proj, s->h, T, s->q));
@@ -493,7 +497,7 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
   INA_CHECK(linear(e, &L->kv_a_proj, s->h, T, s->kv));
   for (int64_t t = 0; t < T; t++) {
     float *kv = s->kv + t * (C + R);
-    norm_rows(e, kv, &L->kv_a_norm, 1, 1, C, latent_norm_eps(e), C, kv, C);
+    norm_rows(e, kv, kv_a_norm_weight(e, layer), 1, C, latent_norm_eps(e), C, kv, C);
     ina_cpu_rope(kv + C, R, s->positions[t], e->inv_freq, e->attention_factor, pairs);
     as_stored(e, kv + C, R);
     for (int32_t h = 0; h < H; h++) {
@@ -788,7 +792,7 @@ static ina_status_t mlp_block(step_t *s, int32_t layer) {
   const ina_model_config_t *c = s->e->cfg;
   const ina_layer_weights_t *L = &s->e->w->layers[layer];
   const int64_t T = s->T, Hd = c->hidden_size;
-  norm_rows(s->e, s->x, &L->post_attention_norm, 0, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
+  norm_rows(s->e, s->x, &L->post_attention_norm, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
   if (L->is_moe)
     INA_CHECK(moe_block(s, layer, s->tmp));
   else
@@ -849,7 +853,7 @@ static ina_status_t forward_grown(ina_engine_cpu_t *e, const ina_batch_t *b, flo
     INA_CHECK_ALLOC(final);
     for (int64_t r = 0; r < rows; r++) {
       const int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
-      norm_rows(e, s.x + t * c->hidden_size, &e->w->final_norm, 0, 1, c->hidden_size, (float)c->rms_norm_eps,
+      norm_rows(e, s.x + t * c->hidden_size, &e->w->final_norm, 1, c->hidden_size, (float)c->rms_norm_eps,
                 c->hidden_size, final + r * c->hidden_size, c->hidden_size);
     }
     if (e->gpu_numerics) {

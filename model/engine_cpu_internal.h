@@ -40,6 +40,7 @@ struct ina_engine_cpu {
   int gpu_numerics;       /* INA_ENGINE_NUMERICS_GPU: round where the CUDA engine rounds */
   int32_t mutation;       /* ina_engine_mutation_t (model/engine_test_hooks.h), 0 in service */
   ina_engine_route_t *routes; /* gpu_numerics: the last step's, per token row */
+  ina_tensor_t *kv_a_norm_bf16; /* gpu_numerics: [num_layers] kv_a_layernorm weights as bf16 */
   int64_t route_rows;
   /* gpu_numerics: the oracle's model of the GPU's other summation order, applied before
    * the bf16 roundings (model/engine_test_hooks.h); all 0 in service. */

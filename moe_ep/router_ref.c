@@ -135,6 +135,36 @@ typedef struct router_scratch {
   unsigned char *group_kept; /* [n_group] */
 } router_scratch_t;
 
+static void router_scratch_free(router_scratch_t *w) {
+  free(w->scores);
+  free(w->choice);
+  free(w->group_score);
+  free(w->group_rank);
+  free(w->group_kept);
+  memset(w, 0, sizeof *w);
+}
+
+/* Scratch for cfg's sizes; choice only when asked (NOAUX_TC selects on it). */
+static ina_status_t router_scratch_alloc(const ina_router_config_t *cfg, int with_choice, router_scratch_t *w) {
+  ina_status_t st = INA_OK;
+  const size_t n = (size_t)cfg->num_experts;
+  const size_t groups = is_group_method(cfg->method) ? (size_t)cfg->n_group : 1;
+  memset(w, 0, sizeof *w);
+  w->scores = malloc(n * sizeof(float));
+  w->choice = with_choice ? malloc(n * sizeof(float)) : NULL;
+  w->group_score = malloc(groups * sizeof(float));
+  w->group_rank = malloc(groups * sizeof(int32_t));
+  w->group_kept = malloc(groups);
+  INA_CHECK_ALLOC(w->scores);
+  if (with_choice) INA_CHECK_ALLOC(w->choice);
+  INA_CHECK_ALLOC(w->group_score);
+  INA_CHECK_ALLOC(w->group_rank);
+  INA_CHECK_ALLOC(w->group_kept);
+fail:
+  if (st != INA_OK) router_scratch_free(w);
+  return st;
+}
+
 static void route_noaux_tc(const ina_router_config_t *c, const float *logits,
                            const float *bias, router_scratch_t *w, int32_t *ids,
                            float *weights) {
@@ -210,19 +240,8 @@ ina_status_t ina_router_ref(const ina_router_config_t *cfg, const float *logits,
   }
 
   const size_t n = (size_t)cfg->num_experts;
-  const size_t groups = is_group_method(cfg->method) ? (size_t)cfg->n_group : 1;
-  w.scores = malloc(n * sizeof(float));
-  INA_CHECK_ALLOC(w.scores);
-  if (noaux) { /* the softmax methods select on (and mask) the scores themselves */
-    w.choice = malloc(n * sizeof(float));
-    INA_CHECK_ALLOC(w.choice);
-  }
-  w.group_score = malloc(groups * sizeof(float));
-  INA_CHECK_ALLOC(w.group_score);
-  w.group_rank = malloc(groups * sizeof(int32_t));
-  INA_CHECK_ALLOC(w.group_rank);
-  w.group_kept = malloc(groups);
-  INA_CHECK_ALLOC(w.group_kept);
+  /* the softmax methods select on (and mask) the scores themselves */
+  INA_CHECK(router_scratch_alloc(cfg, noaux, &w));
 
   const size_t k = (size_t)cfg->top_k;
   for (int64_t t = 0; t < tokens; t++) {
@@ -234,11 +253,7 @@ ina_status_t ina_router_ref(const ina_router_config_t *cfg, const float *logits,
     }
   }
 fail:
-  free(w.scores);
-  free(w.choice);
-  free(w.group_score);
-  free(w.group_rank);
-  free(w.group_kept);
+  router_scratch_free(&w);
   return st;
 }
 
@@ -264,17 +279,8 @@ ina_status_t ina_router_ref_margins(const ina_router_config_t *cfg, const float 
               "router margins (%s): correction_bias is required", method_name(cfg->method));
   const int32_t n = cfg->num_experts, groups = is_group_method(cfg->method) ? cfg->n_group : 1;
   const int32_t group_size = n / groups;
-  w.scores = malloc((size_t)n * sizeof(float));
-  w.choice = malloc((size_t)n * sizeof(float));
-  w.group_score = malloc((size_t)groups * sizeof(float));
-  w.group_rank = malloc((size_t)groups * sizeof(int32_t));
-  w.group_kept = malloc((size_t)groups);
+  INA_CHECK(router_scratch_alloc(cfg, 1, &w));
   idx = malloc(((size_t)n + 1) * sizeof *idx);
-  INA_CHECK_ALLOC(w.scores);
-  INA_CHECK_ALLOC(w.choice);
-  INA_CHECK_ALLOC(w.group_score);
-  INA_CHECK_ALLOC(w.group_rank);
-  INA_CHECK_ALLOC(w.group_kept);
   INA_CHECK_ALLOC(idx);
   for (int64_t t = 0; t < tokens; t++) {
     const float *row = logits + (size_t)t * (size_t)n;
@@ -301,11 +307,7 @@ ina_status_t ina_router_ref_margins(const ina_router_config_t *cfg, const float 
     margin[t] = e_gap < m ? e_gap : m;
   }
 fail:
-  free(w.scores);
-  free(w.choice);
-  free(w.group_score);
-  free(w.group_rank);
-  free(w.group_kept);
+  router_scratch_free(&w);
   free(idx);
   return st;
 }
