@@ -41,16 +41,28 @@ trap cleanup EXIT
 
 token="admin-$RANDOM$RANDOM"
 echo "$token" >"$tmp/token"
-"$agent" --model tiny --model-seed "$RANDOM" --device cpu --listen 127.0.0.1:0 --threads 2 \
-  --max-tokens 4096 --admin-token-file "$tmp/token" >"$tmp/agent.log" 2>&1 &
-agent_pid=$!
-for _ in $(seq 1200); do
-  grep -q "serving$" "$tmp/agent.log" && break
-  kill -0 "$agent_pid" 2>/dev/null || break
-  sleep 0.1
-done
-port=$(grep -o "listening on 127.0.0.1:[0-9]*" "$tmp/agent.log" | grep -o "[0-9]*$")
-if [ -z "$port" ] || ! grep -q "serving$" "$tmp/agent.log"; then
+
+# start_agent LOG ARGS...: an ina-agent on a free loopback port with the admin token, its
+# output in LOG; waits until it serves (at most 120 s). Sets started_pid, and
+# started_port (empty when it did not come up).
+start_agent() {
+  local log=$1
+  shift
+  "$agent" "$@" --device cpu --listen 127.0.0.1:0 --threads 2 --max-tokens 4096 \
+    --admin-token-file "$tmp/token" >"$log" 2>&1 &
+  started_pid=$!
+  for _ in $(seq 1200); do
+    grep -q "serving$" "$log" && break
+    kill -0 "$started_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  started_port=$(grep -o "listening on 127.0.0.1:[0-9]*" "$log" | grep -o "[0-9]*$")
+  grep -q "serving$" "$log" || started_port=
+}
+
+start_agent "$tmp/agent.log" --model tiny --model-seed "$RANDOM"
+agent_pid=$started_pid port=$started_port
+if [ -z "$port" ]; then
   echo "FAIL: ina-agent did not start serving:"
   cat "$tmp/agent.log"
   exit 1
@@ -235,16 +247,9 @@ check "health after all that" 0 "health: SERVING" "$ina" health --server "$serve
 # No routed experts: GetLoad with expert load answers no layers, the placement it shows has
 # no MoE layers and applies back, and the agent keeps serving.
 dense_dir=$(cd "$(dirname "$0")/../../golden/fixtures/v3_dense" && pwd)
-"$agent" --model "$dense_dir" --device cpu --listen 127.0.0.1:0 --threads 2 --max-tokens 4096 \
-  --admin-token-file "$tmp/token" >"$tmp/dense.log" 2>&1 &
-dense_pid=$!
-for _ in $(seq 1200); do
-  grep -q "serving$" "$tmp/dense.log" && break
-  kill -0 "$dense_pid" 2>/dev/null || break
-  sleep 0.1
-done
-dense_port=$(grep -o "listening on 127.0.0.1:[0-9]*" "$tmp/dense.log" | grep -o "[0-9]*$")
-if [ -z "$dense_port" ] || ! grep -q "serving$" "$tmp/dense.log"; then
+start_agent "$tmp/dense.log" --model "$dense_dir"
+dense_pid=$started_pid dense_port=$started_port
+if [ -z "$dense_port" ]; then
   fail "dense: ina-agent did not start serving: $(tail -5 "$tmp/dense.log")"
 else
   dense=127.0.0.1:$dense_port
