@@ -145,9 +145,11 @@ static ina_rpc_code_t check_servable(const ina_agent_t *agent, const Ina__V1__Ge
                          (double)s->repetition_penalty);
   uint64_t need = (uint64_t)req->n_prompt_token_ids + req->max_tokens;
   if (need > (uint64_t)agent->max_context)
-    return ina_rpc_error(msg, INA_RPC_RESOURCE_EXHAUSTED,
-                         "prompt_token_ids: %zu tokens + max_tokens %u = %llu > KV capacity of %lld "
-                         "tokens per request",
+    /* A request that can never fit, whatever the load: INVALID_ARGUMENT, as the proto
+     * says (RESOURCE_EXHAUSTED is for a full queue, which may clear). */
+    return ina_rpc_error(msg, INA_RPC_INVALID_ARGUMENT,
+                         "prompt_token_ids + max_tokens: %zu + %u = %llu tokens, more than the KV "
+                         "capacity of %lld tokens per request",
                          req->n_prompt_token_ids, req->max_tokens, (unsigned long long)need,
                          (long long)agent->max_context);
   return INA_RPC_OK;

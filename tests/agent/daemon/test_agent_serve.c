@@ -200,11 +200,16 @@ static void test_bad_requests(ina_rpc_client_t *c, at_reference_t *ref, test_rng
   at_request_t no_id = {"", prompt, 8, 4, 0, 0};
   expect_request_refused(c, &no_id, INA_RPC_INVALID_ARGUMENT, "request_id");
   /* Beyond the model's 4096 positions: the validator; beyond the KV pool's 4000 tokens
-   * but within the positions: does not fit. */
+   * (--max-tokens) but within the positions: never fits, so INVALID_ARGUMENT too (the
+   * proto keeps RESOURCE_EXHAUSTED for a full queue), naming what it needs and the
+   * capacity. */
   at_request_t too_long = {"bad", prompt, 8, 5000, 0, 0};
   expect_request_refused(c, &too_long, INA_RPC_INVALID_ARGUMENT, "max_tokens");
   at_request_t too_big = {"bad", prompt, 8, KV_TOKENS, 0, 0};
-  expect_request_refused(c, &too_big, INA_RPC_RESOURCE_EXHAUSTED, "KV capacity");
+  snprintf(field, sizeof field, "= %d tokens", 8 + KV_TOKENS);
+  expect_request_refused(c, &too_big, INA_RPC_INVALID_ARGUMENT, field);
+  snprintf(field, sizeof field, "KV capacity of %d tokens", KV_TOKENS);
+  expect_request_refused(c, &too_big, INA_RPC_INVALID_ARGUMENT, field);
 
   /* Garbage: random bytes that are not a GenerateRequest (a lone 0xff byte never decodes;
    * random tails make it vary). */
