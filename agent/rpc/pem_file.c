@@ -2,6 +2,9 @@
 #include "agent/rpc/pem_file.h"
 
 #include <errno.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,5 +41,45 @@ ina_status_t rpc_read_pem_file(const char *what, const char *path, char **out) {
 fail:
   if (f) fclose(f);
   free(text);
+  return st;
+}
+
+/* OpenSSL's latest error as text, for messages; "" when it recorded none. */
+static void last_ssl_error(char *buf, size_t size) {
+  buf[0] = '\0';
+  unsigned long e = ERR_peek_last_error();
+  if (e) ERR_error_string_n(e, buf, size);
+}
+
+ina_status_t rpc_check_key_pair(const char *what, const char *cert_pem, const char *cert_path,
+                                const char *key_pem, const char *key_path) {
+  ina_status_t st = INA_OK;
+  X509 *cert = NULL;
+  EVP_PKEY *key = NULL;
+  char reason[160];
+  ERR_clear_error();
+  BIO *bio = BIO_new_mem_buf(cert_pem, -1);
+  INA_CHECK_ALLOC(bio);
+  cert = PEM_read_bio_X509(bio, NULL, NULL, NULL);
+  BIO_free(bio);
+  last_ssl_error(reason, sizeof reason);
+  INA_REQUIRE(cert, INA_ERR_FORMAT, "%s: TLS certificate file '%s': not a PEM X.509 certificate (%s)",
+              what, cert_path, reason);
+  bio = BIO_new_mem_buf(key_pem, -1);
+  INA_CHECK_ALLOC(bio);
+  key = PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL);
+  BIO_free(bio);
+  last_ssl_error(reason, sizeof reason);
+  INA_REQUIRE(key, INA_ERR_FORMAT,
+              "%s: TLS private key file '%s': not an unencrypted PEM private key (%s)", what,
+              key_path, reason);
+  INA_REQUIRE(X509_check_private_key(cert, key) == 1, INA_ERR_INVALID_ARGUMENT,
+              "%s: the TLS private key '%s' and the certificate '%s' do not match (the key is not "
+              "the private half of the certificate's public key)",
+              what, key_path, cert_path);
+fail:
+  ERR_clear_error();
+  X509_free(cert);
+  EVP_PKEY_free(key);
   return st;
 }

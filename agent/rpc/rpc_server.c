@@ -83,6 +83,8 @@ static ina_status_t make_credentials(const ina_rpc_server_options_t *o,
   }
   INA_CHECK(rpc_read_pem_file("rpc server: TLS certificate", o->tls_cert_file, &cert));
   INA_CHECK(rpc_read_pem_file("rpc server: TLS private key", o->tls_key_file, &key));
+  /* gRPC only finds a mismatch when it binds, and reports it as a failure to listen. */
+  INA_CHECK(rpc_check_key_pair("rpc server", cert, o->tls_cert_file, key, o->tls_key_file));
   grpc_ssl_pem_key_cert_pair pair = {key, cert};
   *out = grpc_ssl_server_credentials_create_ex(NULL, &pair, 1,
                                                GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, NULL);

@@ -3,7 +3,9 @@
  * for "localhost" / 127.0.0.1, one for a name only (node.ina.test) that the client
  * reaches through tls_target_name, and an unrelated one that must not be trusted.
  * Checks: unary and streaming calls over TLS, bearer tokens over TLS, a plaintext client
- * against the TLS server and a client trusting the wrong root both fail (UNAVAILABLE). */
+ * against the TLS server and a client trusting the wrong root both fail (UNAVAILABLE), and
+ * a server given one certificate's key with another certificate refuses to start, saying
+ * that they do not match. */
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
@@ -169,6 +171,26 @@ int main(void) {
     CHECK(echo(c, ECHO_METHOD, &rng) == INA_RPC_UNAVAILABLE);
     ina_rpc_client_destroy(c);
     ina_rpc_server_destroy(server);
+  }
+
+  /* local's certificate with stranger's key: refused before binding, the message naming
+   * the mismatch and both files (not "cannot listen"). */
+  {
+    ina_rpc_server_options_t o = INA_RPC_SERVER_OPTIONS_INIT;
+    o.tls_cert_file = local.cert;
+    o.tls_key_file = stranger.key;
+    ina_rpc_server_t *s = NULL;
+    CHECK(ina_rpc_server_create(&o, &s) == INA_ERR_INVALID_ARGUMENT && s == NULL);
+    const char *msg = ina_last_error();
+    CHECKF(strstr(msg, "do not match") && strstr(msg, local.cert) && strstr(msg, stranger.key) &&
+               !strstr(msg, "cannot listen"),
+           "mismatched key and certificate: '%s'", msg);
+    /* A key file that holds no key at all: said so, too. */
+    o.tls_key_file = stranger.cert;
+    CHECK(ina_rpc_server_create(&o, &s) == INA_ERR_FORMAT && s == NULL);
+    msg = ina_last_error();
+    CHECKF(strstr(msg, "not an unencrypted PEM private key") && strstr(msg, stranger.cert),
+           "certificate as the key: '%s'", msg);
   }
 
   const cert_files_t *all[] = {&local, &named, &stranger};
