@@ -175,7 +175,10 @@ static ina_status_t start_server(ina_agent_t *agent, const ina_agent_options_t *
   INA_CHECK(ina_health_set_status(agent->health, INA_AGENT_PLACEMENT_SERVICE, INA_HEALTH_NOT_SERVING));
   INA_CHECK(agent_register_node_service(agent));
   INA_CHECK(agent_register_inference_service(agent));
-  INA_CHECK(agent_register_placement_service(agent, o->admin_token));
+  const int open_admin =
+      o->struct_size >= offsetof(ina_agent_options_t, allow_unauthenticated_admin) + sizeof(int32_t) &&
+      o->allow_unauthenticated_admin;
+  INA_CHECK(agent_register_placement_service(agent, o->admin_token, open_admin));
   INA_CHECK(ina_rpc_server_start(agent->server));
 fail:
   return st;

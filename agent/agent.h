@@ -73,7 +73,9 @@ typedef struct ina_agent_options {
   /* TLS: PEM files of the certificate chain and private key; both NULL: plaintext. */
   const char *tls_cert_file;
   const char *tls_key_file;
-  /* Bearer token required by admin calls (ApplyPlacement); NULL or "": none. */
+  /* Bearer token required by admin calls (ApplyPlacement): others get UNAUTHENTICATED.
+   * NULL or "": admin calls are refused (PERMISSION_DENIED) unless
+   * allow_unauthenticated_admin is set. */
   const char *admin_token;
   /* gRPC completion-queue threads; <= 0: 4. */
   int32_t rpc_threads;
@@ -112,12 +114,16 @@ typedef struct ina_agent_options {
    * its rank > 0) and serves ina.v1.Node and grpc.health.v1 for its node's ranks only;
    * Inference and Placement stay with rank 0. 0: the serving agent (rank 0). */
   int32_t node_server;
+  /* Version 5. 1 with no admin_token: admin calls are open to any client (a warning is
+   * logged at create). 0 (default, and for options of earlier versions): without a
+   * token, admin calls are refused. No effect when admin_token is given. */
+  int32_t allow_unauthenticated_admin;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 4, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+  {sizeof(ina_agent_options_t), 5, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
    0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,      \
-   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0}
+   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 

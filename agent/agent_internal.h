@@ -104,10 +104,13 @@ struct ina_agent {
 /* Monotonic clock in seconds. */
 double agent_now_seconds(void);
 
-/* Registers each service's methods on agent->server (not started yet). */
+/* Registers each service's methods on agent->server (not started yet). Placement's admin
+ * call needs admin_token; without one (NULL or "") it is refused with PERMISSION_DENIED,
+ * or, with allow_unauthenticated, open to any client (a warning is logged). */
 ina_status_t agent_register_node_service(ina_agent_t *agent);
 ina_status_t agent_register_inference_service(ina_agent_t *agent);
-ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *admin_token);
+ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *admin_token,
+                                              int allow_unauthenticated);
 
 /* Lock held: the generation with this request id, or NULL. */
 agent_generation_t *agent_find_generation_locked(ina_agent_t *agent, const char *request_id);

@@ -39,7 +39,11 @@ static void usage(FILE *f) {
           "  --tls-key F          PEM private key\n"
           "  --admin-token T      bearer token required by admin calls (ApplyPlacement)\n"
           "  --admin-token-file F the same, read from file F (its first line), so that the token\n"
-          "                       does not show in the process list\n"
+          "                       does not show in the process list. Without a token, admin\n"
+          "                       calls are refused (PERMISSION_DENIED)\n"
+          "  --allow-unauthenticated-admin  without a token: admin calls are open to any\n"
+          "                       client instead (a warning is logged at start); trusted\n"
+          "                       networks and tests only\n"
           "  --drain-grace-ms N   how long running generations may finish at shutdown\n"
           "                       (default 30000)\n"
           "  --tp T               under mpirun: tensor parallelism over T ranks\n"
@@ -290,7 +294,8 @@ static void *watch_ranks(void *arg) {
 
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
-         O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP, O_DP };
+         O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_OPEN_ADMIN, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP,
+         O_DP };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -301,6 +306,7 @@ int main(int argc, char **argv) {
       {"metrics-listen", required_argument, 0, O_METRICS}, {"admin-token-file", required_argument, 0, O_TOKEN_FILE},
       {"tp", required_argument, 0, O_TP},             {"ep", optional_argument, 0, O_EP},
       {"attention-dp", no_argument, 0, O_ADP},        {"dp", required_argument, 0, O_DP},
+      {"allow-unauthenticated-admin", no_argument, 0, O_OPEN_ADMIN},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512];
@@ -333,6 +339,7 @@ int main(int argc, char **argv) {
       if (read_token_file(optarg, token, sizeof token)) return 2;
       o.admin_token = token;
       break;
+    case O_OPEN_ADMIN: o.allow_unauthenticated_admin = 1; break;
     case O_GRACE: if (parse_int("--drain-grace-ms", optarg, 0, INT64_MAX, &v)) return 2; o.drain_grace_ms = v; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
@@ -340,6 +347,12 @@ int main(int argc, char **argv) {
   }
   if (optind < argc) {
     fprintf(stderr, "ina-agent: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (o.allow_unauthenticated_admin && o.admin_token && o.admin_token[0]) {
+    fprintf(stderr, "ina-agent: --allow-unauthenticated-admin contradicts "
+                    "--admin-token/--admin-token-file (with a token, admin calls require it): "
+                    "give one or the other\n");
     return 2;
   }
   if (!o.model) {

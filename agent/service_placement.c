@@ -1,7 +1,8 @@
 /* ina.v1.Placement: GetPlacement answers the placement in force and its generation (1 for
  * the one the job started with: each EP rank holds its contiguous share of the experts);
  * ApplyPlacement, an admin call, checks a new one and switches every rank to it between
- * two steps.
+ * two steps. Admin calls need the agent's bearer token; an agent started without one
+ * refuses them (PERMISSION_DENIED) unless it was told to leave them open.
  *
  * How a switch runs: ApplyPlacement calls are serialized by apply_mu. The handler checks
  * the generation and the message, then hands the placement to the scheduler as a control
@@ -148,11 +149,30 @@ static ina_rpc_code_t apply_placement(void *ctx, const ina_rpc_request_t *reques
   return code;
 }
 
-ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *admin_token) {
+/* An admin call of an agent without an admin token that was not told to open them. */
+static ina_rpc_code_t admin_refused(void *ctx, const ina_rpc_request_t *request,
+                                    ina_rpc_reply_t *reply) {
+  (void)ctx;
+  (void)request;
+  return ina_rpc_error(reply->message, INA_RPC_PERMISSION_DENIED,
+                       "admin calls are refused: ina-agent was started without an admin token; "
+                       "restart it with --admin-token-file F (or --admin-token T) and call with "
+                       "that token (ina place --admin-token-file F)");
+}
+
+ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *admin_token,
+                                              int allow_unauthenticated) {
   ina_status_t st = INA_OK;
+  const int has_token = admin_token && admin_token[0];
   INA_CHECK(ina_rpc_server_add_unary(agent->server, GET_PLACEMENT_METHOD, get_placement, agent, NULL));
-  INA_CHECK(ina_rpc_server_add_unary(agent->server, APPLY_PLACEMENT_METHOD, apply_placement, agent,
-                                     admin_token));
+  const int served = has_token || allow_unauthenticated;
+  INA_CHECK(ina_rpc_server_add_unary(agent->server, APPLY_PLACEMENT_METHOD,
+                                     served ? apply_placement : admin_refused, agent,
+                                     has_token ? admin_token : NULL));
+  if (!has_token && allow_unauthenticated)
+    INA_LOG_W(INA_LOG_SUBSYS,
+              "admin calls (ApplyPlacement) are open to any client: no admin token and "
+              "--allow-unauthenticated-admin; give --admin-token-file F to require one");
 fail:
   return st;
 }
