@@ -16,7 +16,11 @@
 #      serves afterwards.
 #   3. A dense-only model (the v3_dense fixture, no routed experts) in a second agent: load
 #      --experts, place --show and --file, then a generation, and a clean stop.
-#   4. SIGTERM: the agent drains, exits 0 and leaves no process behind.
+#   4. An agent started without an admin token refuses place --file (PERMISSION_DENIED,
+#      exit 1, the message saying how to give a token); with --allow-unauthenticated-admin
+#      it logs a warning at start and applies place --file from a client without a token.
+#      That flag together with a token is a usage error (exit 2); --help names it.
+#   5. SIGTERM: the agent drains, exits 0 and leaves no process behind.
 # Prompt, model seed and token are random: TEST_SEED=N replays a run.
 # usage: test_agent_place.sh INA_AGENT INA
 set -u
@@ -42,14 +46,15 @@ trap cleanup EXIT
 token="admin-$RANDOM$RANDOM"
 echo "$token" >"$tmp/token"
 
-# start_agent LOG ARGS...: an ina-agent on a free loopback port with the admin token, its
-# output in LOG; waits until it serves (at most 120 s). Sets started_pid, and
-# started_port (empty when it did not come up).
+# start_agent LOG ARGS...: an ina-agent on a free loopback port with the admin options in
+# the array auth (by default the admin token), its output in LOG; waits until it serves
+# (at most 120 s). Sets started_pid, and started_port (empty when it did not come up).
+auth=(--admin-token-file "$tmp/token")
 start_agent() {
   local log=$1
   shift
   "$agent" "$@" --device cpu --listen 127.0.0.1:0 --threads 2 --max-tokens 4096 \
-    --admin-token-file "$tmp/token" >"$log" 2>&1 &
+    "${auth[@]}" >"$log" 2>&1 &
   started_pid=$!
   for _ in $(seq 1200); do
     grep -q "serving$" "$log" && break
@@ -243,6 +248,20 @@ check "malformed: not JSON" 2 "$tmp/notjson.json:" \
 grep -q "invalid JSON" "$tmp/out" || fail "malformed: not JSON: the message does not say invalid JSON"
 check "health after all that" 0 "health: SERVING" "$ina" health --server "$server"
 
+# stop_agent WHAT PID LOG: SIGTERM, then the agent must exit 0 within 60 s.
+stop_agent() {
+  local what=$1 pid=$2 log=$3 rc
+  kill -TERM "$pid"
+  for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid"
+    fail "$what: ina-agent still runs 60 s after SIGTERM"
+  fi
+  wait "$pid"
+  rc=$?
+  [ "$rc" = 0 ] || fail "$what: ina-agent exited with status $rc (log: $(tail -5 "$log"))"
+}
+
 # ---- a dense-only model -------------------------------------------------------------------
 # No routed experts: GetLoad with expert load answers no layers, the placement it shows has
 # no MoE layers and applies back, and the agent keeps serving.
@@ -258,15 +277,45 @@ else
   check "dense: place --file" 0 "" "$ina" place --server "$dense" --file "$tmp/dense.json" --admin-token "$token"
   check "dense: generate after them" 0 "finish: length" \
     "$ina" generate --server "$dense" --prompt-ids 1,2,3 --max-new-tokens 4
-  kill -TERM "$dense_pid"
-  for _ in $(seq 600); do kill -0 "$dense_pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$dense_pid" 2>/dev/null; then
-    kill -KILL "$dense_pid"
-    fail "dense: ina-agent still runs 60 s after SIGTERM"
-  fi
-  wait "$dense_pid"
-  rc=$?
-  [ "$rc" = 0 ] || fail "dense: ina-agent exited with status $rc (log: $(tail -5 "$tmp/dense.log"))"
+  stop_agent dense "$dense_pid" "$tmp/dense.log"
+fi
+
+# ---- admin calls without an admin token ---------------------------------------------------
+check "ina-agent --help names --allow-unauthenticated-admin" 0 "--allow-unauthenticated-admin" "$agent" --help
+check "--allow-unauthenticated-admin with a token: usage error" 2 \
+  "--allow-unauthenticated-admin contradicts --admin-token" \
+  "$agent" --model tiny --admin-token-file "$tmp/token" --allow-unauthenticated-admin
+auth=()
+start_agent "$tmp/closed.log" --model tiny --model-seed "$RANDOM"
+closed_pid=$started_pid
+if [ -z "$started_port" ]; then
+  fail "no token: ina-agent did not start serving: $(tail -5 "$tmp/closed.log")"
+else
+  closed=127.0.0.1:$started_port
+  "$ina" place --server "$closed" --show --out "$tmp/closed.json" >/dev/null 2>&1
+  check "no token: place --file refused" 1 "ApplyPlacement: PERMISSION_DENIED" \
+    "$ina" place --server "$closed" --file "$tmp/closed.json"
+  grep -qF "ina-agent was started without an admin token; restart it with --admin-token-file" "$tmp/out" ||
+    fail "no token: the refusal does not say how to give a token: $(cat "$tmp/out")"
+  check "no token: place --file with some token refused too" 1 "ApplyPlacement: PERMISSION_DENIED" \
+    "$ina" place --server "$closed" --file "$tmp/closed.json" --admin-token "$token"
+  check "no token: place --show still answers" 0 "" "$ina" place --server "$closed" --show
+  ! grep -q "open to any client" "$tmp/closed.log" || fail "no token: a warning about open admin calls"
+  stop_agent "no token" "$closed_pid" "$tmp/closed.log"
+fi
+auth=(--allow-unauthenticated-admin)
+start_agent "$tmp/open.log" --model tiny --model-seed "$RANDOM"
+open_pid=$started_pid
+if [ -z "$started_port" ]; then
+  fail "--allow-unauthenticated-admin: ina-agent did not start serving: $(tail -5 "$tmp/open.log")"
+else
+  open=127.0.0.1:$started_port
+  grep -q "^ina warn \[agent\] admin calls (ApplyPlacement) are open to any client" "$tmp/open.log" ||
+    fail "--allow-unauthenticated-admin: no warning at start: $(cat "$tmp/open.log")"
+  "$ina" place --server "$open" --show --out "$tmp/open.json" >/dev/null 2>&1
+  check "--allow-unauthenticated-admin: place --file without a token applies" 0 "generation 1 -> 2" \
+    "$ina" place --server "$open" --file "$tmp/open.json"
+  stop_agent "--allow-unauthenticated-admin" "$open_pid" "$tmp/open.log"
 fi
 
 # ---- stop ---------------------------------------------------------------------------------

@@ -515,6 +515,45 @@ static void test_load_and_placement(ina_rpc_client_t *c, ina_rpc_client_t *admin
   CHECK(strstr(status.message, "generation 1 is in force") != NULL);
 }
 
+/* An agent without an admin token: ApplyPlacement is PERMISSION_DENIED (saying how to give
+ * a token) for a client with or without one, unless allow_unauthenticated_admin opens it
+ * (an empty request then reaches the handler's checks). */
+static void test_admin_without_token(int open) {
+  ina_agent_options_t o = at_options(g_model_seed, 1024);
+  o.allow_unauthenticated_admin = open;
+  ina_agent_t *agent = NULL;
+  CHECK_OK(ina_agent_create(&o, &agent));
+  if (!agent) return;
+  CHECK_OK(ina_agent_wait_serving(agent, 60000));
+  ina_rpc_client_t *c = at_client(ina_agent_port(agent), NULL);
+  ina_rpc_client_t *some = at_client(ina_agent_port(agent), ADMIN_TOKEN);
+  Ina__V1__ApplyPlacementRequest areq = INA__V1__APPLY_PLACEMENT_REQUEST__INIT;
+  ina_rpc_status_t status;
+  uint8_t *resp = NULL;
+  size_t n = 0;
+  areq.expected_generation = 1;
+  for (int k = 0; k < 2; k++) {
+    const ina_rpc_code_t code =
+        at_unary(k ? some : c, "/ina.v1.Placement/ApplyPlacement", &areq.base, &resp, &n, &status);
+    if (open) {
+      CHECKF(code == INA_RPC_INVALID_ARGUMENT && strstr(status.message, "placement: missing"),
+             "open admin calls, token %d: %s", k, status.message);
+    } else {
+      CHECKF(code == INA_RPC_PERMISSION_DENIED &&
+                 strstr(status.message, "started without an admin token") &&
+                 strstr(status.message, "--admin-token-file"),
+             "no admin token, token %d: code %d: %s", k, (int)code, status.message);
+    }
+    free(resp);
+    resp = NULL;
+  }
+  ina_agent_request_stop(agent);
+  CHECK_OK(ina_agent_wait(agent));
+  ina_rpc_client_destroy(c);
+  ina_rpc_client_destroy(some);
+  ina_agent_destroy(agent);
+}
+
 int main(void) {
   test_rng_t rng = {test_seed("test_agent_serve")};
   ina_log_set_quiet_errors(1);
@@ -551,5 +590,7 @@ int main(void) {
   ina_rpc_client_destroy(admin);
   ina_agent_destroy(agent);
   at_reference_close(&ref);
+  test_admin_without_token(0);
+  test_admin_without_token(1);
   return test_finish("test_agent_serve");
 }
