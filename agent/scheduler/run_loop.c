@@ -29,6 +29,25 @@ static void wait_a_little_locked(ina_scheduler_t *s) {
   (void)pthread_cond_timedwait(&s->wake, &s->mu, &until);
 }
 
+/* A failed step is logged at most once a second, with how many failed since. */
+static void log_step_failure(ina_status_t st, double *last_log, int64_t *unlogged) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const double t = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+  if (t - *last_log < 1.0) {
+    (*unlogged)++;
+    return;
+  }
+  if (*unlogged)
+    INA_LOG_W(INA_LOG_SUBSYS, "run loop: step failed (%s); its requests were finished with an error (%lld more "
+              "failed steps since the last report)", ina_status_string(st), (long long)*unlogged);
+  else
+    INA_LOG_W(INA_LOG_SUBSYS, "run loop: step failed (%s); its requests were finished with an error",
+              ina_status_string(st));
+  *last_log = t;
+  *unlogged = 0;
+}
+
 /* A replica leader's idle wait: at most heartbeat_seconds; 1 when it timed out. */
 static int heartbeat_wait_locked(ina_scheduler_t *s) {
   struct timespec until;
@@ -44,6 +63,8 @@ static int has_work_locked(const ina_scheduler_t *s) { return s->num_live > 0 ||
 
 static void *run_loop(void *arg) {
   ina_scheduler_t *s = arg;
+  double last_log = -1e9;
+  int64_t unlogged = 0;
   pthread_mutex_lock(&s->mu);
   while (!s->run_stop) {
     if (!has_work_locked(s)) {
@@ -57,11 +78,10 @@ static void *run_loop(void *arg) {
     pthread_mutex_unlock(&s->mu);
     int32_t scheduled = 0;
     const ina_status_t st = sched_step(s, &scheduled);
-    if (st != INA_OK)
-      INA_LOG_W(INA_LOG_SUBSYS, "run loop: step failed (%s); its requests were finished with an error",
-                ina_status_string(st));
+    if (st != INA_OK) log_step_failure(st, &last_log, &unlogged);
     pthread_mutex_lock(&s->mu);
-    if (scheduled == 0 && st == INA_OK && !s->run_stop && s->num_live > 0 && s->num_controls == 0)
+    /* A step that ran nothing, or failed, waits before the next try instead of spinning. */
+    if ((scheduled == 0 || st != INA_OK) && !s->run_stop && s->num_live > 0 && s->num_controls == 0)
       wait_a_little_locked(s);
   }
   pthread_mutex_unlock(&s->mu);

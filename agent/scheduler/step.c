@@ -202,6 +202,14 @@ static void apply_cancellations_locked(ina_scheduler_t *s) {
   s->num_running = kept;
 }
 
+/* Every unfinished request ends with status st: waiting and running alike (their events
+ * were reserved by take_in_locked). */
+static void fail_live(ina_scheduler_t *s, ina_status_t st, const char *reason) {
+  while (s->waiting.count > 0) sched_finish(s, sched_queue_pop_front(&s->waiting), INA_FINISH_ERROR, st, reason);
+  for (int32_t i = 0; i < s->num_running; i++) sched_finish(s, s->running[i], INA_FINISH_ERROR, st, reason);
+  s->num_running = 0;
+}
+
 /* Move submitted requests into the waiting queue and apply cancellations. */
 static ina_status_t take_in_locked(ina_scheduler_t *s) {
   ina_status_t st = INA_OK;
@@ -303,8 +311,17 @@ ina_status_t sched_step(ina_scheduler_t *s, int32_t *num_scheduled) {
     pthread_mutex_unlock(&s->mu);
   }
   /* Replicas take in the same before planning (replica.c); if they cannot be told, the
-   * step runs nothing: its engines would wait for them in vain. */
-  if (st == INA_OK) st = sched_replica_send_step(s);
+   * step runs nothing: its engines would wait for them in vain. A replica link that broke
+   * (a follower stopped answering) takes every request with it: none of them can run
+   * again, and leaving them live would have the run loop retry the broken link forever. */
+  if (st == INA_OK) {
+    st = sched_replica_send_step(s);
+    if (st != INA_OK && ina_comm_is_broken(s->replica_comm)) {
+      char reason[256];
+      snprintf(reason, sizeof reason, "the replicas no longer follow: %s", ina_last_error());
+      fail_live(s, st, reason);
+    }
+  }
 
   const double t0 = sched_now();
   s->batch_size = 0;

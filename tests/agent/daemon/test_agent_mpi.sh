@@ -12,8 +12,9 @@
 #      node's Node service, each node listing its own ranks.
 #      Degrees that are not the layout's (--ep 3 or --dp 3 on 2 ranks) are refused before
 #      serving, naming the numbers.
-#   2. A rank that stops answering (SIGSTOP), follower or leader: the job ends non-zero
-#      within INA_COMM_TIMEOUT_S (3 s here) plus a few seconds, not hanging.
+#   2. A rank that stops answering (SIGSTOP), follower or leader, idle and with 4 streams
+#      running (the follower 3 times): the job ends non-zero within INA_COMM_TIMEOUT_S (3 s
+#      here) plus a few seconds, every stream ends with an error, the log stays small.
 # usage: test_agent_mpi.sh MPIEXEC INA_AGENT INA FIXTURE_DIR
 set -u
 mpiexec=$1 agent=$2 ina=$3 fixture=$4
@@ -148,20 +149,51 @@ else
 fi
 unset INA_RANKS_PER_NODE
 
-for who in 1 0; do
+# stopped WHO LOAD: SIGSTOP of rank WHO (1 a follower, 0 the leader), idle or with LOAD
+# streams running: the job ends non-zero within 25 s (INA_COMM_TIMEOUT_S 3 plus the
+# drain), every stream ends with an error within that too, and the job's log stays
+# under 1 MB (a failed step is logged at most once a second; it used to repeat 10^5
+# times a second when a follower stopped mid-step).
+stopped() {
+  local who=$1 load=$2 victim clients=() rc elapsed ended_streams=0
   export INA_COMM_TIMEOUT_S=3
-  if ! start 2 --model tiny --ep; then fail "did not start serving"; continue; fi
+  if ! start 2 --model tiny --ep; then fail "did not start serving"; unset INA_COMM_TIMEOUT_S; return; fi
   unset INA_COMM_TIMEOUT_S
   victim=$pid1; [ "$who" = 0 ] && victim=$pid0
+  for k in $(seq "$load"); do
+    "$ina" generate --server "127.0.0.1:$port" --prompt-ids "$k,2,3" --max-new-tokens 100000 --ignore-eos \
+      >"$tmp/fault$k" 2>&1 &
+    clients+=($!)
+  done
+  [ "$load" -gt 0 ] && sleep 1 # the streams are under way
   t0=$(date +%s)
   kill -STOP "$victim"
   rc=$(ended 25)
   elapsed=$(($(date +%s) - t0))
   kill -KILL "$victim" 2>/dev/null
+  for k in $(seq "$load"); do
+    local c=${clients[$((k - 1))]} crc=
+    for _ in $(seq 50); do kill -0 "$c" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$c" 2>/dev/null; then
+      kill -KILL "$c" 2>/dev/null
+      wait "$c" 2>/dev/null
+      fail "rank $who stopped: stream $k still ran 5 s after the job ended"
+    else
+      wait "$c"
+      crc=$?
+      if [ "$crc" = 0 ]; then fail "rank $who stopped: stream $k ended with status 0: $(tail -2 "$tmp/fault$k")"; else ended_streams=$((ended_streams + 1)); fi
+    fi
+  done
+  local bytes; bytes=$(wc -c <"$tmp/log")
+  [ "$bytes" -lt 1048576 ] || fail "rank $who stopped: the job logged $bytes bytes"
   if [ -z "$rc" ] || [ "$rc" = "0" ]; then
-    fail "rank $who stopped: the job ended with '${rc:-no exit after 25 s}'"
+    fail "rank $who stopped ($load streams): the job ended with '${rc:-no exit after 25 s}'"
   else
-    echo "ok: rank $who stopped: the job ended with status $rc after ${elapsed} s"
+    echo "ok: rank $who stopped ($load streams): the job ended with status $rc after ${elapsed} s;" \
+      "$ended_streams of $load streams ended with an error; $bytes bytes of log"
   fi
-done
+}
+for who in 1 0; do stopped "$who" 0; done
+for try in 1 2 3; do stopped 1 4; done
+stopped 0 4
 exit $failed
