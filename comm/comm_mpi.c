@@ -37,7 +37,8 @@ ina_status_t ina_comm_mpi_error(const ina_comm_t *c, const char *op, int rc) {
 }
 
 ina_status_t ina_comm_mpi_wait(ina_comm_t *c, MPI_Request *req, const char *op) {
-  double deadline = c->timeout_s > 0 ? now_s() + c->timeout_s : 0;
+  const double start = now_s();
+  double deadline = c->timeout_s > 0 ? start + c->timeout_s : 0;
   struct timespec nap = {0, 0};
   for (int polls = 0;; polls++) {
     int done = 0;
@@ -57,10 +58,16 @@ ina_status_t ina_comm_mpi_wait(ina_comm_t *c, MPI_Request *req, const char *op) 
                 op, c->rank, c->size, c->timeout_s);
       return INA_ERR_MPI;
     }
-    /* Spin briefly for latency, then back off so waiting ranks leave the cores to the
-     * peers they wait for (ranks are oversubscribed in tests). */
+    /* Spin briefly for latency, then nap so that waiting ranks leave the cores to the
+     * peers they wait for (ranks are oversubscribed in tests), and an idle follower
+     * (waiting for the leader's next step) costs next to nothing: each nap is 1 % of the
+     * wait so far, between 50 us and 10 ms, so a wake-up comes at most 1 % of the idle
+     * time late (an MPI_Test costs ~0.1 ms here: 1 ms naps kept an idle rank at 11 % of
+     * a core). */
     if (polls > 1000) {
-      nap.tv_nsec = polls > 100000 ? 1000000 : 50000;
+      const double waited = now_s() - start;
+      const double seconds = waited / 100 < 50e-6 ? 50e-6 : waited / 100 > 10e-3 ? 10e-3 : waited / 100;
+      nap.tv_nsec = (long)(seconds * 1e9);
       nanosleep(&nap, NULL);
     }
   }

@@ -12,7 +12,8 @@
 #      node's Node service, each node listing its own ranks.
 #      Degrees that are not the layout's (--ep 3 or --dp 3 on 2 ranks) are refused before
 #      serving, naming the numbers.
-#   2. A rank that stops answering (SIGSTOP), follower or leader, idle and with 4 streams
+#   2. An idle follower takes under 5 % of a core (it waits without spinning).
+#   3. A rank that stops answering (SIGSTOP), follower or leader, idle and with 4 streams
 #      running (the follower 3 times): the job ends non-zero within INA_COMM_TIMEOUT_S (3 s
 #      here) plus a few seconds, every stream ends with an error, the log stays small.
 # usage: test_agent_mpi.sh MPIEXEC INA_AGENT INA FIXTURE_DIR
@@ -193,6 +194,25 @@ stopped() {
       "$ended_streams of $load streams ended with an error; $bytes bytes of log"
   fi
 }
+# An idle follower waits for the leader's next step without spinning: its naps grow with
+# the wait (1 % of it, at most 10 ms; comm/comm_mpi.c), so it takes about 1 % of a core
+# (it took 11 % polling every millisecond). Bound: 5 %, measured over 3 s of idle after 3 s.
+if start 2 --model tiny --ep; then
+  sleep 3
+  j0=$(awk '{print $14 + $15}' "/proc/$pid1/stat")
+  sleep 3
+  j1=$(awk '{print $14 + $15}' "/proc/$pid1/stat")
+  hz=$(getconf CLK_TCK)
+  used=$(((j1 - j0) * 100 / (3 * hz))) # percent of a core
+  [ "$used" -lt 5 ] && echo "ok: an idle follower used ${used} % of a core" ||
+    fail "an idle follower used ${used} % of a core (at most 5 %)"
+  kill -TERM "$pid0"
+  rc=$(ended 30)
+  [ "$rc" = "0" ] || fail "idle: SIGTERM to rank 0 ended with '${rc:-no exit}'"
+else
+  fail "idle: did not start serving"
+fi
+
 for who in 1 0; do stopped "$who" 0; done
 for try in 1 2 3; do stopped 1 4; done
 stopped 0 4
