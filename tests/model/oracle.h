@@ -100,7 +100,10 @@ static inline int oracle_forced_run(ina_engine_t *e, int32_t *const *prompts, co
                                     oracle_run_t *out) {
   const int32_t vocab = ina_engine_config(e)->vocab_size;
   ina_page_pool_t *pool = ina_engine_page_pool(e);
+  /* Only the oracle keeps routes: asked quietly, as a CUDA engine refuses with an error. */
+  ina_log_set_quiet_errors(1);
   const int routes = ina_engine_routes(e, NULL, 0, &(int64_t){0}) == INA_OK;
+  ina_log_set_quiet_errors(0);
   int rc = -1;
   memset(out, 0, sizeof *out);
   CHECKF(n >= 1 && n <= ORACLE_MAX_SEQS && steps >= 0 && steps <= ORACLE_MAX_STEPS,
@@ -145,7 +148,7 @@ static inline int oracle_forced_run(ina_engine_t *e, int32_t *const *prompts, co
       ok = st == INA_OK;
       for (int32_t k = 0; ok && k < g; k++)
         memcpy(out->logits[g0 + k], logits + (int64_t)qo[k] * vocab, (size_t)lens[g0 + k] * (size_t)vocab * sizeof(float));
-      if (ok) oracle_take_routes(e, out->route + g0, qo, g, first);
+      if (ok && routes) oracle_take_routes(e, out->route + g0, qo, g, first);
     }
     for (int32_t s = 0; ok && s < steps; s++) {
       ina_batch_t b = {g, ptrs, qo, tokens, 0};
@@ -162,7 +165,7 @@ static inline int oracle_forced_run(ina_engine_t *e, int32_t *const *prompts, co
       for (int32_t k = 0; ok && k < g; k++)
         memcpy(out->logits[g0 + k] + (int64_t)(lens[g0 + k] + s) * vocab, logits + (int64_t)k * vocab,
                (size_t)vocab * sizeof(float));
-      if (ok) oracle_take_routes(e, out->route + g0, qo, g, first);
+      if (ok && routes) oracle_take_routes(e, out->route + g0, qo, g, first);
     }
     for (int32_t k = 0; k < g; k++) ina_kv_seq_release(pool, &seqs[k]);
     free(tokens);
