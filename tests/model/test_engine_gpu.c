@@ -79,64 +79,6 @@ static void free_run(run_t *r) {
   r->n = 0;
 }
 
-/* Teacher forcing: one prefill of every prompt as a ragged batch (logits of every
- * position), then `steps` decode steps feeding next[k][s] to sequence k. */
-static int forced_run(ina_engine_t *e, int32_t *const *prompts, const int32_t *lens, int32_t n,
-                      const int32_t (*next)[MAX_NEW], int32_t steps, run_t *out) {
-  const int32_t vocab = ina_engine_config(e)->vocab_size;
-  ina_page_pool_t *pool = ina_engine_page_pool(e);
-  ina_kv_seq_t seqs[MAX_PROMPTS];
-  ina_kv_seq_t *ptrs[MAX_PROMPTS];
-  int32_t qo[MAX_PROMPTS + 1], total = 0, rc = -1;
-  int32_t *tokens = NULL;
-  float *logits = NULL;
-  memset(out, 0, sizeof *out);
-  out->n = n;
-  for (int32_t k = 0; k < n; k++) total += lens[k];
-  tokens = malloc((size_t)total * sizeof *tokens);
-  logits = malloc((size_t)total * (size_t)vocab * sizeof(float));
-  qo[0] = 0;
-  for (int32_t k = 0; k < n; k++) {
-    const ina_kv_seq_t empty = INA_KV_SEQ_INIT;
-    seqs[k] = empty;
-    ptrs[k] = &seqs[k];
-    memcpy(tokens + qo[k], prompts[k], (size_t)lens[k] * sizeof(int32_t));
-    qo[k + 1] = qo[k] + lens[k];
-    out->logits[k] = malloc((size_t)(lens[k] + steps) * (size_t)vocab * sizeof(float));
-    test_poison_f32(out->logits[k], (size_t)(lens[k] + steps) * (size_t)vocab);
-  }
-  {
-    ina_batch_t b = {n, ptrs, qo, tokens, 1};
-    test_poison_f32(logits, (size_t)total * (size_t)vocab);
-    ina_status_t st = ina_engine_forward(e, &b, logits);
-    CHECK_OK(st);
-    if (st != INA_OK) goto done;
-    for (int32_t k = 0; k < n; k++)
-      memcpy(out->logits[k], logits + (int64_t)qo[k] * vocab, (size_t)lens[k] * (size_t)vocab * sizeof(float));
-  }
-  for (int32_t s = 0; s < steps; s++) {
-    ina_batch_t b = {n, ptrs, qo, tokens, 0};
-    for (int32_t k = 0; k < n; k++) {
-      tokens[k] = next[k][s];
-      qo[k + 1] = k + 1;
-    }
-    qo[0] = 0;
-    test_poison_f32(logits, (size_t)n * (size_t)vocab);
-    ina_status_t st = ina_engine_forward(e, &b, logits);
-    CHECK_OK(st);
-    if (st != INA_OK) goto done;
-    for (int32_t k = 0; k < n; k++)
-      memcpy(out->logits[k] + (int64_t)(lens[k] + s) * vocab, logits + (int64_t)k * vocab,
-             (size_t)vocab * sizeof(float));
-  }
-  rc = 0;
-done:
-  for (int32_t k = 0; k < n; k++) ina_kv_seq_release(pool, &seqs[k]);
-  free(tokens);
-  free(logits);
-  return rc;
-}
-
 /* Free-running greedy generation (ina_generate) of max_new tokens per prompt, batched;
  * logits[k] [lens[k] + max_new, vocab] when `logits` is given. */
 static int greedy(ina_engine_t *e, int32_t *const *prompts, const int32_t *lens, int32_t n, int32_t max_new,
@@ -532,11 +474,14 @@ static void graphs_vs_eager(const ina_model_t *m, const char *what, int32_t *con
                             int check_argmax) {
   const int32_t vocab = ina_model_config(m)->vocab_size;
   ina_engine_t *graphed = make_with_graphs(m, 0, 16, 4096, 1), *eager = make_with_graphs(m, 0, 16, 4096, 0);
-  run_t rg = {0}, re = {0};
+  oracle_run_t rg, re;
   stats_t s = {0};
+  memset(&rg, 0, sizeof rg);
+  memset(&re, 0, sizeof re);
   if (!graphed || !eager) goto done;
-  if (forced_run(graphed, prompts, lens, n, next, steps, &rg) != 0) goto done;
-  if (forced_run(eager, prompts, lens, n, next, steps, &re) != 0) goto done;
+  /* Teacher forced alike: one prefill of every prompt, then a decode step per token. */
+  if (oracle_forced_run(graphed, prompts, lens, n, next, steps, 1, &rg) != 0) goto done;
+  if (oracle_forced_run(eager, prompts, lens, n, next, steps, 1, &re) != 0) goto done;
   for (int32_t k = 0; k < n; k++) stats_add(&s, rg.logits[k], re.logits[k], lens[k] + steps, vocab);
   {
     const double median = stats_median(&s), whole = stats_whole(&s);
@@ -549,8 +494,8 @@ static void graphs_vs_eager(const ina_model_t *m, const char *what, int32_t *con
   }
 done:
   stats_free(&s);
-  free_run(&rg);
-  free_run(&re);
+  oracle_run_free(&rg);
+  oracle_run_free(&re);
   ina_engine_destroy(graphed);
   ina_engine_destroy(eager);
 }
