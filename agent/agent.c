@@ -70,7 +70,7 @@ static void warmup_done(const ina_request_event_t *event, void *user_data) {
     }
   } else if (starting) {
     agent->state = AGENT_SERVING;
-    ina_health_set_all(agent->health, INA_HEALTH_SERVING);
+    if (agent->silent_rank < 0) ina_health_set_all(agent->health, INA_HEALTH_SERVING); /* else: liveness */
     INA_LOG_I(INA_LOG_SUBSYS, "warm-up done: serving on port %d", ina_agent_port(agent));
   }
   pthread_cond_broadcast(&agent->changed);
@@ -208,6 +208,18 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   agent->start_seconds = agent->load_window_start = agent->expert_load_since =
       agent_now_seconds();
   agent->drain_grace_ms = options->drain_grace_ms >= 0 ? options->drain_grace_ms : 30000;
+  agent->silent_rank = -1;
+  if (options->struct_size >= offsetof(ina_agent_options_t, heartbeat_timeout_s) + sizeof(double)) {
+    INA_REQUIRE(options->max_queued_requests >= 0, INA_ERR_INVALID_ARGUMENT,
+                "ina_agent_create: options.max_queued_requests %d is negative (0: no limit)",
+                (int)options->max_queued_requests);
+    agent->max_queued_requests = options->max_queued_requests;
+    agent->heartbeat = options->heartbeat;
+    agent->heartbeat_timeout_s = options->heartbeat_timeout_s > 0 ? options->heartbeat_timeout_s : 3.0;
+  } else {
+    agent->max_queued_requests = 1024;
+    agent->heartbeat_timeout_s = 3.0;
+  }
   agent->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   INA_REQUIRE(agent->stop_fd >= 0, INA_ERR_IO, "ina_agent_create: eventfd: %s", strerror(errno));
   agent->model_name = strdup(options->model);
@@ -290,6 +302,7 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   }
   if (agent->node_server) {
     INA_CHECK(start_node_server(agent, options));
+    INA_CHECK(agent_liveness_start(agent));
     INA_LOG_I(INA_LOG_SUBSYS, "node %d server of model %s, listening on port %d", agent->node_id,
               agent->model_name, ina_agent_port(agent));
     *out = agent;
@@ -302,9 +315,11 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
           ? options->metrics_listen
           : NULL;
   if (metrics_listen && metrics_listen[0])
-    INA_CHECK(agent_metrics_start(agent->scheduler, agent->engine, metrics_listen, &agent->metrics));
+    INA_CHECK(agent_metrics_start(agent->scheduler, agent->engine, agent->heartbeat, metrics_listen,
+                                  &agent->metrics));
 
   INA_CHECK(start_server(agent, options));
+  INA_CHECK(agent_liveness_start(agent));
   INA_CHECK(submit_warmup(agent, options->warmup_tokens > 0 ? options->warmup_tokens : 4));
   INA_LOG_I(INA_LOG_SUBSYS, "model %s on %s, listening on port %d, warming up", agent->model_name,
             agent->device < 0 ? "cpu" : "cuda", ina_agent_port(agent));
@@ -452,6 +467,7 @@ ina_status_t ina_agent_wait(ina_agent_t *agent) {
 
 void ina_agent_destroy(ina_agent_t *agent) {
   if (!agent) return;
+  agent_liveness_stop(agent); /* it sets health */
   if (agent->server) {
     if (agent->scheduler) {
       drain(agent, 0);

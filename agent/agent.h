@@ -118,12 +118,21 @@ typedef struct ina_agent_options {
    * logged at create). 0 (default, and for options of earlier versions): without a
    * token, admin calls are refused. No effect when admin_token is given. */
   int32_t allow_unauthenticated_admin;
+  /* Version 6. Generate answers RESOURCE_EXHAUSTED while this many requests wait for
+   * admission (a queue that may clear: clients retry); 0: no limit. Default 1024. */
+  int32_t max_queued_requests;
+  /* The job's heartbeat (comm/heartbeat.h; NULL for one rank): GetHealth and /metrics
+   * report each rank's age, and a rank silent for heartbeat_timeout_s (<= 0: 3) turns
+   * the node NOT_SERVING (Generate then answers UNAVAILABLE) until it answers again.
+   * Borrowed: must outlive the agent. */
+  const struct ina_heartbeat *heartbeat;
+  double heartbeat_timeout_s;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 5, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+  {sizeof(ina_agent_options_t), 6, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
    0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,      \
-   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0}
+   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0, 1024, NULL, 3.0}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 

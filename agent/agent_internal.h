@@ -99,10 +99,30 @@ struct ina_agent {
   uint64_t placement_generation;
   pthread_mutex_t apply_mu;
   int64_t placement_bytes_moved;
+  /* Generate answers RESOURCE_EXHAUSTED while this many wait for admission; 0: no limit. */
+  int32_t max_queued_requests;
+  /* Liveness (agent_liveness.c): the job's heartbeat (NULL for one rank) and, under
+   * lock, the rank found silent for longer than heartbeat_timeout_s (-1: none) and its
+   * age then. A silent rank makes health NOT_SERVING and Generate UNAVAILABLE. */
+  const struct ina_heartbeat *heartbeat;
+  double heartbeat_timeout_s;
+  int32_t silent_rank;
+  int64_t silent_ms;
+  pthread_t liveness_thread;
+  int liveness_started;
+  atomic_int liveness_stop;
 };
 
 /* Monotonic clock in seconds. */
 double agent_now_seconds(void);
+
+/* Liveness (agent_liveness.c): a thread that reads the heartbeat every tenth of the
+ * timeout and moves health to NOT_SERVING when a rank goes silent, back when it answers.
+ * No-op without a heartbeat. Stop before freeing the agent's health. */
+ina_status_t agent_liveness_start(ina_agent_t *agent);
+void agent_liveness_stop(ina_agent_t *agent);
+/* Lock held: 1 when a rank is silent, with the message for a refusal or health. */
+int agent_silent_locked(const ina_agent_t *agent, char *message, size_t size);
 
 /* Registers each service's methods on agent->server (not started yet). Placement's admin
  * call needs admin_token; without one (NULL or "") it is refused with PERMISSION_DENIED,
@@ -115,11 +135,12 @@ ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *ad
 /* Lock held: the generation with this request id, or NULL. */
 agent_generation_t *agent_find_generation_locked(ina_agent_t *agent, const char *request_id);
 
-/* Registers the metrics, starts sampling `scheduler` and `engine`'s expert counters
- * (both must outlive the sampling) and serves /metrics on `listen` ("HOST:PORT", port 0:
- * the kernel's choice). A failure sets *out = NULL. */
+/* Registers the metrics, starts sampling `scheduler`, `engine`'s expert counters and the
+ * heartbeat's ages (NULL: none; all three must outlive the sampling) and serves /metrics
+ * on `listen` ("HOST:PORT", port 0: the kernel's choice). A failure sets *out = NULL. */
 ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, ina_engine_t *engine,
-                                 const char *listen, agent_metrics_t **out);
+                                 const struct ina_heartbeat *heartbeat, const char *listen,
+                                 agent_metrics_t **out);
 /* Stops the endpoint and the sampler (after which the scheduler may go); the update
  * functions keep working. Repeatable; NULL is a no-op. */
 void agent_metrics_stop_sampling(agent_metrics_t *m);

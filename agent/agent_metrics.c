@@ -10,7 +10,9 @@
  *   - queue length, running requests, KV pages and steps: ina_scheduler_stats, sampled
  *     every SAMPLE_MS by a thread of this file;
  *   - tokens routed per expert: the engine's counters (ina_engine_expert_load), sampled
- *     likewise (engines without counters have no such series).
+ *     likewise (engines without counters have no such series);
+ *   - each rank's heartbeat age: the job's heartbeat (comm/heartbeat.h), sampled likewise
+ *     (a one-rank agent has no such series).
  * Why a sampler rather than a refresh at scrape time or on each step: the metrics
  * endpoint renders the registry with no hook to run first, and the scheduler has no
  * per-step hook; calling ina_scheduler_stats from token events would add the
@@ -27,6 +29,7 @@
 #include <time.h>
 
 #include "core/check.h"
+#include "comm/heartbeat.h"
 #include "agent/agent_internal.h"
 #include "agent/metrics/metrics_buckets.h"
 #include "agent/metrics/metrics_http.h"
@@ -42,6 +45,7 @@ static const ina_finish_reason_t FINISHES[] = {INA_FINISH_LENGTH, INA_FINISH_STO
 struct agent_metrics {
   ina_scheduler_t *scheduler; /* borrowed, outlives the sampling */
   ina_engine_t *engine;       /* likewise */
+  const ina_heartbeat_t *heartbeat; /* likewise; NULL for one rank */
   ina_metrics_t *reg;
   ina_metrics_http_t *http;
 
@@ -60,6 +64,7 @@ struct agent_metrics {
   ina_counter_t **expert_tokens; /* [moe layers x experts] */
   uint64_t *expert_sample;       /* the engine's counters, read each sample */
   size_t num_expert_series;
+  ina_gauge_f64_t **heartbeat_age; /* [heartbeat size] */
 
   pthread_t sampler;
   int sampler_started;
@@ -175,6 +180,20 @@ static ina_status_t register_all(agent_metrics_t *m) {
   INA_CHECK(ina_metrics_register_counter(r, "ina_scheduler_steps_total",
                                          "Forward steps the scheduler ran.", NULL, 0, &m->steps));
   INA_CHECK(register_expert_tokens(m));
+  const int ranks = ina_heartbeat_size(m->heartbeat);
+  if (ranks > 1) {
+    m->heartbeat_age = calloc((size_t)ranks, sizeof *m->heartbeat_age);
+    INA_CHECK_ALLOC(m->heartbeat_age);
+    for (int k = 0; k < ranks; k++) {
+      char rank[16];
+      snprintf(rank, sizeof rank, "%d", k);
+      const ina_metric_label_t label = {"rank", rank};
+      INA_CHECK(ina_metrics_register_gauge_f64(r, "ina_rank_heartbeat_age_seconds",
+                                               "Seconds since the rank last answered the job's "
+                                               "heartbeat, as this rank sees it.",
+                                               &label, 1, &m->heartbeat_age[k]));
+    }
+  }
 fail:
   return st;
 }
@@ -199,6 +218,9 @@ static void sample(agent_metrics_t *m) {
       const int64_t d = (int64_t)m->expert_sample[i] - ina_counter_value(m->expert_tokens[i]);
       if (d > 0) ina_counter_add(m->expert_tokens[i], d);
     }
+  if (m->heartbeat_age)
+    for (int k = 0; k < ina_heartbeat_size(m->heartbeat); k++)
+      ina_gauge_f64_set(m->heartbeat_age[k], 1e-3 * (double)ina_heartbeat_age_ms(m->heartbeat, k));
 }
 
 static void *sampler_main(void *arg) {
@@ -223,7 +245,8 @@ static void *sampler_main(void *arg) {
 /* ---- life cycle --------------------------------------------------------------------- */
 
 ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, ina_engine_t *engine,
-                                 const char *listen, agent_metrics_t **out) {
+                                 const ina_heartbeat_t *heartbeat, const char *listen,
+                                 agent_metrics_t **out) {
   ina_status_t st = INA_OK;
   agent_metrics_t *m = NULL;
   char host[256];
@@ -234,6 +257,7 @@ ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, ina_engine_t *engin
   INA_CHECK_ALLOC(m);
   m->scheduler = scheduler;
   m->engine = engine;
+  m->heartbeat = heartbeat;
   pthread_mutex_init(&m->sampler_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -280,6 +304,7 @@ void agent_metrics_stop(agent_metrics_t *m) {
   ina_metrics_destroy(m->reg);
   free(m->expert_tokens);
   free(m->expert_sample);
+  free(m->heartbeat_age);
   free(m);
 }
 

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "model/parallel_job.h"
 #include "agent/agent.h"
+#include "comm/heartbeat.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -46,6 +47,12 @@ static void usage(FILE *f) {
           "                       networks and tests only\n"
           "  --drain-grace-ms N   how long running generations may finish at shutdown\n"
           "                       (default 30000)\n"
+          "  --max-running N      requests admitted (prefilling or decoding) at once (default 64)\n"
+          "  --max-queued-requests N  Generate answers RESOURCE_EXHAUSTED while N requests\n"
+          "                       wait for admission (default 1024; 0: no limit)\n"
+          "  --heartbeat-timeout S  under mpirun: a rank that has not answered the heartbeat\n"
+          "                       for S seconds (default 3; below INA_COMM_TIMEOUT_S) turns\n"
+          "                       the node NOT_SERVING until it answers again\n"
           "  --tp T               under mpirun: tensor parallelism over T ranks\n"
           "  --ep [E]             under mpirun: the ranks, or with --tp the groups of T\n"
           "                       ranks, split the routed experts (E, when given, must be\n"
@@ -73,6 +80,18 @@ static int parse_int(const char *option, const char *text, long long min, long l
   long long v = strtoll(text, &end, 10);
   if (!text[0] || *end || v < min || v > max) {
     fprintf(stderr, "ina-agent: %s '%s': expected an integer in [%lld, %lld]\n", option, text, min, max);
+    return 1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* A number of seconds in [0.01, 3600]. */
+static int parse_seconds(const char *option, const char *text, double *out) {
+  char *end = NULL;
+  const double v = strtod(text, &end);
+  if (!text[0] || *end || !(v >= 0.01 && v <= 3600)) {
+    fprintf(stderr, "ina-agent: %s '%s': expected seconds in [0.01, 3600]\n", option, text);
     return 1;
   }
   *out = v;
@@ -167,6 +186,32 @@ static int job_start(int tp_size, int32_t ep, int on_gpu, ina_parallel_job_t *jo
     ina_comm_t *comms[3] = {job->tp, job->ep, job->world};
     for (int i = 0; i < 3; i++)
       if (comms[i]) ina_comm_set_timeout(comms[i], AGENT_COMM_TIMEOUT_S);
+  }
+  return 0;
+}
+
+/* The job's heartbeat (comm/heartbeat.h), collective: a period of a sixth of the
+ * timeout, and a timeout below the collectives' so that a silent rank shows in health
+ * before they give up. Without MPI_THREAD_MULTIPLE the job runs without one (health then
+ * sees a silent rank only when a collective times out). */
+static int job_heartbeat(const ina_parallel_job_t *job, double *timeout_s, ina_heartbeat_t **out) {
+  const double comm_timeout = ina_comm_timeout(job->world);
+  if (*timeout_s <= 0) *timeout_s = 3.0;
+  if (comm_timeout > 0 && *timeout_s >= comm_timeout) {
+    if (job->rank == 0)
+      fprintf(stderr, "ina-agent: --heartbeat-timeout %.2f s is not below the collective timeout "
+                      "(INA_COMM_TIMEOUT_S %.2f s): using %.2f s\n",
+              *timeout_s, comm_timeout, comm_timeout / 2);
+    *timeout_s = comm_timeout / 2;
+  }
+  const ina_status_t st = ina_heartbeat_start(job->world, *timeout_s / 6, out);
+  if (st == INA_ERR_UNSUPPORTED) {
+    if (job->rank == 0) fprintf(stderr, "ina-agent: no heartbeat: %s\n", ina_last_error());
+    return 0;
+  }
+  if (st != INA_OK) {
+    fprintf(stderr, "ina-agent: rank %d: %s\n", job->rank, ina_last_error());
+    return 1;
   }
   return 0;
 }
@@ -295,7 +340,7 @@ static void *watch_ranks(void *arg) {
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
          O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_OPEN_ADMIN, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP,
-         O_DP };
+         O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -307,6 +352,8 @@ int main(int argc, char **argv) {
       {"tp", required_argument, 0, O_TP},             {"ep", optional_argument, 0, O_EP},
       {"attention-dp", no_argument, 0, O_ADP},        {"dp", required_argument, 0, O_DP},
       {"allow-unauthenticated-admin", no_argument, 0, O_OPEN_ADMIN},
+      {"max-running", required_argument, 0, O_RUNNING}, {"max-queued-requests", required_argument, 0, O_QUEUED},
+      {"heartbeat-timeout", required_argument, 0, O_HB_TIMEOUT},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512];
@@ -341,6 +388,9 @@ int main(int argc, char **argv) {
       break;
     case O_OPEN_ADMIN: o.allow_unauthenticated_admin = 1; break;
     case O_GRACE: if (parse_int("--drain-grace-ms", optarg, 0, INT64_MAX, &v)) return 2; o.drain_grace_ms = v; break;
+    case O_RUNNING: if (parse_int("--max-running", optarg, 1, 65536, &v)) return 2; o.scheduler.max_running = (int32_t)v; break;
+    case O_QUEUED: if (parse_int("--max-queued-requests", optarg, 0, INT32_MAX, &v)) return 2; o.max_queued_requests = (int32_t)v; break;
+    case O_HB_TIMEOUT: if (parse_seconds("--heartbeat-timeout", optarg, &o.heartbeat_timeout_s)) return 2; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -368,6 +418,7 @@ int main(int argc, char **argv) {
   }
   ina_parallel_job_t job;
   memset(&job, 0, sizeof job);
+  ina_heartbeat_t *heartbeat = NULL;
   if (ep || tp_size > 1) {
     /* Each rank takes the GPU of its local rank (NCCL between them), or the CPU. */
     const int on_gpu = o.device >= 0 || (o.device == INA_AGENT_DEVICE_AUTO && ina_cuda_device_count() > 0);
@@ -384,6 +435,8 @@ int main(int argc, char **argv) {
     if (rc == 0) rc = job_shard(&job, o.model, &o.shard);
     ina_agent_rank_t *ranks = rc == 0 ? calloc((size_t)job.size, sizeof *ranks) : NULL;
     if (rc == 0) rc = ranks ? job_describe(&job, &o.shard, o.device, ranks) : 1;
+    if (rc == 0) rc = job_heartbeat(&job, &o.heartbeat_timeout_s, &heartbeat);
+    o.heartbeat = heartbeat;
     if (rc) {
       free(ranks);
       ina_parallel_job_end(&job);
@@ -408,6 +461,7 @@ int main(int argc, char **argv) {
       }
       /* A lost leader would keep MPI_Finalize waiting: end the whole job instead. */
       if (rc != 0) ina_parallel_job_abort(&job, rc);
+      ina_heartbeat_stop(heartbeat);
       ina_parallel_job_end(&job);
       return rc;
     }
@@ -418,6 +472,7 @@ int main(int argc, char **argv) {
   free((void *)o.ranks); /* copied by the agent */
   if (created != INA_OK) {
     fprintf(stderr, "ina-agent: %s\n", ina_last_error());
+    if (job.world) ina_parallel_job_abort(&job, 1); /* the followers wait for rank 0 */
     ina_parallel_job_end(&job);
     return 1;
   }
@@ -462,6 +517,7 @@ int main(int argc, char **argv) {
   ina_agent_destroy(agent);
   /* A rank that stopped answering would keep MPI_Finalize waiting: end the whole job. */
   if (watch.lost) ina_parallel_job_abort(&job, 1);
+  ina_heartbeat_stop(heartbeat); /* after the followers' stop: they wait for its word */
   ina_parallel_job_end(&job);
   if (st == INA_OK) {
     printf("ina-agent: stopped\n");

@@ -179,6 +179,20 @@ static agent_generation_t *generation_new(ina_agent_t *agent, ina_rpc_writer_t *
   return g;
 }
 
+/* Lock held: 1 when max_queued_requests wait for admission, with the refusal in msg.
+ * (The scheduler's lock inside the agent's is safe, see submit.) */
+static int queue_full_locked(ina_agent_t *agent, char *msg) {
+  if (agent->max_queued_requests <= 0) return 0;
+  ina_scheduler_stats_t stats;
+  ina_scheduler_stats(agent->scheduler, &stats);
+  if (stats.waiting < agent->max_queued_requests) return 0;
+  ina_rpc_error(msg, INA_RPC_RESOURCE_EXHAUSTED,
+                "the queue is full: %d requests wait for admission (the agent's limit, "
+                "--max-queued-requests %d); retry later",
+                (int)stats.waiting, (int)agent->max_queued_requests);
+  return 1;
+}
+
 /* Lists g in the registry and submits the checked request, both under the agent lock
  * that drain takes to change state: a generation is either refused here or seen by the
  * drain, already in the scheduler. (Taking the scheduler's lock inside the agent lock
@@ -214,12 +228,17 @@ static ina_rpc_code_t submit(ina_agent_t *agent, agent_generation_t *g,
   r.user_data = g;
 
   pthread_mutex_lock(&agent->lock);
+  char silent[INA_RPC_MESSAGE_MAX];
   if (agent->state != AGENT_SERVING) {
     code = ina_rpc_error(msg, INA_RPC_UNAVAILABLE, "the agent is %s",
                          agent->state == AGENT_STARTING ? "warming up" : "not serving");
+  } else if (agent_silent_locked(agent, silent, sizeof silent)) {
+    code = ina_rpc_error(msg, INA_RPC_UNAVAILABLE, "not serving: %s", silent);
   } else if (agent_find_generation_locked(agent, g->request_id)) {
     code = ina_rpc_error(msg, INA_RPC_ALREADY_EXISTS, "request_id: '%s' is already running",
                          g->request_id);
+  } else if (queue_full_locked(agent, msg)) {
+    code = INA_RPC_RESOURCE_EXHAUSTED;
   } else if (ina_scheduler_submit(agent->scheduler, &r) != INA_OK) {
     code = ina_rpc_error(msg, INA_RPC_INVALID_ARGUMENT, "%s", ina_last_error());
   } else {

@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/cuda.h"
 #include "ina/v1/node.pb-c.h"
+#include "comm/heartbeat.h"
 #include "agent/agent_internal.h"
 #include "build_info.h"
 #include "agent/rpc/rpc_pb.h"
@@ -150,24 +151,32 @@ static ina_rpc_code_t get_health(void *ctx, const ina_rpc_request_t *request,
                                  ina_rpc_reply_t *reply) {
   ina_agent_t *agent = ctx;
   REQUIRE_DECODES(Ina__V1__GetHealthRequest, ina__v1__get_health_request, request, reply);
-  char message[sizeof agent->warmup_error] = "";
+  char message[INA_RPC_MESSAGE_MAX] = "";
   pthread_mutex_lock(&agent->lock);
   Ina__V1__NodeState state = node_state(agent->state);
   if (agent->state == AGENT_FAILED) snprintf(message, sizeof message, "%s", agent->warmup_error);
   else if (agent->state == AGENT_STARTING) snprintf(message, sizeof message, "warming up");
   else if (agent->state != AGENT_SERVING) snprintf(message, sizeof message, "stopping");
+  const int32_t silent_rank = agent->silent_rank;
+  const Ina__V1__NodeState rank_state = state;
+  /* A silent rank fails the node while it stays silent (liveness, agent_liveness.c). */
+  if (agent->state == AGENT_SERVING && agent_silent_locked(agent, message, sizeof message))
+    state = INA__V1__NODE_STATE__NODE_STATE_FAILED;
   pthread_mutex_unlock(&agent->lock);
 
-  /* The other ranks step with this one (a rank that stops answering stops the agent), so
-   * they share its state; heartbeat ages are not tracked per rank. */
+  /* Every rank steps with this one, so each shares the node's state, but for a rank
+   * found silent; the ages come from the job's heartbeat (0 for a one-rank job). */
   enum { MAX_LISTED = 64 };
   Ina__V1__RankHealth rank_health[MAX_LISTED], *ranks[MAX_LISTED];
   size_t n = 0;
   for (int32_t k = 0; k < agent->num_ranks && n < MAX_LISTED; k++) {
     if (agent->ranks[k].node_id != agent->node_id) continue; /* this node's ranks */
+    const int32_t global = agent->ranks[k].global_rank;
     ina__v1__rank_health__init(&rank_health[n]);
-    rank_health[n].global_rank = (uint32_t)agent->ranks[k].global_rank;
-    rank_health[n].state = state;
+    rank_health[n].global_rank = (uint32_t)global;
+    rank_health[n].state = global == silent_rank ? INA__V1__NODE_STATE__NODE_STATE_FAILED : rank_state;
+    const int64_t age = ina_heartbeat_age_ms(agent->heartbeat, global);
+    rank_health[n].last_heartbeat_age_ms = age > 0 ? (uint64_t)age : 0;
     ranks[n] = &rank_health[n];
     n++;
   }

@@ -82,6 +82,7 @@ int ina_comm_rank(const ina_comm_t *c) { return c->rank; }
 int ina_comm_size(const ina_comm_t *c) { return c->size; }
 ina_comm_backend_t ina_comm_backend(const ina_comm_t *c) { return c->backend; }
 void ina_comm_set_timeout(ina_comm_t *c, double seconds) { c->timeout_s = seconds > 0 ? seconds : 0; }
+double ina_comm_timeout(const ina_comm_t *c) { return c->timeout_s; }
 int ina_comm_is_broken(const ina_comm_t *c) { return c->broken; }
 
 /* Checks common to every operation: a usable communicator, a known dtype, buffers

@@ -65,6 +65,7 @@ int ina_comm_size(const ina_comm_t *comm);
 ina_comm_backend_t ina_comm_backend(const ina_comm_t *comm);
 /* Seconds an operation may wait for peers (0 = forever); starts at INA_COMM_TIMEOUT_S. */
 void ina_comm_set_timeout(ina_comm_t *comm, double seconds);
+double ina_comm_timeout(const ina_comm_t *comm);
 /* 1 after a timeout or a failed operation left the communicator unusable. */
 int ina_comm_is_broken(const ina_comm_t *comm);
 

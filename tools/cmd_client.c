@@ -169,8 +169,12 @@ int cmd_health(int argc, char **argv) {
   }
   Ina__V1__NodeHealth *nh = ina__v1__node_health__unpack(NULL, resp_size, resp);
   if (!nh) goto done;
-  printf("state: %s%s%s, up %llu s\n", node_state_name(nh->state), nh->message[0] ? ": " : "",
-         nh->message, (unsigned long long)nh->uptime_seconds);
+  printf("state: %s, up %llu s%s%s\n", node_state_name(nh->state), (unsigned long long)nh->uptime_seconds,
+         nh->message[0] ? ": " : "", nh->message);
+  /* Per rank only for a job of several: one rank's age is always 0. */
+  for (size_t i = 0; i < nh->n_ranks && nh->n_ranks > 1; i++)
+    printf("  rank %u: %s, heartbeat answered %llu ms ago\n", nh->ranks[i]->global_rank,
+           node_state_name(nh->ranks[i]->state), (unsigned long long)nh->ranks[i]->last_heartbeat_age_ms);
   ina__v1__node_health__free_unpacked(nh, NULL);
   rc = serving ? 0 : 1;
 done:
