@@ -1,0 +1,147 @@
+#!/bin/bash
+# ina-agent under faults: mpirun -np 2 (the tiny model, --ep, on the CPU) with 8 streams
+# running, then one fault, REPEATS times for each kind:
+#   stop-follower  SIGSTOP of rank 1       stop-leader  SIGSTOP of rank 0
+#   kill-follower  kill -9 of rank 1       kill-leader  kill -9 of rank 0
+# Each time:
+#   - every stream ends with an error status, and the job exits non-zero, within BOUND_S
+#     of the fault: INA_COMM_TIMEOUT_S (3 s here) for the collective that waits on the
+#     silent rank, plus the drain and the job's end (a few seconds);
+#   - the job's log (both ranks' stdout and stderr) stays under 1 MB: every line that can
+#     repeat is rate-limited (a failed step used to log 10^5 lines a second);
+#   - with a follower stopped, health turns NOT_SERVING, naming rank 1, within
+#     HEALTH_BOUND_S: the heartbeat timeout (1 s here) plus one liveness check (a tenth
+#     of it) plus the `ina health` call, before the collective timeout; a new Generate is
+#     then refused with UNAVAILABLE.
+# usage: test_agent_faults.sh MPIEXEC INA_AGENT INA REPEATS
+set -u
+mpiexec=$1 agent=$2 ina=$3 repeats=$4
+comm_timeout=3 heartbeat_timeout=1 streams=8
+BOUND_S=$((comm_timeout + 7))
+HEALTH_BOUND_MS=2000
+tmp=$(mktemp -d)
+# Only this test's own processes: every job here has this test's token file on its
+# command line (other tests' agents may run beside it under ctest -j).
+trap 'pkill -KILL -f -- "$tmp/token" 2>/dev/null; rm -rf "$tmp"' EXIT
+echo "admin-$RANDOM" >"$tmp/token"
+failed=0 runs=0
+fail() { echo "FAIL: $*"; [ -f "$tmp/log" ] && grep -v -i -e pmix -e Perhaps "$tmp/log" | tail -20; failed=1; }
+ms_now() { date +%s%3N; }
+
+# start: mpirun in the background; waits for "serving"; sets port, pid0, pid1
+start() {
+  rm -f "$tmp/log"
+  (INA_COMM_TIMEOUT_S=$comm_timeout "$mpiexec" --oversubscribe -np 2 "$agent" --model tiny --ep --device cpu \
+     --threads 1 --admin-token-file "$tmp/token" --heartbeat-timeout "$heartbeat_timeout" \
+     --drain-grace-ms 2000 >"$tmp/log" 2>&1
+   echo "mpirun rc=$?" >>"$tmp/log") &
+  for _ in $(seq 600); do grep -q -e "serving$" -e "mpirun rc" "$tmp/log" 2>/dev/null && break; sleep 0.1; done
+  port=$(grep -o "listening on 127.0.0.1:[0-9]*" "$tmp/log" | grep -o "[0-9]*$")
+  pid0=$(grep -o "rank 0 of .*(pid [0-9]*)" "$tmp/log" | grep -o "[0-9]*)" | tr -d ')')
+  pid1=$(grep -o "rank 1 of .*(pid [0-9]*)" "$tmp/log" | grep -o "[0-9]*)" | tr -d ')')
+  [ -n "$port" ] && [ -n "$pid0" ] && [ -n "$pid1" ] && grep -q "serving$" "$tmp/log"
+}
+
+# health_turns KIND T0: with rank 1 stopped at T0 (ms), polls `ina health` until it says
+# NOT_SERVING naming rank 1; checks the time against HEALTH_BOUND_MS and that Generate is
+# then refused with UNAVAILABLE.
+health_turns() {
+  local kind=$1 t0=$2 out seen=
+  while [ $(($(ms_now) - t0)) -lt $((comm_timeout * 1000)) ]; do
+    out=$("$ina" health --server "127.0.0.1:$port" --timeout-ms 500 2>&1)
+    if grep -q "NOT_SERVING" <<<"$out" && grep -q "rank 1 has not answered the heartbeat" <<<"$out"; then
+      seen=$(($(ms_now) - t0))
+      break
+    fi
+    sleep 0.05
+  done
+  if [ -z "$seen" ]; then
+    fail "$kind: health did not turn NOT_SERVING within the collective timeout: $out"
+    return
+  fi
+  [ "$seen" -le "$HEALTH_BOUND_MS" ] ||
+    fail "$kind: health turned NOT_SERVING ${seen} ms after the stop (bound ${HEALTH_BOUND_MS} ms)"
+  out=$("$ina" generate --server "127.0.0.1:$port" --prompt-ids 1,2 --max-new-tokens 2 2>&1)
+  grep -q "UNAVAILABLE" <<<"$out" || fail "$kind: Generate with rank 1 silent was not refused UNAVAILABLE: $out"
+  echo "$seen" >>"$tmp/health_ms"
+}
+
+# fault KIND: one run.
+fault() {
+  local kind=$1 victim signal clients=() t0 k c rc ended=0 bytes
+  runs=$((runs + 1))
+  if ! start; then fail "$kind: the job did not start serving"; return; fi
+  case $kind in
+    stop-follower) victim=$pid1 signal=STOP ;;
+    stop-leader) victim=$pid0 signal=STOP ;;
+    kill-follower) victim=$pid1 signal=KILL ;;
+    kill-leader) victim=$pid0 signal=KILL ;;
+  esac
+  for k in $(seq $streams); do
+    # 4000 tokens: the tiny model's context is 4096, and they take longer than the test
+    "$ina" generate --server "127.0.0.1:$port" --prompt-ids "$k,2,3" --max-new-tokens 4000 --ignore-eos \
+      >"$tmp/stream$k" 2>&1 &
+    clients+=($!)
+  done
+  sleep 1 # the streams are under way
+  t0=$(ms_now)
+  kill -"$signal" "$victim"
+  # Each stream had tokens before the fault (else this run tests nothing).
+  for k in $(seq $streams); do
+    grep -q "^prompt 0: *[0-9]" "$tmp/stream$k" || fail "$kind: stream $k had no token before the fault: $(head -c 300 "$tmp/stream$k")"
+  done
+  [ "$kind" = stop-follower ] && health_turns "$kind" "$t0"
+  # Every stream and the job end within the bound.
+  while [ $(($(ms_now) - t0)) -lt $((BOUND_S * 1000)) ]; do
+    local live=0
+    for c in "${clients[@]}"; do kill -0 "$c" 2>/dev/null && live=1; done
+    [ "$live" = 0 ] && grep -q "mpirun rc" "$tmp/log" && break
+    sleep 0.1
+  done
+  local took=$(($(ms_now) - t0))
+  kill -KILL "$victim" 2>/dev/null
+  for k in $(seq $streams); do
+    c=${clients[$((k - 1))]}
+    if kill -0 "$c" 2>/dev/null; then
+      kill -KILL "$c" 2>/dev/null
+      wait "$c" 2>/dev/null
+      fail "$kind: stream $k still ran ${BOUND_S} s after the fault"
+      continue
+    fi
+    wait "$c"
+    local crc=$? last; last=$(tail -c 600 "$tmp/stream$k" | grep -o -e "finish: .*" -e "ina generate: .*" | tail -1)
+    if [ "$crc" = 0 ]; then
+      fail "$kind: stream $k ended with status 0: $last"
+    elif [ "$kind" = stop-follower ] && ! grep -q "finish: error.*timed out" <<<"$last"; then
+      # The leader is alive: it fails the stream itself, naming the collective that timed out.
+      fail "$kind: stream $k did not end with an error naming the timeout: $last"
+    elif ! grep -q -e "finish: error" -e "^ina generate: " <<<"$last"; then
+      fail "$kind: stream $k ended without an error: $last"
+    else
+      ended=$((ended + 1))
+      echo "$last" >"$tmp/last_$kind"
+    fi
+  done
+  rc=$(grep -o "mpirun rc=[0-9]*" "$tmp/log" | grep -o "[0-9]*$")
+  if [ -z "$rc" ]; then
+    fail "$kind: the job still ran ${BOUND_S} s after the fault"
+    pkill -KILL -f -- "$tmp/token" 2>/dev/null
+    for _ in $(seq 50); do grep -q "mpirun rc" "$tmp/log" && break; sleep 0.1; done
+  elif [ "$rc" = 0 ]; then
+    fail "$kind: the job exited with status 0"
+  fi
+  bytes=$(wc -c <"$tmp/log")
+  [ "$bytes" -lt 1048576 ] || fail "$kind: the job logged $bytes bytes"
+  echo "$took" >>"$tmp/took_$kind"
+  [ "${INA_TEST_VERBOSE:-0}" = 1 ] && { grep -v "^prompt\|^ *[0-9]" "$tmp/stream1" | tail -3; grep -v -i pmix "$tmp/log"; }
+  echo "$kind: job status ${rc:-none}, $ended of $streams streams ended with an error, all within ${took} ms; $bytes bytes of log"
+}
+
+for kind in stop-follower stop-leader kill-follower kill-leader; do
+  for _ in $(seq "$repeats"); do fault "$kind"; done
+  # The slowest run of each kind, and the health times, for the record.
+  echo "ok: $kind: $repeats runs, slowest end $(sort -n "$tmp/took_$kind" | tail -1) ms after the fault (bound $((BOUND_S * 1000)) ms); a stream's end: $(cat "$tmp/last_$kind" 2>/dev/null)"
+done
+[ -f "$tmp/health_ms" ] && echo "health NOT_SERVING after a follower stopped: slowest $(sort -n "$tmp/health_ms" | tail -1) ms of $(wc -l <"$tmp/health_ms") runs (bound $HEALTH_BOUND_MS ms)"
+[ "$failed" = 0 ] && echo "test_agent_faults: $runs runs passed" || echo "test_agent_faults: FAILED"
+exit $failed
