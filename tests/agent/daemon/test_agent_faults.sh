@@ -13,9 +13,12 @@
 #     HEALTH_BOUND_S: the heartbeat timeout (1 s here) plus one liveness check (a tenth
 #     of it) plus the `ina health` call, before the collective timeout; a new Generate is
 #     then refused with UNAVAILABLE.
-# usage: test_agent_faults.sh MPIEXEC INA_AGENT INA REPEATS
+# usage: test_agent_faults.sh MPIEXEC INA_AGENT INA REPEATS [KIND...]  (default: every kind)
 set -u
 mpiexec=$1 agent=$2 ina=$3 repeats=$4
+shift 4
+kinds=("$@")
+[ ${#kinds[@]} -gt 0 ] || kinds=(stop-follower stop-leader kill-follower kill-leader)
 comm_timeout=3 heartbeat_timeout=1 streams=8
 BOUND_S=$((comm_timeout + 7))
 HEALTH_BOUND_MS=2000
@@ -76,6 +79,7 @@ fault() {
     stop-leader) victim=$pid0 signal=STOP ;;
     kill-follower) victim=$pid1 signal=KILL ;;
     kill-leader) victim=$pid0 signal=KILL ;;
+    *) fail "unknown kind '$kind'"; return ;;
   esac
   for k in $(seq $streams); do
     # 4000 tokens: the tiny model's context is 4096, and they take longer than the test
@@ -137,7 +141,7 @@ fault() {
   echo "$kind: job status ${rc:-none}, $ended of $streams streams ended with an error, all within ${took} ms; $bytes bytes of log"
 }
 
-for kind in stop-follower stop-leader kill-follower kill-leader; do
+for kind in "${kinds[@]}"; do
   for _ in $(seq "$repeats"); do fault "$kind"; done
   # The slowest run of each kind, and the health times, for the record.
   echo "ok: $kind: $repeats runs, slowest end $(sort -n "$tmp/took_$kind" | tail -1) ms after the fault (bound $((BOUND_S * 1000)) ms); a stream's end: $(cat "$tmp/last_$kind" 2>/dev/null)"
