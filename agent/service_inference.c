@@ -235,7 +235,7 @@ static ina_rpc_code_t submit(ina_agent_t *agent, agent_generation_t *g,
   } else if (agent_silent_locked(agent, silent, sizeof silent)) {
     code = ina_rpc_error(msg, INA_RPC_UNAVAILABLE, "not serving: %s", silent);
   } else if (agent_find_generation_locked(agent, g->request_id)) {
-    code = ina_rpc_error(msg, INA_RPC_ALREADY_EXISTS, "request_id: '%s' is already running",
+    code = ina_rpc_error(msg, INA_RPC_ALREADY_EXISTS, "request_id: '%s' is already in flight (queued or running)",
                          g->request_id);
   } else if (queue_full_locked(agent, msg)) {
     code = INA_RPC_RESOURCE_EXHAUSTED;

@@ -90,6 +90,11 @@ static ina_rpc_code_t apply_locked(ina_agent_t *agent, const Ina__V1__ApplyPlace
   pthread_mutex_unlock(&agent->lock);
   if (state != AGENT_SERVING && state != AGENT_STARTING)
     return ina_rpc_error(reply->message, INA_RPC_UNAVAILABLE, "the agent is stopping");
+  if (req->expected_generation == 0)
+    return ina_rpc_error(reply->message, INA_RPC_FAILED_PRECONDITION,
+                         "expected_generation: missing (0); set it to the generation in force, %llu "
+                         "(GetPlacement shows it), so that a placement applied meanwhile is not overwritten",
+                         (unsigned long long)generation);
   if (req->expected_generation != generation)
     return ina_rpc_error(reply->message, INA_RPC_FAILED_PRECONDITION,
                          "expected_generation: %llu, but generation %llu is in force (another "

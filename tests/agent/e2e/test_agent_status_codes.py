@@ -300,7 +300,7 @@ def check_main(c, client, pb, agent, ina, rng):
             "ApplyPlacement with a stale expected_generation",
             ["expected_generation: 2", "generation 1 is in force"])
     refused(c, apply_call(client, pb, start, 0, metadata=admin), Code.FAILED_PRECONDITION,
-            "ApplyPlacement with expected_generation 0", ["expected_generation: 0"])
+            "ApplyPlacement with expected_generation 0", ["expected_generation: missing"])
     other = plc.ExpertPlacement()
     other.CopyFrom(start)
     other.layout.ep = 2
@@ -342,7 +342,7 @@ def check_main(c, client, pb, agent, ina, rng):
     for rid in ("hold-running", "hold-waiting"):
         refused(c, generate_call(client, long_request(rid)), Code.ALREADY_EXISTS,
                 f"Generate with the request_id of the {rid[5:]} request",
-                ["request_id", rid, "already running"])
+                ["request_id", rid, "already in flight"])
     third = inf.GenerateRequest(request_id="third", prompt_token_ids=[7], max_tokens=4)
     refused(c, generate_call(client, third), Code.RESOURCE_EXHAUSTED,
             "Generate while one request runs and one waits",
