@@ -67,9 +67,9 @@ static void usage(FILE *f) {
           "  --attention-dp       with --ep: the groups compute attention for different\n"
           "                       sequences (each on the group its first KV page picks), the\n"
           "                       MoE layers over all of them\n"
-          "  --dp D               --attention-dp, naming its degree: D must be the number of\n"
-          "                       groups (the ranks / T), e.g. mpirun -np 4 ina-agent --tp 2\n"
-          "                       --ep 2 --dp 2\n"
+          "  --dp [D]             --attention-dp, naming its degree: D, when given, must be the\n"
+          "                       number of groups (the ranks / T), e.g. mpirun -np 4 ina-agent\n"
+          "                       --tp 2 --ep 2 --dp 2\n"
           "  -h, --help           this help\n"
           "Logging: INA_LOG=info (or warn, debug; per part: INA_LOG=warn,agent=info).\n");
 }
@@ -350,7 +350,7 @@ int main(int argc, char **argv) {
       {"admin-token", required_argument, 0, O_TOKEN}, {"drain-grace-ms", required_argument, 0, O_GRACE},
       {"metrics-listen", required_argument, 0, O_METRICS}, {"admin-token-file", required_argument, 0, O_TOKEN_FILE},
       {"tp", required_argument, 0, O_TP},             {"ep", optional_argument, 0, O_EP},
-      {"attention-dp", no_argument, 0, O_ADP},        {"dp", required_argument, 0, O_DP},
+      {"attention-dp", no_argument, 0, O_ADP},        {"dp", optional_argument, 0, O_DP},
       {"allow-unauthenticated-admin", no_argument, 0, O_OPEN_ADMIN},
       {"max-running", required_argument, 0, O_RUNNING}, {"max-queued-requests", required_argument, 0, O_QUEUED},
       {"heartbeat-timeout", required_argument, 0, O_HB_TIMEOUT},
@@ -372,10 +372,13 @@ int main(int argc, char **argv) {
     case O_TP: if (parse_int("--tp", optarg, 1, 1024, &tp_size)) return 2; break;
     case O_EP: if (ina_parallel_job_parse_ep("ina-agent", optarg, argc, argv, &optind, &ep)) return 2; break;
     case O_ADP: o.attention_dp = 1; break;
-    case O_DP:
-      if (parse_int("--dp", optarg, 1, 65536, &dp_size)) return 2;
+    case O_DP: {
+      int32_t d = 0;
+      if (ina_parallel_job_parse_dp("ina-agent", optarg, argc, argv, &optind, &d)) return 2;
+      dp_size = d;
       o.attention_dp = 1;
       break;
+    }
     case O_PAGE: if (parse_int("--page-size", optarg, 1, 1 << 20, &v)) return 2; o.page_size = (int32_t)v; break;
     case O_MAXTOK: if (parse_int("--max-tokens", optarg, 1, INT64_MAX, &v)) return 2; o.max_tokens = v; break;
     case O_THREADS: if (parse_int("--threads", optarg, 0, 4096, &v)) return 2; o.num_threads = (int32_t)v; break;

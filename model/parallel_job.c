@@ -59,25 +59,36 @@ fail:
   return st;
 }
 
-int ina_parallel_job_parse_ep(const char *program, const char *optarg, int argc, char **argv,
-                              int *next_arg, int32_t *out) {
+/* `--OPTION`, `--OPTION=N` or `--OPTION N` (the next argument when it is a number): *out
+ * = N, or `absent` without one. */
+static int parse_degree(const char *program, const char *option, const char *what, const char *optarg, int argc,
+                        char **argv, int *next_arg, int32_t absent, int32_t *out) {
   const char *text = optarg;
-  /* getopt_long leaves `--ep E`'s E as the next argument: take it when it is a number. */
+  /* getopt_long leaves `--OPTION N`'s N as the next argument: take it when it is a number. */
   if (!text && *next_arg < argc && argv[*next_arg][0] >= '0' && argv[*next_arg][0] <= '9')
     text = argv[(*next_arg)++];
   if (!text) {
-    *out = INA_PARALLEL_EP_ALL;
+    *out = absent;
     return 0;
   }
   char *end = NULL;
   const long v = strtol(text, &end, 10);
   if (!text[0] || *end || v < 1 || v > 65536) {
-    fprintf(stderr, "%s: --ep '%s': expected the number of expert-parallel groups (1 to 65536)\n",
-            program, text);
+    fprintf(stderr, "%s: --%s '%s': expected the number of %s (1 to 65536)\n", program, option, text, what);
     return 2;
   }
   *out = (int32_t)v;
   return 0;
+}
+
+int ina_parallel_job_parse_ep(const char *program, const char *optarg, int argc, char **argv,
+                              int *next_arg, int32_t *out) {
+  return parse_degree(program, "ep", "expert-parallel groups", optarg, argc, argv, next_arg, INA_PARALLEL_EP_ALL, out);
+}
+
+int ina_parallel_job_parse_dp(const char *program, const char *optarg, int argc, char **argv, int *next_arg,
+                              int32_t *out) {
+  return parse_degree(program, "dp", "attention data-parallel groups", optarg, argc, argv, next_arg, 0, out);
 }
 
 int32_t ina_parallel_job_device(const ina_parallel_job_t *job) {

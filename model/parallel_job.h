@@ -45,6 +45,10 @@ ina_status_t ina_parallel_job_start(int32_t tp_size, int32_t expert_parallel, in
  * a number. 0 on success; else prints `program: --ep ...` to stderr and returns 2. */
 int ina_parallel_job_parse_ep(const char *program, const char *optarg, int argc, char **argv,
                               int *next_arg, int32_t *out);
+/* The same for `--dp [D]` (attention data parallelism): *out = D, or 0 without a degree
+ * (every group). The caller checks D against the groups once the job has started. */
+int ina_parallel_job_parse_dp(const char *program, const char *optarg, int argc, char **argv, int *next_arg,
+                              int32_t *out);
 
 /* The CUDA device of this rank (local rank modulo the devices), or -1 without one. */
 int32_t ina_parallel_job_device(const ina_parallel_job_t *job);

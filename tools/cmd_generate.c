@@ -49,9 +49,11 @@ static void usage(FILE *f) {
           "                       e.g. mpirun -np 4 ina generate --tp 2 --ep 2 ... With GPUs\n"
           "                       each rank uses the GPU of its local rank (NCCL between them;\n"
           "                       --device cpu keeps the job on the CPU)\n"
-          "  --dp                 with --ep: attention data parallelism, the groups computing\n"
+          "  --dp [D]             with --ep: attention data parallelism, the groups computing\n"
           "                       attention for different prompts (each on the group its first\n"
-          "                       KV page picks) and the MoE layers over all of them\n"
+          "                       KV page picks) and the MoE layers over all of them (D, when\n"
+          "                       given, must be the number of groups: the ranks / T);\n"
+          "                       --attention-dp is the same without a degree\n"
           "  -h, --help           this help\n"
           "\n"
           "With --server HOST:PORT the prompts run on a running ina-agent instead (see\n"
@@ -132,7 +134,7 @@ static int job_shard(const ina_parallel_job_t *job, const char *spec, ina_shard_
 int cmd_generate(int argc, char **argv) {
   if (wants_server(argc, argv)) return cmd_generate_remote(argc, argv);
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
-         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP };
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP, O_ADP };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -142,7 +144,8 @@ int cmd_generate(int argc, char **argv) {
       {"dtype", required_argument, 0, O_DTYPE},       {"page-size", required_argument, 0, O_PAGE},
       {"threads", required_argument, 0, O_THREADS},   {"device", required_argument, 0, O_DEVICE},
       {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS}, {"ep", optional_argument, 0, O_EP},
-      {"tp", required_argument, 0, O_TP},             {"dp", no_argument, 0, O_DP},
+      {"tp", required_argument, 0, O_TP},             {"dp", optional_argument, 0, O_DP},
+      {"attention-dp", no_argument, 0, O_ADP},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
@@ -150,7 +153,7 @@ int cmd_generate(int argc, char **argv) {
   int64_t max_new = 16, top_k = 0, seed = 0, page_size = 16, threads = 0;
   double temperature = 0, top_p = 1;
   int ignore_eos = 0, rc = 1;
-  int32_t use_ep = INA_PARALLEL_EP_NONE;
+  int32_t use_ep = INA_PARALLEL_EP_NONE, dp_size = 0;
   int64_t tp_size = 1;
   int32_t device = ina_cuda_device_count() > 0 ? 0 : -1;
   ina_parallel_job_t job;
@@ -192,7 +195,14 @@ int cmd_generate(int argc, char **argv) {
       }
       break;
     case O_TP: if (cli_parse_int("--tp", optarg, 1, 1024, &tp_size)) goto done; break;
-    case O_DP: eopts.attention_dp = 2; break; /* every rank runs the same batch */
+    case O_DP:
+      if (ina_parallel_job_parse_dp("ina generate", optarg, argc, argv, &optind, &dp_size)) {
+        rc = 2;
+        goto done;
+      }
+      eopts.attention_dp = 2; /* every rank runs the same batch */
+      break;
+    case O_ADP: eopts.attention_dp = 2; break;
     case 'h': usage(stdout); rc = 0; goto done;
     default: usage(stderr); rc = 2; goto done;
     }
@@ -220,6 +230,15 @@ int cmd_generate(int argc, char **argv) {
     if (ina_parallel_job_start((int32_t)tp_size, use_ep, on_gpu ? INA_COMM_BACKEND_NCCL : INA_COMM_BACKEND_MPI,
                                &job) != INA_OK) {
       if (job.rank == 0) fprintf(stderr, "ina generate: %s\n", ina_last_error());
+      rc = 2;
+      goto done;
+    }
+    if (dp_size && dp_size != job.groups) {
+      if (job.rank == 0)
+        fprintf(stderr,
+                "ina generate: --dp %d with --tp %d on %d ranks: the ranks form %d group(s), and attention data "
+                "parallelism runs over all of them (--dp %d)\n",
+                (int)dp_size, (int)job.tp_size, (int)job.size, (int)job.groups, (int)job.groups);
       rc = 2;
       goto done;
     }
