@@ -1,8 +1,8 @@
-/* Device helpers shared by the gpu_ops kernels (internal; CUDA only): bf16 packing,
- * 8-value lane loads and stores with a vectorized and a bounds-checked flavour, warp and
- * block reductions, the fused 1 x 128 FP8 quantization of a half-warp's block, the
- * ordered keys used for deterministic arg-max selection, and the host-side checks the
- * launchers share. */
+/* Device helpers shared by the gpu_ops and moe_ep kernels (internal; CUDA only): bf16
+ * packing, 8-value lane loads and stores with a vectorized and a bounds-checked flavour,
+ * warp and block reductions, the fused 1 x 128 FP8 quantization of a half-warp's block,
+ * the ordered keys used for deterministic arg-max selection, and the host-side checks
+ * the launchers share. */
 #ifndef INA_GPU_OPS_GPU_OPS_DEVICE_CUH
 #define INA_GPU_OPS_GPU_OPS_DEVICE_CUH
 

@@ -70,6 +70,7 @@
 #include "mla/mla_append.h"
 #include "model/engine_backend.h"
 #include "model/engine_gpu.h"
+#include "moe_ep/moe_gpu.h"
 
 /* HF builds q_a_layernorm and kv_a_layernorm without an eps argument: the latent norms
  * use the RMSNorm default, not rms_norm_eps (as engine_cpu.c). */

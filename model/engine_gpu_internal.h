@@ -17,6 +17,7 @@
 #include "mla/mla_absorb.h"
 #include "model/engine_backend.h"
 #include "model/engine_gpu.h"
+#include "moe_ep/moe_gpu.h"
 
 #define MAX_STEP_BUFFERS 40
 /* Decode buckets with a graph: batch 1, 2, 4, ... up to MAX_GRAPH_BATCH. */

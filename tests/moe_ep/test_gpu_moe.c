@@ -10,7 +10,7 @@
  * Outputs are poisoned. Skipped (exit 77) without a CUDA device. */
 #include "tests/gpu_ops/gpu_ops_test.h"
 
-#include "gpu_ops/gpu_ops.h"
+#include "moe_ep/moe_gpu.h"
 
 typedef enum { IDS_ROUTER, IDS_REPEATS, IDS_HOT, IDS_DROPPED, IDS_BAD } ids_kind_t;
 

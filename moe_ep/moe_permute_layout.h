@@ -1,8 +1,8 @@
 /* The work split of the MoE permutation that its workspace size depends on, shared by
  * the kernels (moe_permute.cu) and the size function, which every build has
  * (moe_permute_workspace.c). Internal header. */
-#ifndef INA_GPU_OPS_MOE_PERMUTE_LAYOUT_H
-#define INA_GPU_OPS_MOE_PERMUTE_LAYOUT_H
+#ifndef INA_MOE_EP_MOE_PERMUTE_LAYOUT_H
+#define INA_MOE_EP_MOE_PERMUTE_LAYOUT_H
 
 /* Entries counted and placed by one CTA; the workspace holds one int32 per
  * (chunk, expert). */

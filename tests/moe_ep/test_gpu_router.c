@@ -11,7 +11,7 @@
  * Skipped (exit 77) without a CUDA device. */
 #include "tests/gpu_ops/gpu_ops_test.h"
 
-#include "gpu_ops/gpu_ops.h"
+#include "moe_ep/moe_gpu.h"
 #include "moe_ep/router.h"
 
 #define GAP_GROUP 1e-5

@@ -1,4 +1,4 @@
-/* MoE permutation (gpu_ops/gpu_ops.h): a stable counting sort of the (token, k) entries
+/* MoE permutation (moe_ep/moe_gpu.h): a stable counting sort of the (token, k) entries
  * by expert, in three kernels that never depend on scheduling order:
  *
  *   count:  CTA c counts the experts of its chunk of kChunkEntries entries
@@ -13,13 +13,13 @@
  *           with the lanes of one expert found by __match_any_sync. That is exactly the
  *           entry's rank in increasing entry order among the entries of its expert. */
 #define INA_LOG_SUBSYS "gpu_ops"
-#include "gpu_ops/gpu_ops.h"
+#include "moe_ep/moe_gpu.h"
 
 #include <limits.h>
 
 #include "core/cuda_check.h"
 #include "gpu_ops/gpu_ops_device.cuh"
-#include "gpu_ops/moe_permute_layout.h"
+#include "moe_ep/moe_permute_layout.h"
 
 namespace {
 

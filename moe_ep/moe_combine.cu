@@ -1,9 +1,9 @@
-/* MoE weighted combine (gpu_ops/gpu_ops.h): one CTA per token. The token's top_k slots
+/* MoE weighted combine (moe_ep/moe_gpu.h): one CTA per token. The token's top_k slots
  * and weights are staged in shared memory once; each thread then owns 8-value lanes of
  * the hidden row and accumulates the weighted expert rows in fp32 in increasing k,
  * adds the shared expert's row last and rounds once to bf16. */
 #define INA_LOG_SUBSYS "gpu_ops"
-#include "gpu_ops/gpu_ops.h"
+#include "moe_ep/moe_gpu.h"
 
 #include <limits.h>
 

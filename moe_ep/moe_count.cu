@@ -1,9 +1,9 @@
-/* The padding rows of a step's routing (gpu_ops/gpu_ops.h): counting tokens routed per
+/* The padding rows of a step's routing (moe_ep/moe_gpu.h): counting tokens routed per
  * expert without them (ina_gpu_moe_count: one thread per (token, k) entry adds one to its
  * expert's 64-bit counter; integer sums do not depend on the order of the atomics, so the
  * counts are exact and deterministic), and dropping them (ina_gpu_moe_drop_rows). */
 #define INA_LOG_SUBSYS "gpu_ops"
-#include "gpu_ops/gpu_ops.h"
+#include "moe_ep/moe_gpu.h"
 
 #include <limits.h>
 

@@ -1,4 +1,4 @@
-/* MoE router (gpu_ops/gpu_ops.h; semantics in moe_ep/router.h), one warp per token.
+/* MoE router (moe_ep/moe_gpu.h; semantics in moe_ep/router.h), one warp per token.
  *
  * The warp keeps the token's scores and choice scores in shared memory, lane l owning
  * experts l, l + 32, ... for the elementwise steps. Every selection (groups, then
@@ -11,7 +11,7 @@
  * noaux_tc as the sum of the group's two largest choice scores, the norm over the
  * chosen weights in selection order. */
 #define INA_LOG_SUBSYS "gpu_ops"
-#include "gpu_ops/gpu_ops.h"
+#include "moe_ep/moe_gpu.h"
 
 #include <limits.h>
 

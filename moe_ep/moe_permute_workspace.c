@@ -1,7 +1,7 @@
-/* Workspace size of the MoE permutation (gpu_ops/gpu_ops.h): one int32 per (chunk of
+/* Workspace size of the MoE permutation (moe_ep/moe_gpu.h): one int32 per (chunk of
  * entries, expert), a pure function of the shape, the same with and without CUDA. */
-#include "gpu_ops/gpu_ops.h"
-#include "gpu_ops/moe_permute_layout.h"
+#include "moe_ep/moe_gpu.h"
+#include "moe_ep/moe_permute_layout.h"
 
 size_t ina_gpu_moe_permute_workspace_size(int64_t tokens, int32_t top_k, int32_t num_experts) {
   if (tokens <= 0 || top_k <= 0 || num_experts <= 0) return 0;

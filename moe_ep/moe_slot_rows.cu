@@ -1,9 +1,9 @@
-/* The rows of an expert-parallel rank's expert slots (gpu_ops/gpu_ops.h,
+/* The rows of an expert-parallel rank's expert slots (moe_ep/moe_gpu.h,
  * ina_gpu_moe_slot_rows): one thread per slot. The cut of an expert's entries among its
  * replicas is the CPU engine's (model/expert_parallel.h): run j of R is
  * [n * j / R, n * (j + 1) / R) of the expert's n entries. */
 #define INA_LOG_SUBSYS "gpu_ops"
-#include "gpu_ops/gpu_ops.h"
+#include "moe_ep/moe_gpu.h"
 
 #include "core/cuda_check.h"
 #include "gpu_ops/gpu_ops_device.cuh"
