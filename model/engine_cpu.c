@@ -19,9 +19,9 @@
 #include "model/engine_cpu_internal.h"
 #include "model/engine_cpu_numerics.h"
 #include "model/engine_test_hooks.h"
-#include "model/expert_parallel.h"
-#include "model/expert_slots.h"
 #include "model/model.h"
+#include "moe_ep/expert_parallel.h"
+#include "moe_ep/expert_slots.h"
 #include "moe_ep/router.h"
 
 /* HF (and DeepSeek's own code) build q_a_layernorm and kv_a_layernorm without an eps

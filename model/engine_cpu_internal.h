@@ -8,9 +8,9 @@
 
 #include "core/threadpool.h"
 #include "model/engine_backend.h"
-#include "model/expert_parallel.h"
-#include "model/expert_slots.h"
 #include "model/model.h"
+#include "moe_ep/expert_parallel.h"
+#include "moe_ep/expert_slots.h"
 
 struct ina_engine_cpu {
   const ina_model_t *model;

@@ -26,8 +26,8 @@
 #include "kvcache/kv_seq.h"
 #include "kvcache/page_pool.h"
 #include "model/config.h"
-#include "model/expert_placement.h"
 #include "model/weights.h"
+#include "moe_ep/expert_placement.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -174,7 +174,7 @@ typedef struct ina_batch {
 ina_status_t ina_engine_expert_load(ina_engine_t *engine, int reset, uint64_t *counts,
                                     int64_t capacity, int32_t *num_moe_layers);
 
-/* The expert placement in force (model/expert_placement.h) into *out; the caller frees it
+/* The expert placement in force (moe_ep/expert_placement.h) into *out; the caller frees it
  * with ina_expert_placement_free. An engine without expert parallelism has ep 1. Driver
  * thread only (ina_engine_apply_placement changes it). */
 ina_status_t ina_engine_get_placement(ina_engine_t *engine, ina_expert_placement_t *out);

@@ -1,6 +1,6 @@
 /* The rows of an expert-parallel rank's expert slots (moe_ep/moe_gpu.h,
  * ina_gpu_moe_slot_rows): one thread per slot. The cut of an expert's entries among its
- * replicas is the CPU engine's (model/expert_parallel.h): run j of R is
+ * replicas is the CPU engine's (moe_ep/expert_parallel.h): run j of R is
  * [n * j / R, n * (j + 1) / R) of the expert's n entries. */
 #define INA_LOG_SUBSYS "gpu_ops"
 #include "moe_ep/moe_gpu.h"

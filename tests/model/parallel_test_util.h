@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/expert_placement.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "moe_ep/expert_placement.h"
 
 typedef struct fixture_run {
   ina_generate_request_t r[GOLDEN_MAX_PROMPTS]; /* outputs and logits of every prompt */

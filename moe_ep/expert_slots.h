@@ -1,5 +1,5 @@
-/* The routed-expert weights one rank holds, slot by slot (model/expert_placement.h), and
- * the move that refills the slots for a new placement. Internal to model/.
+/* The routed-expert weights one rank holds, slot by slot (moe_ep/expert_placement.h), and
+ * the move that refills the slots for a new placement. Used by model/'s CPU engine.
  *
  * A slot's weights either view the model's own tensors (the experts the rank was loaded
  * with) or live in a buffer the slot owns (experts received from another rank). A move
@@ -13,14 +13,14 @@
  *
  * Ownership: a set owns its arrays and its owned buffers, except those it shares with
  * another set (see ina_expert_slots_release). Thread safety: one thread at a time. */
-#ifndef INA_MODEL_EXPERT_SLOTS_H
-#define INA_MODEL_EXPERT_SLOTS_H
+#ifndef INA_MOE_EP_EXPERT_SLOTS_H
+#define INA_MOE_EP_EXPERT_SLOTS_H
 
 #include <stdint.h>
 
 #include "comm/comm.h"
 #include "core/status.h"
-#include "model/expert_placement.h"
+#include "moe_ep/expert_placement.h"
 #include "model/weights.h"
 
 typedef struct ina_expert_slots {

@@ -1,10 +1,10 @@
-/* Expert placements (model/expert_placement.h): the contiguous placement, validation with
+/* Expert placements (moe_ep/expert_placement.h): the contiguous placement, validation with
  * the offence named, copies, equality and digests, on fixed cases and random ones. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
-#include "model/expert_placement.h"
+#include "moe_ep/expert_placement.h"
 #include "tests/test_util.h"
 
 static void expect_invalid(const ina_expert_placement_t *p, const char *part) {

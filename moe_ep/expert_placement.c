@@ -1,6 +1,6 @@
-/* Expert placements (model/expert_placement.h). */
+/* Expert placements (moe_ep/expert_placement.h). */
 #define INA_LOG_SUBSYS "model"
-#include "model/expert_placement.h"
+#include "moe_ep/expert_placement.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,9 +1,9 @@
 /* Expert parallelism of the CPU engine: which rank computes which routed (token, expert)
- * pairs, and the exchange that gives every rank every pair's output. Internal to model/.
+ * pairs, and the exchange that gives every rank every pair's output.
  *
  * Tokens are replicated over the group (every rank runs the same batch), so every rank
  * knows the whole routing. The routed pairs of a MoE layer are ordered by expert, then
- * token, then top-k slot. The group's placement (model/expert_placement.h) says which
+ * token, then top-k slot. The group's placement (moe_ep/expert_placement.h) says which
  * slots hold each logical expert; an expert with R replicas has its pairs cut into R
  * contiguous runs of near-equal length, the j-th run going to its j-th replica in (rank,
  * slot) order. Every rank derives the same pieces from the routing, computes its own,
@@ -13,14 +13,14 @@
  *
  * Ownership: the group borrows the communicator and owns its placement and tables.
  * Thread safety: as the communicator (one thread at a time). */
-#ifndef INA_MODEL_EXPERT_PARALLEL_H
-#define INA_MODEL_EXPERT_PARALLEL_H
+#ifndef INA_MOE_EP_EXPERT_PARALLEL_H
+#define INA_MOE_EP_EXPERT_PARALLEL_H
 
 #include <stdint.h>
 
 #include "comm/comm.h"
 #include "core/status.h"
-#include "model/expert_placement.h"
+#include "moe_ep/expert_placement.h"
 
 typedef struct ina_ep_group {
   ina_comm_t *comm; /* NULL: one rank */

@@ -1,6 +1,6 @@
-/* Expert parallelism of the CPU engine (model/expert_parallel.h). */
+/* Expert parallelism of the CPU engine (moe_ep/expert_parallel.h). */
 #define INA_LOG_SUBSYS "model"
-#include "model/expert_parallel.h"
+#include "moe_ep/expert_parallel.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
-/* The routed-expert weights of one rank's slots (model/expert_slots.h). */
+/* The routed-expert weights of one rank's slots (moe_ep/expert_slots.h). */
 #define INA_LOG_SUBSYS "model"
-#include "model/expert_slots.h"
+#include "moe_ep/expert_slots.h"
 
 #include <stdlib.h>
 #include <string.h>
