@@ -7,9 +7,9 @@
  * `--show` writes the placement in force as JSON (placement_json.h); `--file` reads such
  * a file back, checks it whole before any call, and applies it. `--balance` reads the
  * per-expert token counts (Node/GetLoad) and the placement in force, plans a balanced one
- * relative to it (placement_rebalance in placement_balance.h: layers it does not improve
- * stay, the others move the fewest weights), prints how even the ranks' loads are and
- * will be, and applies it against the generation it planned from. */
+ * relative to it (placement_rebalance in moe_ep/placement_balance.h: layers it does not
+ * improve stay, the others move the fewest weights), prints how even the ranks' loads are
+ * and will be, and applies it against the generation it planned from. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -20,10 +20,10 @@
 #include "core/log.h"
 #include "ina/v1/node.pb-c.h"
 #include "ina/v1/placement.pb-c.h"
+#include "moe_ep/placement_balance.h"
 #include "tools/cli.h"
 #include "tools/client_connection.h"
 #include "tools/json_output.h"
-#include "tools/placement_balance.h"
 #include "tools/placement_json.h"
 
 /* ApplyPlacement moves expert weights and re-captures graphs: minutes, not seconds. */

@@ -1,6 +1,6 @@
-/* The expert load balancer (tools/placement_balance.h): replica counts, greedy packing
+/* The expert load balancer (moe_ep/placement_balance.h): replica counts, greedy packing
  * and a local refinement, one MoE layer at a time. */
-#include "tools/placement_balance.h"
+#include "moe_ep/placement_balance.h"
 
 #include <stdarg.h>
 #include <stdio.h>

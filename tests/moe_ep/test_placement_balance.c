@@ -1,4 +1,4 @@
-/* The expert load balancer (tools/placement_balance.h) over random loads (uniform, Zipf,
+/* The expert load balancer (moe_ep/placement_balance.h) over random loads (uniform, Zipf,
  * all zero, one hot expert, sparse, huge counts) and many (layers, experts, ep, slots)
  * shapes. Every result must be a valid expert map in the documented layout, with
  * replica counts that follow the highest-load-per-replica rule, a heaviest rank that no
@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe_ep/placement_balance.h"
 #include "tests/test_util.h"
-#include "tools/placement_balance.h"
 
 /* The same tolerance the refinement's floor allows, widened for sums in another order. */
 #define LOCAL_OPT_TOL 1e-6

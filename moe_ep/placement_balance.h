@@ -41,8 +41,8 @@
  * the functions read their inputs and write only the output arrays. No pointer may be
  * NULL except `error` when error_size is 0, and `kept` where said. Thread safety:
  * reentrant. */
-#ifndef INA_TOOLS_PLACEMENT_BALANCE_H
-#define INA_TOOLS_PLACEMENT_BALANCE_H
+#ifndef INA_MOE_EP_PLACEMENT_BALANCE_H
+#define INA_MOE_EP_PLACEMENT_BALANCE_H
 
 #include <stddef.h>
 #include <stdint.h>
