@@ -23,5 +23,7 @@ int cmd_generate_remote(int argc, char **argv);
 /* Load and placement of a running agent (cmd_load.c, cmd_place.c): ina load, ina place. */
 int cmd_load(int argc, char **argv);
 int cmd_place(int argc, char **argv);
+/* The expert-parallel traffic and time model (cmd_plan.c): ina plan. */
+int cmd_plan(int argc, char **argv);
 
 #endif

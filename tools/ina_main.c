@@ -23,6 +23,8 @@ static void usage(FILE *f) {
           "               token counts (--server HOST:PORT)\n"
           "  place        show a running ina-agent's expert placement as JSON, or apply one\n"
           "               from a file (--server HOST:PORT)\n"
+          "  plan         predict the expert-parallel exchange's bytes, messages and time\n"
+          "               per rank at given EP degrees (--model SPEC --ep E --batch B)\n"
           "\n"
           "`ina generate --server HOST:PORT` streams from a running ina-agent instead.\n"
           "\n"
@@ -45,6 +47,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "health") == 0) return cmd_health(argc - 1, argv + 1);
   if (strcmp(argv[1], "load") == 0) return cmd_load(argc - 1, argv + 1);
   if (strcmp(argv[1], "place") == 0) return cmd_place(argc - 1, argv + 1);
+  if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 1, argv + 1);
   fprintf(stderr, "ina: unknown command '%s'\n\n", argv[1]);
   usage(stderr);
   return 2;
