@@ -5,6 +5,7 @@
 #define INA_LOG_SUBSYS "model"
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/check.h"
 #include "model/engine_backend.h"
@@ -40,6 +41,14 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
                 INA_ERR_INVALID_ARGUMENT,
                 "engine: numerics %d is not one of 0 (fp32) and 1 (the GPU's rounding, CPU backend only)%s",
                 numerics, device >= 0 ? " for a CUDA device" : "");
+  }
+  {
+    const int x = ina_engine_options_ep_exchange(options);
+    INA_REQUIRE(x >= INA_ENGINE_EP_EXCHANGE_AUTO && x <= INA_ENGINE_EP_EXCHANGE_DISPATCH, INA_ERR_INVALID_ARGUMENT,
+                "engine: ep_exchange %d is not 0 (auto), 1 (allgather) or 2 (dispatch)", x);
+    INA_REQUIRE(x != INA_ENGINE_EP_EXCHANGE_DISPATCH || device < 0, INA_ERR_UNSUPPORTED,
+                "engine: the dispatch exchange runs on the CPU backend only (its NVLink backend for "
+                "CUDA devices is not built yet): use allgather on a GPU");
   }
   e = calloc(1, sizeof *e);
   INA_CHECK_ALLOC(e);
@@ -96,6 +105,23 @@ ina_status_t ina_engine_apply_placement(ina_engine_t *e, const ina_expert_placem
   *bytes_moved = 0;
   return e->cpu ? ina_engine_cpu_apply_placement(e->cpu, p, dry_run, bytes_moved)
                 : ina_engine_gpu_apply_placement(e->gpu, p, dry_run, bytes_moved);
+fail:
+  return st;
+}
+
+const char *ina_engine_ep_exchange_name(int32_t x) {
+  return x == INA_ENGINE_EP_EXCHANGE_AUTO        ? "auto"
+         : x == INA_ENGINE_EP_EXCHANGE_ALLGATHER ? "allgather"
+         : x == INA_ENGINE_EP_EXCHANGE_DISPATCH  ? "dispatch"
+                                                 : "unknown";
+}
+
+ina_status_t ina_engine_ep_traffic(const ina_engine_t *e, ina_engine_ep_traffic_t *out) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e != NULL && out != NULL, INA_ERR_INVALID_ARGUMENT, "ep traffic: NULL argument");
+  memset(out, 0, sizeof *out);
+  out->exchange = INA_ENGINE_EP_EXCHANGE_ALLGATHER;
+  if (e->cpu) ina_engine_cpu_ep_traffic(e->cpu, out); /* the CUDA backend does not count it yet */
 fail:
   return st;
 }

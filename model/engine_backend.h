@@ -57,6 +57,13 @@ static inline int ina_engine_options_numerics(const ina_engine_options_t *o) {
                                                                                          : INA_ENGINE_NUMERICS_F32;
 }
 
+/* options->ep_exchange and the dispatch settings when the caller's struct has them
+ * (version 9), else AUTO. */
+static inline int ina_engine_options_ep_exchange(const ina_engine_options_t *o) {
+  return o->struct_size >= offsetof(ina_engine_options_t, ep_max_tokens) + sizeof(int64_t) ? o->ep_exchange
+                                                                                           : INA_ENGINE_EP_EXCHANGE_AUTO;
+}
+
 typedef struct ina_engine_cpu ina_engine_cpu_t;
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,
@@ -70,6 +77,7 @@ ina_status_t ina_engine_cpu_apply_placement(ina_engine_cpu_t *engine, const ina_
                                             int dry_run, int64_t *bytes_moved);
 ina_status_t ina_engine_cpu_expert_load(ina_engine_cpu_t *engine, int reset, uint64_t *counts,
                                         int64_t capacity, int32_t *num_moe_layers);
+void ina_engine_cpu_ep_traffic(const ina_engine_cpu_t *engine, ina_engine_ep_traffic_t *out);
 /* model/engine_test_hooks.h */
 ina_status_t ina_engine_cpu_set_mutation(ina_engine_cpu_t *engine, int32_t mutation);
 ina_status_t ina_engine_cpu_set_rounding_noise(ina_engine_cpu_t *engine, const ina_engine_noise_t *noise);

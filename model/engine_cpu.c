@@ -125,6 +125,29 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
     INA_CHECK(ina_expert_slots_from_model(e->w, e->moe_layers, &e->ep.placement, e->ep.rank,
                                           &e->slots));
   }
+  {
+    const int x = ina_engine_options_ep_exchange(options);
+    e->ep_exchange = x != INA_ENGINE_EP_EXCHANGE_AUTO ? x
+                     : e->attention_dp                ? INA_ENGINE_EP_EXCHANGE_DISPATCH
+                                                      : INA_ENGINE_EP_EXCHANGE_ALLGATHER;
+    INA_REQUIRE(e->ep_exchange != INA_ENGINE_EP_EXCHANGE_DISPATCH || e->attention_dp, INA_ERR_INVALID_ARGUMENT,
+                "engine: the dispatch exchange needs attention data parallelism (attention_dp): with the batch "
+                "replicated, every rank holds every token already");
+    e->traffic.exchange = e->ep_exchange;
+    ina_ep_config_t xc = INA_EP_CONFIG_INIT;
+    xc.layout = (ina_ep_layout_t)options->ep_layout;
+    xc.dispatch_payload = (ina_ep_payload_t)options->ep_payload;
+    xc.combine_payload = INA_EP_PAYLOAD_F32; /* expert outputs are not rounded before the sum */
+    xc.hidden = e->cfg->hidden_size;
+    xc.top_k = e->cfg->num_experts_per_tok > 0 ? e->cfg->num_experts_per_tok : 1;
+    xc.max_tokens_per_rank = options->ep_max_tokens > 0 ? options->ep_max_tokens : 512;
+    if (ina_engine_options_ep_exchange(options) == INA_ENGINE_EP_EXCHANGE_AUTO &&
+        options->struct_size < offsetof(ina_engine_options_t, ep_max_tokens) + sizeof(int64_t)) {
+      xc.layout = INA_EP_LAYOUT_CONTIGUOUS;
+      xc.dispatch_payload = INA_EP_PAYLOAD_F32;
+    }
+    e->ex_config = xc;
+  }
   e->expert_load = calloc((size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts + 1,
                           sizeof *e->expert_load);
   INA_CHECK_ALLOC(e->expert_load);
@@ -160,6 +183,7 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   if (!e) return;
   ina_page_pool_destroy(e->kv);
   ina_threadpool_destroy(e->pool);
+  ina_ep_exchange_destroy(e->ex);
   ina_ep_group_free(&e->ep);
   ina_expert_slots_release(&e->slots, NULL);
   free(e->moe_layers);
@@ -617,6 +641,7 @@ typedef struct expert_job {
   int32_t moe_layer;
   const routed_pairs_t *pairs;
   float *xe, *y;
+  int64_t computed; /* rows this rank computed, which the all-gather sends to every other */
 } expert_job_t;
 
 /* One piece of the routed pairs, when it is this rank's: its rows of y. */
@@ -626,6 +651,7 @@ static ina_status_t run_piece(const ina_ep_piece_t *piece, void *arg) {
   const ina_engine_cpu_t *e = j->s->e;
   const int64_t Hd = e->cfg->hidden_size, n = piece->pair_end - piece->pair_begin;
   if (piece->rank != e->ep.rank) return INA_OK;
+  j->computed += n;
   for (int64_t r = 0; r < n; r++)
     memcpy(j->xe + r * Hd, j->s->h + (int64_t)j->pairs->token[piece->pair_begin + r] * Hd,
            (size_t)Hd * sizeof(float));
@@ -635,30 +661,21 @@ fail:
   return st;
 }
 
-static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
+/* The router on T rows of h: ids and weights [T, top_k] (the test hook's expert swap
+ * applied). `record`: the oracle's route probe takes these rows (one rank's batch). */
+static ina_status_t route_rows(ina_engine_cpu_t *e, int32_t layer, const float *h, int64_t T, int record,
+                               int32_t *ids, float *weights) {
   ina_status_t st = INA_OK;
-  ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
   const ina_layer_weights_t *L = &e->w->layers[layer];
-  const int64_t T = s->T, Hd = c->hidden_size;
   const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok;
-  float *logits = NULL, *weights = NULL, *bias = NULL, *xe = NULL, *y = NULL;
-  int32_t *ids = NULL;
-  routed_pairs_t pairs = {NULL, NULL, NULL};
-  logits = malloc((size_t)T * E * sizeof(float));
-  weights = malloc((size_t)T * K * sizeof(float));
-  ids = malloc((size_t)T * K * sizeof(int32_t));
-  xe = malloc((size_t)T * Hd * sizeof(float));
-  y = malloc(((size_t)T * K * Hd + 1) * sizeof(float));
+  float *logits = NULL, *bias = NULL;
+  logits = malloc(((size_t)T * E + 1) * sizeof(float));
   INA_CHECK_ALLOC(logits);
-  INA_CHECK_ALLOC(weights);
-  INA_CHECK_ALLOC(ids);
-  INA_CHECK_ALLOC(xe);
-  INA_CHECK_ALLOC(y);
   {
     /* The router runs in fp32, as HF's F.linear on float32 weights. */
     ina_linear_t router = {L->router, {0}, {0}, 0, 0};
-    INA_CHECK(ina_cpu_linear(e->pool, &router, s->h, T, logits));
+    INA_CHECK(ina_cpu_linear(e->pool, &router, h, T, logits));
   }
   if (!ina_tensor_is_empty(&L->router_bias)) {
     bias = malloc((size_t)E * sizeof(float));
@@ -677,7 +694,7 @@ static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
     rc.norm_topk_prob = c->norm_topk_prob;
     rc.routed_scaling_factor = (float)c->routed_scaling_factor;
     INA_CHECK(ina_router_ref(&rc, logits, bias, T, ids, weights));
-    if (e->gpu_numerics && e->routes && T <= e->route_rows) {
+    if (record && e->gpu_numerics && e->routes && T <= e->route_rows) {
       /* How each row was routed, and how near it came to other experts: the oracle's
        * near-tie rows. Under attention DP this layer's rows are every rank's; only a
        * single rank's are recorded. */
@@ -697,6 +714,31 @@ static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
   }
   if (e->mutation == INA_MUTATION_EXPERT_SWAP && e->moe_index[layer] == 0 && E >= 2)
     for (int64_t i = 0; i < T * K; i++) ids[i] = ids[i] == 0 ? 1 : ids[i] == 1 ? 0 : ids[i];
+fail:
+  free(logits);
+  free(bias);
+  return st;
+}
+
+static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = s->e;
+  const ina_model_config_t *c = e->cfg;
+  const ina_layer_weights_t *L = &e->w->layers[layer];
+  const int64_t T = s->T, Hd = c->hidden_size;
+  const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok;
+  float *weights = NULL, *xe = NULL, *y = NULL;
+  int32_t *ids = NULL;
+  routed_pairs_t pairs = {NULL, NULL, NULL};
+  weights = malloc(((size_t)T * K + 1) * sizeof(float));
+  ids = malloc(((size_t)T * K + 1) * sizeof(int32_t));
+  xe = malloc(((size_t)T * Hd + 1) * sizeof(float));
+  y = malloc(((size_t)T * K * Hd + 1) * sizeof(float));
+  INA_CHECK_ALLOC(weights);
+  INA_CHECK_ALLOC(ids);
+  INA_CHECK_ALLOC(xe);
+  INA_CHECK_ALLOC(y);
+  INA_CHECK(route_rows(e, layer, s->h, T, 1, ids, weights));
   INA_CHECK(routed_pairs_build(ids, weights, T, K, E, &pairs));
   {
     uint64_t *load = e->step_load + (int64_t)e->moe_index[layer] * E;
@@ -705,8 +747,12 @@ static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
   /* Our pieces, each over the tokens routed to its expert; then every rank's rows
    * everywhere. */
   {
-    expert_job_t job = {s, e->moe_index[layer], &pairs, xe, y};
+    expert_job_t job = {s, e->moe_index[layer], &pairs, xe, y, 0};
     INA_CHECK(ina_ep_walk_pieces(&e->ep, job.moe_layer, pairs.first, run_piece, &job));
+    if (e->ep.nranks > 1) {
+      e->traffic.layers++;
+      e->traffic.combine_bytes += job.computed * (e->ep.nranks - 1) * Hd * (int64_t)sizeof(float);
+    }
   }
   INA_CHECK(ina_ep_share_outputs(&e->ep, e->moe_index[layer], pairs.first, Hd, y));
   /* Combine in expert order, each token's rows in turn (HF's loop order). */
@@ -723,9 +769,7 @@ static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
   }
   as_stored(e, out, T * Hd);
 fail:
-  free(logits);
   free(weights);
-  free(bias);
   free(ids);
   free(xe);
   free(y);
@@ -770,6 +814,8 @@ static ina_status_t moe_block_dp(step_t *s, int32_t layer, float *out) {
   INA_CHECK_ALLOC(g);
   INA_CHECK_ALLOC(u);
   INA_CHECK(ina_comm_all_to_all_v(e->ep.comm, s->h, sc, sd, h_all, rc, rd, INA_DTYPE_F32, NULL));
+  e->traffic.rows_sent += mine * (n - 1);
+  e->traffic.dispatch_bytes += mine * (n - 1) * Hd * (int64_t)sizeof(float);
   all.h = h_all;
   all.T = total;
   all.g = g;
@@ -783,8 +829,94 @@ fail:
   return st;
 }
 
+/* The exchange for the placement in force: made at the first MoE layer, remade when a
+ * placement change altered the slots per rank (local: no communication). */
+static ina_status_t ensure_exchange(ina_engine_cpu_t *e) {
+  ina_status_t st = INA_OK;
+  if (e->ex && e->ex_config.slots_per_rank == e->ep.placement.slots_per_rank) return INA_OK;
+  ina_ep_exchange_destroy(e->ex);
+  e->ex = NULL;
+  e->ex_config.slots_per_rank = e->ep.placement.slots_per_rank;
+  INA_CHECK(ina_ep_exchange_create(e->ep.comm, &e->ex_config, &e->ex));
+fail:
+  return st;
+}
+
+/* Attention data parallelism over the dispatch/combine exchange (moe_ep/dispatch.h):
+ * this rank routes its own rows, sends each only to the ranks of its experts, runs its
+ * slots on the rows it received, and sums the outputs that come back in the one-rank
+ * order; then the shared experts on its own rows, as moe_layer does. */
+static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = s->e;
+  const ina_model_config_t *c = e->cfg;
+  const ina_layer_weights_t *L = &e->w->layers[layer];
+  const int64_t T = s->T, Hd = c->hidden_size, inter = widest_intermediate(c);
+  const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok, moe = e->moe_index[layer];
+  float *weights = malloc(((size_t)T * K + 1) * sizeof *weights), *xe = NULL, *g = NULL, *u = NULL;
+  int32_t *ids = malloc(((size_t)T * K + 1) * sizeof *ids);
+  INA_CHECK_ALLOC(weights);
+  INA_CHECK_ALLOC(ids);
+  INA_CHECK(route_rows(e, layer, s->h, T, 0, ids, weights));
+  {
+    uint64_t *load = e->step_load + (int64_t)moe * E;
+    for (int64_t i = 0; i < T * K; i++) load[ids[i]]++;
+  }
+  INA_CHECK(ensure_exchange(e));
+  const ina_ep_replicas_t rep = {E, e->ep.replica_first + (size_t)moe * ((size_t)E + 1), e->ep.replica_rank,
+                                 e->ep.replica_slot};
+  INA_CHECK(ina_ep_dispatch(e->ex, &rep, s->h, ids, T));
+  {
+    ina_ep_received_t got;
+    ina_ep_received(e->ex, &got);
+    float *outs = ina_ep_outputs(e->ex);
+    int64_t most = 0;
+    for (int32_t slot = 0; slot < got.slots; slot++)
+      if (got.count[slot] > most) most = got.count[slot];
+    step_t mine = *s; /* the experts' scratch, for the most rows one slot received */
+    g = malloc(((size_t)(most * inter)) * sizeof *g + 1);
+    u = malloc(((size_t)(most * inter)) * sizeof *u + 1);
+    INA_CHECK_ALLOC(g);
+    INA_CHECK_ALLOC(u);
+    mine.g = g;
+    mine.u = u;
+    for (int32_t slot = 0; slot < got.slots; slot++) {
+      if (got.count[slot] == 0) continue;
+      const int64_t begin = got.layout == INA_EP_LAYOUT_MASKED ? slot * got.capacity : got.first[slot];
+      INA_CHECK(mlp(&mine, ina_expert_slots_at(&e->slots, moe, slot), got.rows + begin * Hd, got.count[slot],
+                    outs + begin * Hd));
+    }
+  }
+  if (e->mutation == INA_MUTATION_ROUTED_SCALE)
+    for (int64_t i = 0; i < T * K; i++) weights[i] *= 0.95f;
+  {
+    ina_ep_stats_t stats;
+    INA_CHECK(ina_ep_combine(e->ex, weights, out, &stats));
+    e->traffic.layers++;
+    e->traffic.rows_sent += stats.rows_remote;
+    e->traffic.dispatch_bytes += stats.dispatch_bytes + stats.meta_bytes;
+    e->traffic.combine_bytes += stats.combine_bytes;
+  }
+  if (L->has_shared && e->mutation != INA_MUTATION_NO_SHARED) {
+    xe = malloc(((size_t)T * Hd + 1) * sizeof *xe);
+    INA_CHECK_ALLOC(xe);
+    INA_CHECK(mlp(s, &L->mlp, s->h, T, xe));
+    for (int64_t i = 0; i < T * Hd; i++) out[i] += xe[i];
+  }
+  as_stored(e, out, T * Hd);
+fail:
+  free(weights);
+  free(ids);
+  free(xe);
+  free(g);
+  free(u);
+  return st;
+}
+
 static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
-  return s->e->attention_dp ? moe_block_dp(s, layer, out) : moe_layer(s, layer, out);
+  if (!s->e->attention_dp) return moe_layer(s, layer, out);
+  return s->e->ep_exchange == INA_ENGINE_EP_EXCHANGE_DISPATCH ? moe_block_dispatch(s, layer, out)
+                                                              : moe_block_dp(s, layer, out);
 }
 
 static ina_status_t mlp_block(step_t *s, int32_t layer) {
@@ -807,13 +939,31 @@ fail:
 
 /* ---- the step --------------------------------------------------------------------- */
 
-/* The step's expert counts into the published ones, every layer at once. */
-static void publish_expert_load(ina_engine_cpu_t *e) {
+/* The step's expert counts into the published ones, every layer at once. Under the
+ * dispatch exchange each rank routed only its own tokens: the ranks' counts are summed
+ * first (collective), so that every rank publishes the group's, as with the all-gather
+ * exchange where every rank routes every token. */
+static ina_status_t publish_expert_load(ina_engine_cpu_t *e) {
+  ina_status_t st = INA_OK;
   const size_t n = (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts;
+  uint64_t *all = NULL;
+  if (e->attention_dp && e->ep_exchange == INA_ENGINE_EP_EXCHANGE_DISPATCH && e->ep.comm && e->ep.nranks > 1 && n) {
+    all = malloc(n * (size_t)e->ep.nranks * sizeof *all);
+    INA_CHECK_ALLOC(all);
+    INA_CHECK(ina_comm_all_gather(e->ep.comm, e->step_load, all, n, INA_DTYPE_I64, NULL));
+    for (size_t i = 0; i < n; i++) {
+      uint64_t sum = 0;
+      for (int32_t r = 0; r < e->ep.nranks; r++) sum += all[(size_t)r * n + i];
+      e->step_load[i] = sum;
+    }
+  }
   pthread_mutex_lock(&e->load_mu);
   for (size_t i = 0; i < n; i++) e->expert_load[i] += e->step_load[i];
   pthread_mutex_unlock(&e->load_mu);
   memset(e->step_load, 0, n * sizeof *e->step_load);
+fail:
+  free(all);
+  return st;
 }
 
 /* The forward of batch b, whose sequences have grown by their new tokens already. */
@@ -863,7 +1013,7 @@ static ina_status_t forward_grown(ina_engine_cpu_t *e, const ina_batch_t *b, flo
       INA_CHECK(ina_cpu_linear(e->pool, &e->w->lm_head, final, rows, logits));
     }
   }
-  publish_expert_load(e);
+  INA_CHECK(publish_expert_load(e));
 fail:
   if (st != INA_OK) /* the step's tokens were not computed: its counts go */
     memset(e->step_load, 0, (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts * sizeof *e->step_load);
@@ -998,3 +1148,5 @@ ina_status_t ina_engine_cpu_routes(ina_engine_cpu_t *e, ina_engine_route_t *out,
 fail:
   return st;
 }
+
+void ina_engine_cpu_ep_traffic(const ina_engine_cpu_t *e, ina_engine_ep_traffic_t *out) { *out = e->traffic; }

@@ -9,6 +9,7 @@
 #include "core/threadpool.h"
 #include "model/engine_backend.h"
 #include "model/model.h"
+#include "moe_ep/dispatch.h"
 #include "moe_ep/expert_parallel.h"
 #include "moe_ep/expert_slots.h"
 
@@ -26,6 +27,12 @@ struct ina_engine_cpu {
   ina_expert_slots_t slots; /* this rank's slots */
   int64_t max_expert_bytes; /* ina_engine_options_t.max_expert_bytes */
   int attention_dp;         /* ina_engine_options_t.attention_dp (with ep.comm) */
+  /* The MoE exchange under attention DP: DISPATCH through `ex` (made for the placement's
+   * slots per rank, remade when that changes), else ALLGATHER; and its traffic so far. */
+  int32_t ep_exchange;
+  ina_ep_config_t ex_config;
+  ina_ep_exchange_t *ex;
+  ina_engine_ep_traffic_t traffic;
   ina_comm_t *tp_comm;  /* tensor parallelism: sums the partial outputs; NULL: one rank */
   int32_t heads;        /* attention heads of this rank (all of them without TP) */
   /* Tokens routed per (MoE layer, expert); read by other threads under load_mu. A step

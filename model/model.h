@@ -134,7 +134,42 @@ typedef struct ina_engine_options {
    * weights (the default), or rounded where the CUDA backend rounds, the oracle its tests
    * compare it with. The CUDA backend takes only INA_ENGINE_NUMERICS_F32 (its own). */
   int32_t numerics;
+  /* Version 9. How the MoE layers of an expert-parallel group exchange tokens
+   * (ina_engine_ep_exchange_t): AUTO (default) takes DISPATCH on the CPU backend under
+   * attention_dp and ALLGATHER otherwise. DISPATCH (moe_ep/dispatch.h) sends each token
+   * only to its experts' ranks and the outputs back; ALLGATHER gives every rank every
+   * row. Both equal one rank bit for bit with the F32 payload. The CUDA backend takes
+   * ALLGATHER only (DISPATCH: INA_ERR_UNSUPPORTED until its NVLink backend exists). */
+  int32_t ep_exchange;
+  /* DISPATCH only: the received rows' layout (ina_ep_layout_t: contiguous, or masked
+   * with ep_max_tokens rows per rank and slot, every rank the same), and the rows'
+   * payload (ina_ep_payload_t: F32 exact; BF16 exact on bf16 values; FP8 rounds). */
+  int32_t ep_layout;
+  int32_t ep_payload;
+  int64_t ep_max_tokens;
 } ina_engine_options_t;
+
+typedef enum ina_engine_ep_exchange {
+  INA_ENGINE_EP_EXCHANGE_AUTO = 0,
+  INA_ENGINE_EP_EXCHANGE_ALLGATHER = 1,
+  INA_ENGINE_EP_EXCHANGE_DISPATCH = 2,
+} ina_engine_ep_exchange_t;
+
+/* "auto", "allgather", "dispatch"; "unknown" otherwise. */
+const char *ina_engine_ep_exchange_name(int32_t exchange);
+
+/* What this rank's MoE layers sent to other ranks since the engine started (bytes on the
+ * wire, payload and metadata), and how: exchange is the resolved kind (ALLGATHER with no
+ * expert parallelism). */
+typedef struct ina_engine_ep_traffic {
+  int32_t exchange;
+  int64_t layers;          /* MoE layer exchanges */
+  int64_t rows_sent;       /* (token, destination rank) pairs sent to other ranks */
+  int64_t dispatch_bytes;  /* rows on their way to the experts (with their slot entries) */
+  int64_t combine_bytes;   /* outputs on their way back */
+} ina_engine_ep_traffic_t;
+
+ina_status_t ina_engine_ep_traffic(const ina_engine_t *engine, ina_engine_ep_traffic_t *out);
 
 /* INA_ENGINE_NUMERICS_GPU rounds to bf16 exactly where the CUDA engine stores bf16:
  * weights (f32 checkpoints rounded, FP8 weights the GPU cannot multiply in FP8
@@ -147,7 +182,7 @@ typedef enum ina_engine_numerics {
 } ina_engine_numerics_t;
 
 #define INA_ENGINE_OPTIONS_INIT \
-  {sizeof(ina_engine_options_t), 8, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0, 0, 0}
+  {sizeof(ina_engine_options_t), 9, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);

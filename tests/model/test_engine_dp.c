@@ -1,4 +1,4 @@
-/* Attention data parallelism of the CPU engine under mpirun (2, 3 or 5 ranks), each rank
+/* Attention data parallelism of the CPU engine under mpirun (2, 3, 5 or 8 ranks), each rank
  * with its share of the routed experts, the MoE layers running over every rank's tokens:
  *   1. each rank runs its own share of a golden fixture's prompts (prompt p on rank p mod
  *      N; a rank may have none and then steps with empty batches);
@@ -7,7 +7,10 @@
  * batch, bit for bit, and its greedy tokens must equal Hugging Face's. A fixture without
  * MoE layers runs too (the ranks then never meet before the logits). The test fails
  * unless at least --min-fixtures fixtures (--min-fp8 of them FP8, --min-moe with MoE
- * layers) had every prompt compared in both modes. */
+ * layers) had every prompt compared in both modes.
+ * --exchange dispatch|allgather picks the MoE exchange (default: the engine's, dispatch
+ * under attention DP) and --layout masked the dispatch's masked receive layout; the
+ * engine's traffic counters must name the exchange that ran. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,11 +18,13 @@
 #include "comm/comm.h"
 #include "core/log.h"
 #include "model/model.h"
+#include "moe_ep/dispatch.h"
 #include "tests/test_util.h"
 #include "tests/golden/golden_fixture.h"
 #include "tests/model/parallel_test_util.h"
 
 static int g_rank, g_size;
+static int32_t g_exchange = INA_ENGINE_EP_EXCHANGE_AUTO, g_layout = INA_EP_LAYOUT_CONTIGUOUS;
 static parallel_tally_t g_tally;
 
 static int32_t argmax(const float *row, int32_t n) {
@@ -100,6 +105,9 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *comm) {
   eo.num_threads = 1;
   eo.ep_comm = comm;
   eo.attention_dp = 1;
+  eo.ep_exchange = g_exchange;
+  eo.ep_layout = g_layout;
+  eo.ep_max_tokens = 4096; /* the masked layout's rows per rank: every prompt's tokens */
   ina_engine_t *e = NULL;
   CHECK_OK(ina_engine_create(part, &eo, &e));
   float *logits[GOLDEN_MAX_PROMPTS] = {NULL};
@@ -125,6 +133,13 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *comm) {
     same &= logits_same && tokens_hf;
   }
   CHECKF(parallel_all_ranks(comm, same), "%s: some rank's prompts differ", name);
+  if (e && c->n_routed_experts > 0) {
+    ina_engine_ep_traffic_t tr;
+    CHECK_OK(ina_engine_ep_traffic(e, &tr));
+    const int32_t want = g_exchange == INA_ENGINE_EP_EXCHANGE_ALLGATHER ? g_exchange : INA_ENGINE_EP_EXCHANGE_DISPATCH;
+    CHECKF(tr.exchange == want && (g_size == 1 || tr.layers > 0), "%s: the engine ran the %s exchange %lld times, not %s",
+           name, ina_engine_ep_exchange_name(tr.exchange), (long long)tr.layers, ina_engine_ep_exchange_name(want));
+  }
   /* Mode 2: every rank the whole batch, split by sequence inside the engine. */
   {
     ina_engine_options_t so = eo;
@@ -173,14 +188,24 @@ int main(int argc, char **argv) {
   g_size = ina_bootstrap_world_size(boot);
   const char *root = "tests/golden/fixtures";
   parallel_minimum_t min = PARALLEL_MINIMUM_INIT;
-  for (int i = 1; i < argc; i++)
-    if (!parallel_minimum_arg(argc, argv, &i, &min)) root = argv[i];
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--exchange") == 0 && i + 1 < argc) {
+      i++;
+      g_exchange = strcmp(argv[i], "dispatch") == 0 ? INA_ENGINE_EP_EXCHANGE_DISPATCH : INA_ENGINE_EP_EXCHANGE_ALLGATHER;
+    } else if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc) {
+      g_layout = strcmp(argv[++i], "masked") == 0 ? INA_EP_LAYOUT_MASKED : INA_EP_LAYOUT_CONTIGUOUS;
+    } else if (!parallel_minimum_arg(argc, argv, &i, &min)) {
+      root = argv[i];
+    }
+  }
   ina_comm_t *comm = NULL;
   CHECK_OK(ina_bootstrap_world_comm(boot, INA_COMM_BACKEND_MPI, &comm));
   char *names[GOLDEN_MAX_FIXTURES];
   const int count = comm ? golden_fixture_names(root, names) : 0;
   CHECKF(count >= 6, "only %d fixtures in %s", count, root);
-  if (g_rank == 0) printf("test_engine_dp: %d ranks\n", g_size);
+  if (g_rank == 0)
+    printf("test_engine_dp: %d ranks, %s exchange%s\n", g_size, ina_engine_ep_exchange_name(g_exchange),
+           g_layout == INA_EP_LAYOUT_MASKED ? ", masked layout" : "");
   for (int i = 0; i < count; i++) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
