@@ -23,7 +23,7 @@ static ina_rpc_code_t check_layout(const Ina__V1__ExpertPlacement *msg, const pl
                          "placement.layout: tp %u, dp %u, ep %u differs from the job's tp %d, dp "
                          "%d, ep %d; a new layout needs a restart of the job",
                          l->tp, l->dp, l->ep, shape->tp, shape->dp, shape->ep);
-  /* A dense-only model's placement has one empty slot per rank (model/expert_placement.h). */
+  /* A dense-only model's placement has one empty slot per rank (moe_ep/expert_placement.h). */
   const int32_t most = shape->num_experts > 0 ? shape->num_experts : 1;
   if (msg->slots_per_rank < 1 || msg->slots_per_rank > (uint32_t)most)
     return ina_rpc_error(message, INA_RPC_INVALID_ARGUMENT,

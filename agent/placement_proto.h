@@ -15,7 +15,7 @@
 
 #include "agent/rpc/rpc_status.h"
 #include "ina/v1/placement.pb-c.h"
-#include "model/expert_placement.h"
+#include "moe_ep/expert_placement.h"
 
 /* What the job is: its layout and the model's MoE shape. */
 typedef struct placement_shape {
