@@ -252,6 +252,8 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
     if (options->struct_size >= offsetof(ina_agent_options_t, attention_dp) + sizeof(int32_t) &&
         options->attention_dp) {
       eo.attention_dp = 2; /* the replicated scheduler's batch, split by sequence */
+      if (options->struct_size >= offsetof(ina_agent_options_t, ep_exchange) + sizeof(int32_t))
+        eo.ep_exchange = options->ep_exchange;
       agent->attention_dp = 1;
     }
   }

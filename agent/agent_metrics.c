@@ -11,6 +11,7 @@
  *     every SAMPLE_MS by a thread of this file;
  *   - tokens routed per expert: the engine's counters (ina_engine_expert_load), sampled
  *     likewise (engines without counters have no such series);
+ *   - the expert-parallel exchange's bytes (ina_engine_ep_traffic), sampled likewise;
  *   - each rank's heartbeat age: the job's heartbeat (comm/heartbeat.h), sampled likewise
  *     (a one-rank agent has no such series).
  * Why a sampler rather than a refresh at scrape time or on each step: the metrics
@@ -65,6 +66,8 @@ struct agent_metrics {
   uint64_t *expert_sample;       /* the engine's counters, read each sample */
   size_t num_expert_series;
   ina_gauge_f64_t **heartbeat_age; /* [heartbeat size] */
+  ina_counter_t *ep_bytes[2];      /* dispatch, combine */
+  ina_counter_t *ep_layers;
 
   pthread_t sampler;
   int sampler_started;
@@ -180,6 +183,20 @@ static ina_status_t register_all(agent_metrics_t *m) {
   INA_CHECK(ina_metrics_register_counter(r, "ina_scheduler_steps_total",
                                          "Forward steps the scheduler ran.", NULL, 0, &m->steps));
   INA_CHECK(register_expert_tokens(m));
+  {
+    const char *phases[2] = {"dispatch", "combine"};
+    for (int k = 0; k < 2; k++) {
+      const ina_metric_label_t label = {"phase", phases[k]};
+      INA_CHECK(ina_metrics_register_counter(r, "ina_ep_exchange_bytes_total",
+                                             "Bytes this rank's MoE layers sent to other ranks: rows on their way "
+                                             "to the experts (dispatch) and outputs on their way back (combine).",
+                                             &label, 1, &m->ep_bytes[k]));
+    }
+    INA_CHECK(ina_metrics_register_counter(r, "ina_ep_exchange_layers_total",
+                                           "MoE layer exchanges between expert-parallel ranks (bytes per layer: "
+                                           "ina_ep_exchange_bytes_total over this).",
+                                           NULL, 0, &m->ep_layers));
+  }
   const int ranks = ina_heartbeat_size(m->heartbeat);
   if (ranks > 1) {
     m->heartbeat_age = calloc((size_t)ranks, sizeof *m->heartbeat_age);
@@ -218,6 +235,15 @@ static void sample(agent_metrics_t *m) {
       const int64_t d = (int64_t)m->expert_sample[i] - ina_counter_value(m->expert_tokens[i]);
       if (d > 0) ina_counter_add(m->expert_tokens[i], d);
     }
+  ina_engine_ep_traffic_t tr;
+  if (ina_engine_ep_traffic(m->engine, &tr) == INA_OK) {
+    const int64_t want[3] = {tr.dispatch_bytes, tr.combine_bytes, tr.layers};
+    ina_counter_t *have[3] = {m->ep_bytes[0], m->ep_bytes[1], m->ep_layers};
+    for (int k = 0; k < 3; k++) {
+      const int64_t d = want[k] - ina_counter_value(have[k]);
+      if (d > 0) ina_counter_add(have[k], d);
+    }
+  }
   if (m->heartbeat_age)
     for (int k = 0; k < ina_heartbeat_size(m->heartbeat); k++)
       ina_gauge_f64_set(m->heartbeat_age[k], 1e-3 * (double)ina_heartbeat_age_ms(m->heartbeat, k));

@@ -67,6 +67,10 @@ static void usage(FILE *f) {
           "  --attention-dp       with --ep: the groups compute attention for different\n"
           "                       sequences (each on the group its first KV page picks), the\n"
           "                       MoE layers over all of them\n"
+          "  --ep-exchange X      with --ep: how the MoE layers exchange tokens: dispatch (each\n"
+          "                       token only to its experts' ranks; the default with\n"
+          "                       --attention-dp, CPU ranks only) or allgather (every rank\n"
+          "                       every token; the default otherwise)\n"
           "  --dp [D]             --attention-dp, naming its degree: D, when given, must be the\n"
           "                       number of groups (the ranks / T), e.g. mpirun -np 4 ina-agent\n"
           "                       --tp 2 --ep 2 --dp 2\n"
@@ -273,6 +277,7 @@ static int follow(const ina_agent_options_t *o, const ina_parallel_job_t *job) {
   eo.tp_comm = o->tp_comm;
   eo.ep_comm = o->ep_comm;
   eo.attention_dp = o->attention_dp ? 2 : 0;
+  eo.ep_exchange = o->ep_exchange; /* as rank 0's (agent.c) */
   ina_model_t *model = NULL;
   ina_engine_t *engine = NULL;
   ina_scheduler_t *scheduler = NULL;
@@ -340,7 +345,7 @@ static void *watch_ranks(void *arg) {
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
          O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_OPEN_ADMIN, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP,
-         O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT };
+         O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT, O_EXCHANGE };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -354,6 +359,7 @@ int main(int argc, char **argv) {
       {"allow-unauthenticated-admin", no_argument, 0, O_OPEN_ADMIN},
       {"max-running", required_argument, 0, O_RUNNING}, {"max-queued-requests", required_argument, 0, O_QUEUED},
       {"heartbeat-timeout", required_argument, 0, O_HB_TIMEOUT},
+      {"ep-exchange", required_argument, 0, O_EXCHANGE},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512];
@@ -393,6 +399,14 @@ int main(int argc, char **argv) {
     case O_GRACE: if (parse_int("--drain-grace-ms", optarg, 0, INT64_MAX, &v)) return 2; o.drain_grace_ms = v; break;
     case O_RUNNING: if (parse_int("--max-running", optarg, 1, 65536, &v)) return 2; o.scheduler.max_running = (int32_t)v; break;
     case O_QUEUED: if (parse_int("--max-queued-requests", optarg, 0, INT32_MAX, &v)) return 2; o.max_queued_requests = (int32_t)v; break;
+    case O_EXCHANGE:
+      if (strcmp(optarg, "allgather") == 0) o.ep_exchange = INA_ENGINE_EP_EXCHANGE_ALLGATHER;
+      else if (strcmp(optarg, "dispatch") == 0) o.ep_exchange = INA_ENGINE_EP_EXCHANGE_DISPATCH;
+      else {
+        fprintf(stderr, "ina-agent: --ep-exchange '%s': expected allgather or dispatch\n", optarg);
+        return 2;
+      }
+      break;
     case O_HB_TIMEOUT: if (parse_seconds("--heartbeat-timeout", optarg, &o.heartbeat_timeout_s)) return 2; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;

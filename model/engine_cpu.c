@@ -750,8 +750,8 @@ static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
     expert_job_t job = {s, e->moe_index[layer], &pairs, xe, y, 0};
     INA_CHECK(ina_ep_walk_pieces(&e->ep, job.moe_layer, pairs.first, run_piece, &job));
     if (e->ep.nranks > 1) {
-      e->traffic.layers++;
-      e->traffic.combine_bytes += job.computed * (e->ep.nranks - 1) * Hd * (int64_t)sizeof(float);
+      e->step_traffic.layers++;
+      e->step_traffic.combine_bytes += job.computed * (e->ep.nranks - 1) * Hd * (int64_t)sizeof(float);
     }
   }
   INA_CHECK(ina_ep_share_outputs(&e->ep, e->moe_index[layer], pairs.first, Hd, y));
@@ -814,8 +814,8 @@ static ina_status_t moe_block_dp(step_t *s, int32_t layer, float *out) {
   INA_CHECK_ALLOC(g);
   INA_CHECK_ALLOC(u);
   INA_CHECK(ina_comm_all_to_all_v(e->ep.comm, s->h, sc, sd, h_all, rc, rd, INA_DTYPE_F32, NULL));
-  e->traffic.rows_sent += mine * (n - 1);
-  e->traffic.dispatch_bytes += mine * (n - 1) * Hd * (int64_t)sizeof(float);
+  e->step_traffic.rows_sent += mine * (n - 1);
+  e->step_traffic.dispatch_bytes += mine * (n - 1) * Hd * (int64_t)sizeof(float);
   all.h = h_all;
   all.T = total;
   all.g = g;
@@ -863,8 +863,11 @@ static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
     for (int64_t i = 0; i < T * K; i++) load[ids[i]]++;
   }
   INA_CHECK(ensure_exchange(e));
-  const ina_ep_replicas_t rep = {E, e->ep.replica_first + (size_t)moe * ((size_t)E + 1), e->ep.replica_rank,
-                                 e->ep.replica_slot};
+  /* The layer's replica tables (moe_ep/expert_parallel.h): per layer E + 1 starts, and
+   * ranks x slots entries. */
+  const size_t per_layer = (size_t)e->ep.placement.ep * (size_t)e->ep.placement.slots_per_rank;
+  const ina_ep_replicas_t rep = {E, e->ep.replica_first + (size_t)moe * ((size_t)E + 1),
+                                 e->ep.replica_rank + (size_t)moe * per_layer, e->ep.replica_slot + (size_t)moe * per_layer};
   INA_CHECK(ina_ep_dispatch(e->ex, &rep, s->h, ids, T));
   {
     ina_ep_received_t got;
@@ -892,10 +895,10 @@ static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
   {
     ina_ep_stats_t stats;
     INA_CHECK(ina_ep_combine(e->ex, weights, out, &stats));
-    e->traffic.layers++;
-    e->traffic.rows_sent += stats.rows_remote;
-    e->traffic.dispatch_bytes += stats.dispatch_bytes + stats.meta_bytes;
-    e->traffic.combine_bytes += stats.combine_bytes;
+    e->step_traffic.layers++;
+    e->step_traffic.rows_sent += stats.rows_remote;
+    e->step_traffic.dispatch_bytes += stats.dispatch_bytes + stats.meta_bytes;
+    e->step_traffic.combine_bytes += stats.combine_bytes;
   }
   if (L->has_shared && e->mutation != INA_MUTATION_NO_SHARED) {
     xe = malloc(((size_t)T * Hd + 1) * sizeof *xe);
@@ -959,7 +962,12 @@ static ina_status_t publish_expert_load(ina_engine_cpu_t *e) {
   }
   pthread_mutex_lock(&e->load_mu);
   for (size_t i = 0; i < n; i++) e->expert_load[i] += e->step_load[i];
+  e->traffic.layers += e->step_traffic.layers;
+  e->traffic.rows_sent += e->step_traffic.rows_sent;
+  e->traffic.dispatch_bytes += e->step_traffic.dispatch_bytes;
+  e->traffic.combine_bytes += e->step_traffic.combine_bytes;
   pthread_mutex_unlock(&e->load_mu);
+  memset(&e->step_traffic, 0, sizeof e->step_traffic);
   memset(e->step_load, 0, n * sizeof *e->step_load);
 fail:
   free(all);
@@ -1149,4 +1157,9 @@ fail:
   return st;
 }
 
-void ina_engine_cpu_ep_traffic(const ina_engine_cpu_t *e, ina_engine_ep_traffic_t *out) { *out = e->traffic; }
+void ina_engine_cpu_ep_traffic(const ina_engine_cpu_t *e, ina_engine_ep_traffic_t *out) {
+  ina_engine_cpu_t *m = (ina_engine_cpu_t *)e; /* the lock only */
+  pthread_mutex_lock(&m->load_mu);
+  *out = e->traffic;
+  pthread_mutex_unlock(&m->load_mu);
+}

@@ -32,7 +32,8 @@ struct ina_engine_cpu {
   int32_t ep_exchange;
   ina_ep_config_t ex_config;
   ina_ep_exchange_t *ex;
-  ina_engine_ep_traffic_t traffic;
+  ina_engine_ep_traffic_t traffic;      /* published each step, under load_mu */
+  ina_engine_ep_traffic_t step_traffic; /* the step's, driver thread only */
   ina_comm_t *tp_comm;  /* tensor parallelism: sums the partial outputs; NULL: one rank */
   int32_t heads;        /* attention heads of this rank (all of them without TP) */
   /* Tokens routed per (MoE layer, expert); read by other threads under load_mu. A step

@@ -96,8 +96,8 @@ typedef struct ina_ep_config {
    INA_EP_PAYLOAD_F32, INA_EP_PAYLOAD_F32, 0, 0, 0, 0}
 
 /* Where each logical expert of one MoE layer lives: the replicas of expert x are entries
- * [first[x], first[x + 1]) of rank[] and slot[] (moe_ep/expert_parallel.h's tables for
- * that layer). Borrowed for the call. */
+ * [first[x], first[x + 1]) of rank[] and slot[] (moe_ep/expert_parallel.h's tables, each
+ * pointer advanced to that layer's part). Borrowed for the call. */
 typedef struct ina_ep_replicas {
   int32_t num_experts;
   const int32_t *first; /* [num_experts + 1] */

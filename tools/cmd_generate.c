@@ -54,6 +54,9 @@ static void usage(FILE *f) {
           "                       KV page picks) and the MoE layers over all of them (D, when\n"
           "                       given, must be the number of groups: the ranks / T);\n"
           "                       --attention-dp is the same without a degree\n"
+          "  --ep-exchange X      how the MoE layers exchange tokens: dispatch (each token only\n"
+          "                       to its experts' ranks; the default with --dp, CPU only) or\n"
+          "                       allgather (every rank every token)\n"
           "  -h, --help           this help\n"
           "\n"
           "With --server HOST:PORT the prompts run on a running ina-agent instead (see\n"
@@ -134,7 +137,7 @@ static int job_shard(const ina_parallel_job_t *job, const char *spec, ina_shard_
 int cmd_generate(int argc, char **argv) {
   if (wants_server(argc, argv)) return cmd_generate_remote(argc, argv);
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
-         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP, O_ADP };
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP, O_ADP, O_EXCHANGE };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -146,6 +149,7 @@ int cmd_generate(int argc, char **argv) {
       {"no-cuda-graphs", no_argument, 0, O_NOGRAPHS}, {"ep", optional_argument, 0, O_EP},
       {"tp", required_argument, 0, O_TP},             {"dp", optional_argument, 0, O_DP},
       {"attention-dp", no_argument, 0, O_ADP},
+      {"ep-exchange", required_argument, 0, O_EXCHANGE},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
@@ -203,6 +207,15 @@ int cmd_generate(int argc, char **argv) {
       eopts.attention_dp = 2; /* every rank runs the same batch */
       break;
     case O_ADP: eopts.attention_dp = 2; break;
+    case O_EXCHANGE:
+      if (strcmp(optarg, "allgather") == 0) eopts.ep_exchange = INA_ENGINE_EP_EXCHANGE_ALLGATHER;
+      else if (strcmp(optarg, "dispatch") == 0) eopts.ep_exchange = INA_ENGINE_EP_EXCHANGE_DISPATCH;
+      else {
+        fprintf(stderr, "ina generate: --ep-exchange '%s': expected allgather or dispatch\n", optarg);
+        rc = 2;
+        goto done;
+      }
+      break;
     case 'h': usage(stdout); rc = 0; goto done;
     default: usage(stderr); rc = 2; goto done;
     }
@@ -326,6 +339,15 @@ int cmd_generate(int argc, char **argv) {
   printf("decode: %lld tokens in %d steps, %.3f s (%.1f tokens/s, batch %d)\n",
          (long long)stats.decode_tokens, stats.decode_steps, stats.decode_seconds,
          stats.decode_seconds > 0 ? stats.decode_tokens / stats.decode_seconds : 0, prompts.count);
+  if (use_ep) {
+    ina_engine_ep_traffic_t t;
+    if (ina_engine_ep_traffic(engine, &t) == INA_OK && t.layers > 0)
+      printf("ep exchange: %s, rank 0 sent %.0f bytes per MoE layer (%.0f dispatch, %.0f combine) over %lld layer "
+             "exchanges\n",
+             ina_engine_ep_exchange_name(t.exchange), (double)(t.dispatch_bytes + t.combine_bytes) / (double)t.layers,
+             (double)t.dispatch_bytes / (double)t.layers, (double)t.combine_bytes / (double)t.layers,
+             (long long)t.layers);
+  }
   rc = 0;
 done:
   if (reqs)

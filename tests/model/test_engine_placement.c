@@ -8,6 +8,10 @@
  * tokens must be Hugging Face's, the engine must report the placement applied, and the
  * bytes moved must equal the experts each rank lacked times an expert's size.
  *
+ * With --dp the engines run attention DP over the batch (every rank passes it, each
+ * computes its own sequences), so the MoE layers take the dispatch exchange: the
+ * placement then changes under dispatch/combine.
+ *
  * A fixture without MoE layers has a placement of zero layers, which the moving run
  * applies again before every step: nothing moves and the logits stay the fixed run's.
  *
@@ -31,7 +35,7 @@
 #include "tests/golden/golden_fixture.h"
 #include "tests/model/parallel_test_util.h"
 
-static int g_rank, g_size, g_tp, g_ep;
+static int g_rank, g_size, g_tp, g_ep, g_dp;
 static ina_comm_t *g_world;
 static parallel_tally_t g_tally;
 
@@ -159,6 +163,7 @@ static ina_engine_t *make_engine(const ina_model_t *m, ina_comm_t *tp, ina_comm_
   eo.tp_comm = tp;
   eo.ep_comm = ep;
   eo.max_expert_bytes = max_expert_bytes;
+  eo.attention_dp = g_dp ? 2 : 0;
   ina_engine_t *e = NULL;
   CHECK_OK(ina_engine_create(m, &eo, &e));
   return e;
@@ -395,6 +400,7 @@ int main(int argc, char **argv) {
   g_tp = 1;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--tp") == 0 && i + 1 < argc) g_tp = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--dp") == 0) g_dp = 1;
     else if (!parallel_minimum_arg(argc, argv, &i, &min)) root = argv[i];
   }
   CHECKF(g_tp >= 1 && g_size % g_tp == 0, "--tp %d must divide the %d ranks", g_tp, g_size);
@@ -407,8 +413,8 @@ int main(int argc, char **argv) {
   const uint64_t seed = g_world ? shared_seed() : 1;
   rng.s = seed;
   if (g_rank == 0)
-    printf("test_engine_placement: %d ranks, tp %d x ep %d, seed %llu\n", g_size, g_tp, g_ep,
-           (unsigned long long)seed);
+    printf("test_engine_placement: %d ranks, tp %d x ep %d%s, seed %llu\n", g_size, g_tp, g_ep,
+           g_dp ? ", attention DP (dispatch exchange)" : "", (unsigned long long)seed);
   char *names[GOLDEN_MAX_FIXTURES];
   const int count = g_world && tp && ep ? golden_fixture_names(root, names) : 0;
   CHECKF(count >= 6, "only %d fixtures in %s", count, root);

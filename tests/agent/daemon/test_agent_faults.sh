@@ -3,6 +3,8 @@
 # running, then one fault, REPEATS times for each kind:
 #   stop-follower  SIGSTOP of rank 1       stop-leader  SIGSTOP of rank 0
 #   kill-follower  kill -9 of rank 1       kill-leader  kill -9 of rank 0
+# and, a third as many times, the first two with --attention-dp, whose MoE layers run
+# the dispatch exchange (stop-follower-dispatch, kill-follower-dispatch).
 # Each time:
 #   - every stream ends with an error status, and the job exits non-zero, within BOUND_S
 #     of the fault: INA_COMM_TIMEOUT_S (3 s here) for the collective that waits on the
@@ -18,7 +20,8 @@ set -u
 mpiexec=$1 agent=$2 ina=$3 repeats=$4
 shift 4
 kinds=("$@")
-[ ${#kinds[@]} -gt 0 ] || kinds=(stop-follower stop-leader kill-follower kill-leader)
+[ ${#kinds[@]} -gt 0 ] || kinds=(stop-follower stop-leader kill-follower kill-leader stop-follower-dispatch
+                                 kill-follower-dispatch)
 comm_timeout=3 heartbeat_timeout=1 streams=8
 BOUND_S=$((comm_timeout + 7))
 HEALTH_BOUND_MS=2000
@@ -31,10 +34,10 @@ failed=0 runs=0
 fail() { echo "FAIL: $*"; [ -f "$tmp/log" ] && grep -v -i -e pmix -e Perhaps "$tmp/log" | tail -20; failed=1; }
 ms_now() { date +%s%3N; }
 
-# start: mpirun in the background; waits for "serving"; sets port, pid0, pid1
+# start [FLAGS...]: mpirun in the background; waits for "serving"; sets port, pid0, pid1
 start() {
   rm -f "$tmp/log"
-  (INA_COMM_TIMEOUT_S=$comm_timeout "$mpiexec" --oversubscribe -np 2 "$agent" --model tiny --ep --device cpu \
+  (INA_COMM_TIMEOUT_S=$comm_timeout "$mpiexec" --oversubscribe -np 2 "$agent" --model tiny --ep "$@" --device cpu \
      --threads 1 --admin-token-file "$tmp/token" --heartbeat-timeout "$heartbeat_timeout" \
      --drain-grace-ms 2000 >"$tmp/log" 2>&1
    echo "mpirun rc=$?" >>"$tmp/log") &
@@ -71,15 +74,16 @@ health_turns() {
 
 # fault KIND: one run.
 fault() {
-  local kind=$1 victim signal clients=() t0 k c rc ended=0 bytes
+  local kind=$1 victim signal clients=() t0 k c rc ended=0 bytes flags=()
   runs=$((runs + 1))
-  if ! start; then fail "$kind: the job did not start serving"; return; fi
-  case $kind in
+  [[ $kind == *-dispatch ]] && flags=(--attention-dp --ep-exchange dispatch)
+  if ! start "${flags[@]}"; then fail "$kind: the job did not start serving"; return; fi
+  case ${kind%-dispatch} in
     stop-follower) victim=$pid1 signal=STOP ;;
     stop-leader) victim=$pid0 signal=STOP ;;
     kill-follower) victim=$pid1 signal=KILL ;;
     kill-leader) victim=$pid0 signal=KILL ;;
-    *) fail "unknown kind '$kind'"; return ;;
+    *) fail "unknown kind '$kind'"; kill -TERM "$pid0"; return ;;
   esac
   for k in $(seq $streams); do
     # 4000 tokens: the tiny model's context is 4096, and they take longer than the test
@@ -94,7 +98,7 @@ fault() {
   for k in $(seq $streams); do
     grep -q "^prompt 0: *[0-9]" "$tmp/stream$k" || fail "$kind: stream $k had no token before the fault: $(head -c 300 "$tmp/stream$k")"
   done
-  [ "$kind" = stop-follower ] && health_turns "$kind" "$t0"
+  [ "${kind%-dispatch}" = stop-follower ] && health_turns "$kind" "$t0"
   # Every stream and the job end within the bound.
   while [ $(($(ms_now) - t0)) -lt $((BOUND_S * 1000)) ]; do
     local live=0
@@ -116,7 +120,7 @@ fault() {
     local crc=$? last; last=$(tail -c 600 "$tmp/stream$k" | grep -o -e "finish: .*" -e "ina generate: .*" | tail -1)
     if [ "$crc" = 0 ]; then
       fail "$kind: stream $k ended with status 0: $last"
-    elif [ "$kind" = stop-follower ] && ! grep -q "finish: error.*timed out" <<<"$last"; then
+    elif [ "${kind%-dispatch}" = stop-follower ] && ! grep -q "finish: error.*timed out" <<<"$last"; then
       # The leader is alive: it fails the stream itself, naming the collective that timed out.
       fail "$kind: stream $k did not end with an error naming the timeout: $last"
     elif ! grep -q -e "finish: error" -e "^ina generate: " <<<"$last"; then
@@ -142,9 +146,11 @@ fault() {
 }
 
 for kind in "${kinds[@]}"; do
-  for _ in $(seq "$repeats"); do fault "$kind"; done
+  n=$repeats
+  [[ $kind == *-dispatch ]] && n=$(((repeats + 2) / 3))
+  for _ in $(seq "$n"); do fault "$kind"; done
   # The slowest run of each kind, and the health times, for the record.
-  echo "ok: $kind: $repeats runs, slowest end $(sort -n "$tmp/took_$kind" | tail -1) ms after the fault (bound $((BOUND_S * 1000)) ms); a stream's end: $(cat "$tmp/last_$kind" 2>/dev/null)"
+  echo "ok: $kind: $n runs, slowest end $(sort -n "$tmp/took_$kind" | tail -1) ms after the fault (bound $((BOUND_S * 1000)) ms); a stream's end: $(cat "$tmp/last_$kind" 2>/dev/null)"
 done
 [ -f "$tmp/health_ms" ] && echo "health NOT_SERVING after a follower stopped: slowest $(sort -n "$tmp/health_ms" | tail -1) ms of $(wc -l <"$tmp/health_ms") runs (bound $HEALTH_BOUND_MS ms)"
 [ "$failed" = 0 ] && echo "test_agent_faults: $runs runs passed" || echo "test_agent_faults: FAILED"

@@ -4,7 +4,8 @@
 #      the same with attention DP (--attention-dp on 2 ranks of tiny, --tp 2 --ep 2 --dp 2
 #      on the fixture's 4 ranks): the
 #      streams of `ina generate --server` equal `ina generate` on one rank; health is
-#      SERVING; node info lists every rank and says whether attention DP is on; SIGTERM
+#      SERVING; node info lists every rank, says whether attention DP is on and names the
+#      MoE exchange (dispatch under attention DP, all-gather otherwise); SIGTERM
 #      to rank 0 drains, every rank exits and mpirun returns 0.
 #      While streams run, two random placements with redundant experts move experts
 #      between the ranks (ina place): the streams still equal one rank's.
@@ -96,6 +97,10 @@ serve_and_stop() { # MODEL NP FLAGS...
   if [ "$(grep -c "attention data parallel" <<<"$info")" != "$dp_on" ]; then
     fail "$np ranks $*: ina info reports attention data parallelism wrongly: $info"
   fi
+  # ... and the MoE exchange: dispatch under attention DP, all-gather otherwise.
+  local exchange=allgather; [ "$dp_on" = 1 ] && exchange=dispatch
+  grep -q "expert-parallel exchange: $exchange" <<<"$info" ||
+    fail "$np ranks $*: ina info does not report the $exchange exchange: $info"
   kill -TERM "$pid0"
   local rc; rc=$(ended 30)
   if [ "$rc" != "0" ] || ! grep -q "ina-agent: stopped" "$tmp/log"; then
