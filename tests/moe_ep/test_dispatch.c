@@ -15,7 +15,12 @@
  *     rule, bytes = remote rows x row bytes;
  *   - the FP8 rounding meets the header's bound max(2^-4 |x|, 2^-10 s) on every element;
  *   - a rank that passes a bad routing fails the dispatch on every rank (no hang), and
- *     the next dispatch works. */
+ *     the next dispatch works;
+ *   - on 8 ranks, DeepSeek-V3's routing (256 experts, 8 groups, top 4 groups, top 8, the
+ *     real router on random logits) with one group per rank: no token reaches more than
+ *     4 ranks, and the bytes dispatched are printed against the all-gather exchange's
+ *     (every row to every other rank, then a ring all-reduce of the outputs) and must be
+ *     at most 0.4 of them. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +30,7 @@
 #include "core/dtype.h"
 #include "core/log.h"
 #include "moe_ep/dispatch.h"
+#include "moe_ep/router.h"
 #include "tests/comm/comm_test_data.h"
 
 #define TRIALS 48
@@ -259,6 +265,50 @@ static void run_trial(ina_comm_t *comm, uint64_t seed, int i, int32_t n, int32_t
   free(x), free(w), free(ids), free(out), free(ref), free(y), free(xq);
 }
 
+/* V3's routing over 8 ranks, one expert group (32 experts) per rank. */
+static void run_v3_routing(ina_comm_t *comm, uint64_t seed, int32_t n, int32_t me) {
+  enum { E = 256, K = 8, H = 128, T = 32 };
+  test_rng_t r = comm_test_rng(seed, me, 99);
+  float *logits = malloc((size_t)T * E * sizeof *logits), *bias = calloc(E, sizeof *bias);
+  float *w = malloc((size_t)T * K * sizeof *w), *x = malloc((size_t)T * H * sizeof *x), *out = malloc((size_t)T * H * sizeof *out);
+  int32_t *ids = malloc((size_t)T * K * sizeof *ids);
+  int32_t first[E + 1], rank[E], slot[E];
+  for (int64_t i = 0; i < (int64_t)T * E; i++) logits[i] = test_rng_normal(&r);
+  for (int64_t i = 0; i < (int64_t)T * H; i++) x[i] = test_rng_normal(&r);
+  ina_router_config_t rc = INA_ROUTER_CONFIG_INIT;
+  rc.num_experts = E, rc.top_k = K, rc.n_group = 8, rc.topk_group = 4, rc.norm_topk_prob = 1;
+  rc.routed_scaling_factor = 2.5f;
+  CHECK_OK(ina_router_ref(&rc, logits, bias, T, ids, w));
+  for (int32_t e = 0; e <= E; e++) first[e] = e;
+  for (int32_t e = 0; e < E; e++) {
+    rank[e] = e / (E / n);
+    slot[e] = e % (E / n);
+  }
+  ina_ep_config_t cfg = INA_EP_CONFIG_INIT;
+  cfg.dispatch_payload = INA_EP_PAYLOAD_BF16;
+  cfg.combine_payload = INA_EP_PAYLOAD_BF16;
+  cfg.hidden = H, cfg.top_k = K, cfg.slots_per_rank = E / n;
+  ina_ep_exchange_t *ex = NULL;
+  CHECK_OK(ina_ep_exchange_create(comm, &cfg, &ex));
+  const ina_ep_replicas_t rep = {E, first, rank, slot};
+  ina_ep_stats_t st;
+  CHECK_OK(ina_ep_dispatch(ex, &rep, x, ids, T));
+  CHECK_OK(ina_ep_combine(ex, w, out, &st)); /* the outputs are not looked at here */
+  CHECKF(st.rows_sent <= 4 * T, "V3 routing: rank %d sent %lld rows for %d tokens (at most 4 ranks each)", (int)me,
+         (long long)st.rows_sent, (int)T);
+  const double allgather = (double)(n - 1) * T * H * 2 * 3; /* rows out, then 2 (n - 1) T rows of the all-reduce */
+  CHECKF(st.dispatch_bytes + st.meta_bytes <= 0.4 * allgather, "V3 routing: rank %d dispatched %lld bytes, all-gather %.0f",
+         (int)me, (long long)(st.dispatch_bytes + st.meta_bytes), allgather);
+  if (me == 0)
+    printf("V3 routing on %d ranks, %d tokens per rank, hidden %d bf16: rank 0 sent %lld rows (%.2f ranks per token), "
+           "%lld dispatch + %lld combine bytes = %.3f of the all-gather exchange's %.0f (dispatch alone %.3f)\n",
+           (int)n, (int)T, (int)H, (long long)st.rows_sent, (double)st.rows_sent / T, (long long)(st.dispatch_bytes + st.meta_bytes),
+           (long long)st.combine_bytes, (double)(st.dispatch_bytes + st.meta_bytes + st.combine_bytes) / allgather,
+           allgather, (double)(st.dispatch_bytes + st.meta_bytes) / allgather);
+  ina_ep_exchange_destroy(ex);
+  free(logits), free(bias), free(w), free(x), free(out), free(ids);
+}
+
 int main(int argc, char **argv) {
   ina_bootstrap_t *boot = NULL;
   if (ina_bootstrap_init(&argc, &argv, &boot) != INA_OK) return 1;
@@ -270,6 +320,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < TRIALS; i++) run_trial(c, seed, i, n, me);
   if (n == 1)
     for (int i = 0; i < TRIALS; i++) run_trial(NULL, seed, i, 1, 0); /* no communicator */
+  if (n == 8) run_v3_routing(c, seed, n, me);
   {
     /* Configurations refused by name. */
     ina_ep_config_t cfg = INA_EP_CONFIG_INIT;
