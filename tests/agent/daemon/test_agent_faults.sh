@@ -91,7 +91,15 @@ fault() {
       >"$tmp/stream$k" 2>&1 &
     clients+=($!)
   done
-  sleep 1 # the streams are under way
+  # The streams are under way: each has its first token (a second here; longer under the
+  # sanitizers), within 30 s.
+  for _ in $(seq 300); do
+    local waiting=0
+    for k in $(seq $streams); do grep -q "^prompt 0: *[0-9]" "$tmp/stream$k" || waiting=1; done
+    [ "$waiting" = 0 ] && break
+    sleep 0.1
+  done
+  sleep 0.5
   t0=$(ms_now)
   kill -"$signal" "$victim"
   # Each stream had tokens before the fault (else this run tests nothing).
