@@ -720,11 +720,26 @@ fail:
   return st;
 }
 
+/* The end of a MoE layer on the step's rows: out (the routed experts' sum) plus the
+ * shared experts on s->h (xe: [T, hidden] scratch), rounded as stored. */
+static ina_status_t add_shared_experts(step_t *s, int32_t layer, float *xe, float *out) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = s->e;
+  const ina_layer_weights_t *L = &e->w->layers[layer];
+  const int64_t n = s->T * e->cfg->hidden_size;
+  if (L->has_shared && e->mutation != INA_MUTATION_NO_SHARED) {
+    INA_CHECK(mlp(s, &L->mlp, s->h, s->T, xe));
+    for (int64_t i = 0; i < n; i++) out[i] += xe[i];
+  }
+  as_stored(e, out, n);
+fail:
+  return st;
+}
+
 static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
-  const ina_layer_weights_t *L = &e->w->layers[layer];
   const int64_t T = s->T, Hd = c->hidden_size;
   const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok;
   float *weights = NULL, *xe = NULL, *y = NULL;
@@ -763,11 +778,7 @@ static ina_status_t moe_layer(step_t *s, int32_t layer, float *out) {
     const float w = pairs.weight[i] * (e->mutation == INA_MUTATION_ROUTED_SCALE ? 0.95f : 1.0f);
     for (int64_t d = 0; d < Hd; d++) dst[d] += src[d] * w;
   }
-  if (L->has_shared && e->mutation != INA_MUTATION_NO_SHARED) {
-    INA_CHECK(mlp(s, &L->mlp, s->h, T, xe));
-    for (int64_t i = 0; i < T * Hd; i++) out[i] += xe[i];
-  }
-  as_stored(e, out, T * Hd);
+  INA_CHECK(add_shared_experts(s, layer, xe, out));
 fail:
   free(weights);
   free(ids);
@@ -850,7 +861,6 @@ static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
-  const ina_layer_weights_t *L = &e->w->layers[layer];
   const int64_t T = s->T, Hd = c->hidden_size, inter = widest_intermediate(c);
   const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok, moe = e->moe_index[layer];
   float *weights = malloc(((size_t)T * K + 1) * sizeof *weights), *xe = NULL, *g = NULL, *u = NULL;
@@ -900,13 +910,9 @@ static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
     e->step_traffic.dispatch_bytes += stats.dispatch_bytes + stats.meta_bytes;
     e->step_traffic.combine_bytes += stats.combine_bytes;
   }
-  if (L->has_shared && e->mutation != INA_MUTATION_NO_SHARED) {
-    xe = malloc(((size_t)T * Hd + 1) * sizeof *xe);
-    INA_CHECK_ALLOC(xe);
-    INA_CHECK(mlp(s, &L->mlp, s->h, T, xe));
-    for (int64_t i = 0; i < T * Hd; i++) out[i] += xe[i];
-  }
-  as_stored(e, out, T * Hd);
+  xe = malloc(((size_t)T * Hd + 1) * sizeof *xe);
+  INA_CHECK_ALLOC(xe);
+  INA_CHECK(add_shared_experts(s, layer, xe, out));
 fail:
   free(weights);
   free(ids);
