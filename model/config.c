@@ -619,3 +619,17 @@ fail:
   json_decref(o);
   return st;
 }
+
+ina_router_config_t ina_cfg_router_config(const ina_model_config_t *c) {
+  ina_router_config_t rc = INA_ROUTER_CONFIG_INIT;
+  rc.method = c->scoring == INA_SCORING_SIGMOID_NOAUX_TC      ? INA_ROUTER_SIGMOID_NOAUX_TC
+              : c->scoring == INA_SCORING_SOFTMAX_GROUP_GREEDY ? INA_ROUTER_SOFTMAX_GROUP_GREEDY
+                                                               : INA_ROUTER_SOFTMAX_GREEDY;
+  rc.num_experts = c->n_routed_experts;
+  rc.top_k = c->num_experts_per_tok;
+  rc.n_group = c->n_group;
+  rc.topk_group = c->topk_group;
+  rc.norm_topk_prob = c->norm_topk_prob;
+  rc.routed_scaling_factor = (float)c->routed_scaling_factor;
+  return rc;
+}

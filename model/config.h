@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "moe_ep/router.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -102,6 +103,9 @@ ina_status_t ina_model_config_save(const ina_model_config_t *cfg, const char *pa
 static inline int32_t ina_cfg_qk_head_dim(const ina_model_config_t *c) {
   return c->qk_nope_head_dim + c->qk_rope_head_dim;
 }
+/* The router settings of the model's MoE layers (method, experts, groups, scaling). */
+ina_router_config_t ina_cfg_router_config(const ina_model_config_t *c);
+
 static inline int ina_cfg_layer_is_moe(const ina_model_config_t *c, int32_t layer) {
   return c->n_routed_experts > 0 && layer >= c->first_k_dense_replace;
 }

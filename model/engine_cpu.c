@@ -683,16 +683,7 @@ static ina_status_t route_rows(ina_engine_cpu_t *e, int32_t layer, const float *
     ina_to_f32(L->router_bias.data, L->router_bias.dtype, bias, (size_t)E);
   }
   {
-    ina_router_config_t rc = INA_ROUTER_CONFIG_INIT;
-    rc.method = c->scoring == INA_SCORING_SIGMOID_NOAUX_TC      ? INA_ROUTER_SIGMOID_NOAUX_TC
-                : c->scoring == INA_SCORING_SOFTMAX_GROUP_GREEDY ? INA_ROUTER_SOFTMAX_GROUP_GREEDY
-                                                                 : INA_ROUTER_SOFTMAX_GREEDY;
-    rc.num_experts = E;
-    rc.top_k = K;
-    rc.n_group = c->n_group;
-    rc.topk_group = c->topk_group;
-    rc.norm_topk_prob = c->norm_topk_prob;
-    rc.routed_scaling_factor = (float)c->routed_scaling_factor;
+    const ina_router_config_t rc = ina_cfg_router_config(c);
     INA_CHECK(ina_router_ref(&rc, logits, bias, T, ids, weights));
     if (record && e->gpu_numerics && e->routes && T <= e->route_rows) {
       /* How each row was routed, and how near it came to other experts: the oracle's

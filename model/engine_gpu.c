@@ -104,20 +104,6 @@ fail:
   return st;
 }
 
-static ina_router_config_t router_config(const ina_model_config_t *c) {
-  ina_router_config_t rc = INA_ROUTER_CONFIG_INIT;
-  rc.method = c->scoring == INA_SCORING_SIGMOID_NOAUX_TC      ? INA_ROUTER_SIGMOID_NOAUX_TC
-              : c->scoring == INA_SCORING_SOFTMAX_GROUP_GREEDY ? INA_ROUTER_SOFTMAX_GROUP_GREEDY
-                                                               : INA_ROUTER_SOFTMAX_GREEDY;
-  rc.num_experts = c->n_routed_experts;
-  rc.top_k = c->num_experts_per_tok;
-  rc.n_group = c->n_group;
-  rc.topk_group = c->topk_group;
-  rc.norm_topk_prob = c->norm_topk_prob;
-  rc.routed_scaling_factor = (float)c->routed_scaling_factor;
-  return rc;
-}
-
 /* The engine's place in tensor and expert parallelism, checked against the shard the
  * model holds (the same rules as the CPU engine). */
 static ina_status_t take_comms(ina_engine_gpu_t *e, const ina_weights_t *w, const ina_engine_options_t *o) {
@@ -310,7 +296,7 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   e->softmax_scale = (float)ina_cfg_softmax_scale(c);
   INA_CHECK(create_load_counters(e));
   INA_CHECK(gpu_placement_init(e));
-  e->router = router_config(c);
+  e->router = ina_cfg_router_config(c);
   e->use_graphs = ina_engine_options_cuda_graphs(options);
   e->max_expert_bytes = ina_engine_options_max_expert_bytes(options);
   for (int32_t l = 0; l < c->num_layers; l++)

@@ -118,17 +118,7 @@ int cmd_plan(int argc, char **argv) {
   if (layers > 0) moe_layers = (int32_t)layers;
   ina_ep_traffic_input_t in;
   memset(&in, 0, sizeof in);
-  ina_router_config_t rc0 = INA_ROUTER_CONFIG_INIT;
-  in.router = rc0;
-  in.router.method = cfg.scoring == INA_SCORING_SIGMOID_NOAUX_TC      ? INA_ROUTER_SIGMOID_NOAUX_TC
-                     : cfg.scoring == INA_SCORING_SOFTMAX_GROUP_GREEDY ? INA_ROUTER_SOFTMAX_GROUP_GREEDY
-                                                                       : INA_ROUTER_SOFTMAX_GREEDY;
-  in.router.num_experts = cfg.n_routed_experts;
-  in.router.top_k = cfg.num_experts_per_tok;
-  in.router.n_group = cfg.n_group;
-  in.router.topk_group = cfg.topk_group;
-  in.router.norm_topk_prob = cfg.norm_topk_prob;
-  in.router.routed_scaling_factor = (float)cfg.routed_scaling_factor;
+  in.router = ina_cfg_router_config(&cfg);
   in.hidden = cfg.hidden_size;
   in.moe_intermediate = cfg.moe_intermediate_size;
   in.moe_layers = moe_layers;
