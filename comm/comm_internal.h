@@ -18,6 +18,7 @@ struct ina_comm {
   int check;           /* INA_COMM_CHECK: header exchange before each collective */
   int broken;          /* a timeout or failure left the communicator unusable */
   MPI_Request stalled; /* the request abandoned by a timeout, MPI_REQUEST_NULL if none */
+  int a2a_created;     /* exchanges made on it (comm/a2a.h): the next one's tag */
   struct ina_comm_nccl *nccl;
 };
 
@@ -29,6 +30,10 @@ ina_status_t ina_comm_mpi_error(const ina_comm_t *comm, const char *op, int rc);
 /* Waits for *req against the communicator's deadline. On timeout the request is kept as
  * comm->stalled, the communicator is marked broken and INA_ERR_MPI is returned. */
 ina_status_t ina_comm_mpi_wait(ina_comm_t *comm, MPI_Request *req, const char *op);
+/* The pause between two polls of a wait that began at `start` (ina_comm_now_s) and has
+ * polled `polls` times: none at first, then naps growing with the wait. */
+void ina_comm_mpi_pause(double start, int polls);
+double ina_comm_now_s(void); /* monotonic seconds */
 /* Seconds from INA_COMM_TIMEOUT_S (default 60). */
 double ina_comm_timeout_from_env(void);
 

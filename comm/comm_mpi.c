@@ -10,7 +10,7 @@
 #include "comm/comm_internal.h"
 #include "core/check.h"
 
-static double now_s(void) {
+double ina_comm_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -37,9 +37,8 @@ ina_status_t ina_comm_mpi_error(const ina_comm_t *c, const char *op, int rc) {
 }
 
 ina_status_t ina_comm_mpi_wait(ina_comm_t *c, MPI_Request *req, const char *op) {
-  const double start = now_s();
+  const double start = ina_comm_now_s();
   double deadline = c->timeout_s > 0 ? start + c->timeout_s : 0;
-  struct timespec nap = {0, 0};
   for (int polls = 0;; polls++) {
     int done = 0;
     int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -48,7 +47,7 @@ ina_status_t ina_comm_mpi_wait(ina_comm_t *c, MPI_Request *req, const char *op) 
       return ina_comm_mpi_error(c, op, rc);
     }
     if (done) return INA_OK;
-    if (deadline > 0 && now_s() > deadline) {
+    if (deadline > 0 && ina_comm_now_s() > deadline) {
       c->broken = 1;
       c->stalled = *req;
       *req = MPI_REQUEST_NULL;
@@ -58,19 +57,22 @@ ina_status_t ina_comm_mpi_wait(ina_comm_t *c, MPI_Request *req, const char *op) 
                 op, c->rank, c->size, c->timeout_s);
       return INA_ERR_MPI;
     }
-    /* Spin briefly for latency, then nap so that waiting ranks leave the cores to the
-     * peers they wait for (ranks are oversubscribed in tests), and an idle follower
-     * (waiting for the leader's next step) costs next to nothing: each nap is 1 % of the
-     * wait so far, between 50 us and 10 ms, so a wake-up comes at most 1 % of the idle
-     * time late (an MPI_Test costs ~0.1 ms here: 1 ms naps kept an idle rank at 11 % of
-     * a core). */
-    if (polls > 1000) {
-      const double waited = now_s() - start;
-      const double seconds = waited / 100 < 50e-6 ? 50e-6 : waited / 100 > 10e-3 ? 10e-3 : waited / 100;
-      nap.tv_nsec = (long)(seconds * 1e9);
-      nanosleep(&nap, NULL);
-    }
+    ina_comm_mpi_pause(start, polls);
   }
+}
+
+void ina_comm_mpi_pause(double start, int polls) {
+  /* Spin briefly for latency, then nap so that waiting ranks leave the cores to the
+   * peers they wait for (ranks are oversubscribed in tests), and an idle follower
+   * (waiting for the leader's next step) costs next to nothing: each nap is 1 % of the
+   * wait so far, between 50 us and 10 ms, so a wake-up comes at most 1 % of the idle
+   * time late (an MPI_Test costs ~0.1 ms here: 1 ms naps kept an idle rank at 11 % of
+   * a core). */
+  if (polls <= 1000) return;
+  const double waited = ina_comm_now_s() - start;
+  const double seconds = waited / 100 < 50e-6 ? 50e-6 : waited / 100 > 10e-3 ? 10e-3 : waited / 100;
+  struct timespec nap = {0, (long)(seconds * 1e9)};
+  nanosleep(&nap, NULL);
 }
 
 /* One MPI call that starts a request, then the wait. */

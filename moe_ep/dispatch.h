@@ -25,10 +25,22 @@
  * (t * nranks + r) mod R, the token's interleaved place in the group's batch: local to
  * each rank (no exchange needed) and even over the replicas.
  *
- * Wire, per peer (the MPI backend: all-to-all-v over the communicator, host buffers):
- *   counts (rows to each peer), then per row its K slot entries (int32, -1 where that
- *   chosen expert is elsewhere), then the rows' payload; combine sends back one output
- *   row per (row, entry >= 0), in row order then k order.
+ * Halves: each collective step has a start and a finish (ina_ep_dispatch_start /
+ * _finish, ina_ep_combine_start / _finish; ina_ep_dispatch and ina_ep_combine do both).
+ * Start sends and returns at once; finish waits for what the peers sent. Between the
+ * two the caller computes something else, another micro-batch's attention or experts
+ * (two-batch overlap), on a second exchange: every rank starts and finishes the same
+ * exchanges in the same order. A failure of one rank's own part (bad routing, no memory)
+ * does not leave its peers waiting: its messages carry the failure, and every rank's
+ * finish of that step fails. A caller that stops halfway (a step failed) drains the
+ * exchanges it has in flight (ina_ep_exchange_drain), so that every rank ends the step
+ * with its exchanges idle.
+ *
+ * Wire (the MPI backend, comm/a2a.h: one message per peer per step, sized by its
+ * sender, host buffers): the dispatch message carries a header (the row count, -1 for
+ * a failure), per row its K slot entries (int32, -1 where that chosen expert is
+ * elsewhere), then the rows' payload; the combine message a header (the output count)
+ * and one output row per (row, entry >= 0), in row order then k order.
  * Payloads: F32, BF16, or FP8: each row quantized by ina_fp8_quantize_blocks (core/
  * dtype.h) in 1 x 128 blocks, e4m3 bytes then one f32 scale s = amax / 448 per block,
  * the activations' format of the FP8 grouped GEMM. The FP8 error per element is at most
@@ -110,9 +122,12 @@ typedef struct ina_ep_stats {
   int64_t rows_sent;      /* (token, destination rank) pairs, this rank included */
   int64_t rows_remote;    /* those to other ranks: they cross the wire */
   int64_t dispatch_bytes; /* payload of the rows to other ranks: rows_remote x row bytes */
-  int64_t meta_bytes;     /* their slot entries: rows_remote x top_k x 4 */
+  int64_t meta_bytes;     /* their slot entries, rows_remote x top_k x 4, and the 8-byte
+                             headers of both steps' messages to the other ranks */
   int64_t combine_bytes;  /* output rows sent back to other ranks */
   int32_t peers_sent;     /* other ranks that got at least one row */
+  int64_t wait_ns;        /* time blocked in the layer's two finishes: the exchange time
+                             that no compute hid */
 } ina_ep_stats_t;
 
 typedef struct ina_ep_exchange ina_ep_exchange_t;
@@ -127,8 +142,13 @@ void ina_ep_exchange_destroy(ina_ep_exchange_t *ex);
  * [tokens, top_k]: logical experts in [0, num_experts), or < 0 for an entry nobody
  * computes. A replica table that does not match the exchange (a slot outside
  * slots_per_rank, a rank outside the group, an expert without replica) is
- * INA_ERR_INVALID_ARGUMENT on the calling rank; a MASKED slot past its capacity is
- * INA_ERR_INVALID_ARGUMENT after the exchange, on the receiving rank. */
+ * INA_ERR_INVALID_ARGUMENT on the calling rank and INA_ERR_INTERNAL ("rank r failed")
+ * on the others, all at the finish; a NULL exchange or buffer, or a start while the
+ * previous layer is in flight, fails the start at once (a caller's bug). x and ids are
+ * read by the start only. */
+ina_status_t ina_ep_dispatch_start(ina_ep_exchange_t *ex, const ina_ep_replicas_t *replicas,
+                                   const float *x, const int32_t *ids, int64_t tokens);
+ina_status_t ina_ep_dispatch_finish(ina_ep_exchange_t *ex);
 ina_status_t ina_ep_dispatch(ina_ep_exchange_t *ex, const ina_ep_replicas_t *replicas,
                              const float *x, const int32_t *ids, int64_t tokens);
 
@@ -146,12 +166,21 @@ void ina_ep_received(const ina_ep_exchange_t *ex, ina_ep_received_t *out);
 /* The buffer for the experts' outputs, laid out as the received rows (f32). */
 float *ina_ep_outputs(ina_ep_exchange_t *ex);
 
-/* Step 3, collective, after the outputs are written: out [tokens, hidden] f32 (the
- * tokens and ids of the dispatch) = ina_ep_combine_sum of the expert outputs: for each
- * token the weights[t, k] times its expert outputs in ascending expert order; entries
- * with ids < 0 add nothing. *stats (may be NULL) receives the layer's traffic. */
+/* Step 3, collective. The start, after the outputs are written, sends them home; the
+ * finish writes out [tokens, hidden] f32 (the tokens and ids of the dispatch) =
+ * ina_ep_combine_sum of the expert outputs: for each token the weights[t, k] times its
+ * expert outputs in ascending expert order; entries with ids < 0 add nothing. *stats
+ * (may be NULL) receives the layer's traffic. */
+ina_status_t ina_ep_combine_start(ina_ep_exchange_t *ex);
+ina_status_t ina_ep_combine_finish(ina_ep_exchange_t *ex, const float *weights, float *out,
+                                   ina_ep_stats_t *stats);
 ina_status_t ina_ep_combine(ina_ep_exchange_t *ex, const float *weights, float *out,
                             ina_ep_stats_t *stats);
+
+/* Finishes whatever step is in flight, discarding it: after a failed step every rank
+ * drains its exchanges, so that the next step starts with all of them idle. Returns the
+ * wire's status (a broken communicator), INA_OK when nothing was in flight. */
+ina_status_t ina_ep_exchange_drain(ina_ep_exchange_t *ex);
 
 /* The one-rank combine, the definition the exchange reproduces: y [tokens, top_k,
  * hidden] holds each entry's expert output; out [tokens, hidden] = for each token, 0 plus

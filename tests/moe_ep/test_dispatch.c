@@ -12,10 +12,16 @@
  *     shows); with an FP8 payload the reference rows are x through
  *     ina_fp8_quantize_blocks and back, so the equality still holds bit for bit;
  *   - the stats: rows sent = distinct (token, destination rank) pairs by the replica
- *     rule, bytes = remote rows x row bytes;
+ *     rule, bytes = remote rows x row bytes, control bytes = their slot entries and one
+ *     8-byte header per peer and step;
  *   - the FP8 rounding meets the header's bound max(2^-4 |x|, 2^-10 s) on every element;
  *   - a rank that passes a bad routing fails the dispatch on every rank (no hang), and
  *     the next dispatch works;
+ *   - every other trial runs two exchanges at once in the two-batch-overlap order
+ *     (dispatch A, dispatch B started; A finished, its experts, its combine started; B
+ *     likewise; then both combines finished), the second with the tokens reversed: its
+ *     output is the first's reversed, bit for bit; a bad routing there fails the first
+ *     finish on every rank, the second exchange is drained, and both work again;
  *   - on 8 ranks, DeepSeek-V3's routing (256 experts, 8 groups, top 4 groups, top 8, the
  *     real router on random logits) with one group per rank: no token reaches more than
  *     4 ranks, and the bytes dispatched are printed against the all-gather exchange's
@@ -130,7 +136,25 @@ static void check_fp8_bound(const float *x, int64_t H) {
   free(back);
 }
 
-static void run_trial(ina_comm_t *comm, uint64_t seed, int i, int32_t n, int32_t me) {
+/* The experts on what this rank received, into outputs poisoned beforehand. */
+static void run_experts(ina_ep_exchange_t *ex, const trial_t *t, int32_t me, int64_t H, int bf16_out, int i) {
+  ina_ep_received_t got;
+  ina_ep_received(ex, &got);
+  float *outs = ina_ep_outputs(ex);
+  const int64_t places = got.layout == INA_EP_LAYOUT_MASKED ? (int64_t)got.slots * got.capacity : got.first[got.slots];
+  test_poison_f32(outs, (size_t)(places * H));
+  for (int32_t s = 0; s < got.slots; s++) {
+    const int32_t e = t->slot_expert[me * t->slots + s];
+    const int64_t begin = got.layout == INA_EP_LAYOUT_MASKED ? s * got.capacity : got.first[s];
+    CHECKF(got.count[s] == 0 || e >= 0, "trial %d: empty slot %d received %lld rows", i, (int)s, (long long)got.count[s]);
+    if (got.layout == INA_EP_LAYOUT_CONTIGUOUS)
+      CHECKF(got.first[s + 1] - got.first[s] == got.count[s], "trial %d: slot %d's segment", i, (int)s);
+    for (int64_t j = begin; j < begin + got.count[s] && e >= 0; j++) expert_row(e, got.rows + j * H, H, bf16_out, outs + j * H);
+  }
+}
+
+/* overlap: two exchanges in flight at once (dispatch.h's halves). */
+static void run_trial(ina_comm_t *comm, uint64_t seed, int i, int32_t n, int32_t me, int overlap) {
   trial_t t;
   trial_make(seed, i, n, &t);
   test_rng_t r = comm_test_rng(seed, me, 1000 + (uint64_t)i);
@@ -142,6 +166,9 @@ static void run_trial(ina_comm_t *comm, uint64_t seed, int i, int32_t n, int32_t
   int32_t *ids = malloc(((size_t)(T * K) + 1) * sizeof *ids);
   float *out = malloc(((size_t)(T * H) + 1) * sizeof *out), *ref = malloc(((size_t)(T * H) + 1) * sizeof *ref);
   float *y = malloc(((size_t)(T * K * H) + 1) * sizeof *y), *xq = malloc(((size_t)H + 1) * sizeof *xq);
+  float *x2 = malloc(((size_t)(T * H) + 1) * sizeof *x2), *w2 = malloc(((size_t)(T * K) + 1) * sizeof *w2);
+  float *out2 = malloc(((size_t)(T * H) + 1) * sizeof *out2);
+  int32_t *ids2 = malloc(((size_t)(T * K) + 1) * sizeof *ids2);
   for (int64_t k = 0; k < T * H; k++) {
     const float v = test_rng_normal(&r) * (k % 5 == 0 ? 8.0f : 1.0f);
     x[k] = bf16_in ? bf16_round(v) : v;
@@ -171,40 +198,70 @@ static void run_trial(ina_comm_t *comm, uint64_t seed, int i, int32_t n, int32_t
   cfg.top_k = K;
   cfg.slots_per_rank = t.slots;
   cfg.max_tokens_per_rank = MAX_TOKENS;
-  ina_ep_exchange_t *ex = NULL;
+  ina_ep_exchange_t *ex = NULL, *ex2 = NULL;
   CHECK_OK(ina_ep_exchange_create(comm, &cfg, &ex));
   const ina_ep_replicas_t rep = {t.E, t.first, t.rank, t.slot};
   const int any_bad = t.bad_rank >= 0 && (t.bad_rank + i) % 5 != 0; /* that rank has tokens */
-  ina_log_set_quiet_errors(any_bad);
-  const ina_status_t st = ina_ep_dispatch(ex, &rep, x, ids, T);
-  ina_log_set_quiet_errors(0);
-  if (any_bad) {
-    CHECKF(st != INA_OK, "trial %d: rank %d routed outside the experts, yet rank %d's dispatch passed", i,
-           (int)t.bad_rank, (int)me);
-    /* The exchange still works: the same layer with the bad entry dropped. */
-    if (t.bad_rank == me) ids[0] = -1;
-    CHECK_OK(ina_ep_dispatch(ex, &rep, x, ids, T));
-  } else {
-    CHECKF(st == INA_OK, "trial %d: dispatch: %s", i, ina_last_error());
-  }
-
-  /* The experts on what this rank received, into outputs poisoned beforehand. */
-  ina_ep_received_t got;
-  ina_ep_received(ex, &got);
-  float *outs = ina_ep_outputs(ex);
-  const int64_t places = got.layout == INA_EP_LAYOUT_MASKED ? (int64_t)got.slots * got.capacity : got.first[got.slots];
-  test_poison_f32(outs, (size_t)(places * H));
-  for (int32_t s = 0; s < got.slots; s++) {
-    const int32_t e = t.slot_expert[me * t.slots + s];
-    const int64_t begin = got.layout == INA_EP_LAYOUT_MASKED ? s * got.capacity : got.first[s];
-    CHECKF(got.count[s] == 0 || e >= 0, "trial %d: empty slot %d received %lld rows", i, (int)s, (long long)got.count[s]);
-    if (got.layout == INA_EP_LAYOUT_CONTIGUOUS)
-      CHECKF(got.first[s + 1] - got.first[s] == got.count[s], "trial %d: slot %d's segment", i, (int)s);
-    for (int64_t j = begin; j < begin + got.count[s] && e >= 0; j++) expert_row(e, got.rows + j * H, H, bf16_out, outs + j * H);
-  }
   ina_ep_stats_t stats;
   test_poison_f32(out, (size_t)(T * H));
-  CHECK_OK(ina_ep_combine(ex, w, out, &stats));
+  if (!overlap) {
+    ina_log_set_quiet_errors(any_bad);
+    const ina_status_t st = ina_ep_dispatch(ex, &rep, x, ids, T);
+    ina_log_set_quiet_errors(0);
+    if (any_bad) {
+      CHECKF(st != INA_OK, "trial %d: rank %d routed outside the experts, yet rank %d's dispatch passed", i,
+             (int)t.bad_rank, (int)me);
+      /* The exchange still works: the same layer with the bad entry dropped. */
+      if (t.bad_rank == me) ids[0] = -1;
+      CHECK_OK(ina_ep_dispatch(ex, &rep, x, ids, T));
+    } else {
+      CHECKF(st == INA_OK, "trial %d: dispatch: %s", i, ina_last_error());
+    }
+    run_experts(ex, &t, me, H, bf16_out, i);
+    CHECK_OK(ina_ep_combine(ex, w, out, &stats));
+  } else {
+    /* Two exchanges in flight at once, in the two-batch-overlap order: the second
+     * carries the same tokens in reverse order (other replicas then serve them), so its
+     * output is the first's reversed, bit for bit. */
+    CHECK_OK(ina_ep_exchange_create(comm, &cfg, &ex2));
+    for (int pass = 0; pass < 2; pass++) {
+      for (int64_t tok = 0; tok < T; tok++) {
+        memcpy(x2 + tok * H, x + (T - 1 - tok) * H, (size_t)H * sizeof *x2);
+        memcpy(ids2 + tok * K, ids + (T - 1 - tok) * K, (size_t)K * sizeof *ids2);
+        memcpy(w2 + tok * K, w + (T - 1 - tok) * K, (size_t)K * sizeof *w2);
+      }
+      CHECK_OK(ina_ep_dispatch_start(ex, &rep, x, ids, T));
+      CHECK_OK(ina_ep_dispatch_start(ex2, &rep, x2, ids2, T));
+      ina_log_set_quiet_errors(any_bad);
+      const ina_status_t st = ina_ep_dispatch_finish(ex);
+      ina_log_set_quiet_errors(0);
+      if (any_bad && pass == 0) {
+        /* Every rank fails the first finish; the second exchange is drained on every
+         * rank, and both work again with the bad entry dropped. */
+        CHECKF(st != INA_OK, "trial %d: rank %d routed outside the experts, yet rank %d's overlapped dispatch passed", i,
+               (int)t.bad_rank, (int)me);
+        CHECK_OK(ina_ep_exchange_drain(ex2));
+        if (t.bad_rank == me) ids[0] = -1;
+        continue;
+      }
+      CHECKF(st == INA_OK, "trial %d: overlapped dispatch: %s", i, ina_last_error());
+      run_experts(ex, &t, me, H, bf16_out, i);
+      CHECK_OK(ina_ep_combine_start(ex));
+      CHECK_OK(ina_ep_dispatch_finish(ex2));
+      run_experts(ex2, &t, me, H, bf16_out, i);
+      CHECK_OK(ina_ep_combine_start(ex2));
+      test_poison_f32(out2, (size_t)(T * H));
+      CHECK_OK(ina_ep_combine_finish(ex, w, out, &stats));
+      CHECK_OK(ina_ep_combine_finish(ex2, w2, out2, NULL));
+      break;
+    }
+    int64_t bad2 = -1;
+    for (int64_t tok = 0; tok < T && bad2 < 0; tok++)
+      if (memcmp(out2 + tok * H, out + (T - 1 - tok) * H, (size_t)H * sizeof *out) != 0) bad2 = tok;
+    CHECKF(bad2 < 0, "trial %d: rank %d: the second exchange's token %lld differs from the first's token %lld", i,
+           (int)me, (long long)bad2, (long long)(T - 1 - bad2));
+    ina_ep_exchange_destroy(ex2);
+  }
 
   /* The reference: every expert here, on the rows as the payload carries them. */
   for (int64_t tok = 0; tok < T; tok++) {
@@ -257,12 +314,13 @@ static void run_trial(ina_comm_t *comm, uint64_t seed, int i, int32_t n, int32_t
   CHECKF(stats.rows_sent == rows && stats.rows_remote == remote, "trial %d: rank %d sent %lld rows (%lld remote), expected %lld (%lld)",
          i, (int)me, (long long)stats.rows_sent, (long long)stats.rows_remote, (long long)rows, (long long)remote);
   CHECKF(stats.dispatch_bytes == remote * (int64_t)row_bytes(t.dispatch_payload, H) &&
-             stats.meta_bytes == remote * K * 4,
+             stats.meta_bytes == remote * K * 4 + 2 * (n - 1) * 8,
          "trial %d: dispatch bytes %lld, meta %lld for %lld remote rows of %zu bytes", i, (long long)stats.dispatch_bytes,
          (long long)stats.meta_bytes, (long long)remote, row_bytes(t.dispatch_payload, H));
   ina_ep_exchange_destroy(ex);
   trial_free(&t);
   free(x), free(w), free(ids), free(out), free(ref), free(y), free(xq);
+  free(x2), free(w2), free(out2), free(ids2);
 }
 
 /* V3's routing over 8 ranks, one expert group (32 experts) per rank. */
@@ -317,9 +375,9 @@ int main(int argc, char **argv) {
   if (!c) return 1;
   const int32_t n = ina_comm_size(c), me = ina_comm_rank(c);
   const uint64_t seed = comm_test_seed("test_dispatch");
-  for (int i = 0; i < TRIALS; i++) run_trial(c, seed, i, n, me);
+  for (int i = 0; i < TRIALS; i++) run_trial(c, seed, i, n, me, i % 2);
   if (n == 1)
-    for (int i = 0; i < TRIALS; i++) run_trial(NULL, seed, i, 1, 0); /* no communicator */
+    for (int i = 0; i < TRIALS; i++) run_trial(NULL, seed, i, 1, 0, i % 2); /* no communicator */
   if (n == 8) run_v3_routing(c, seed, n, me);
   {
     /* Configurations refused by name. */
