@@ -254,6 +254,8 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
       eo.attention_dp = 2; /* the replicated scheduler's batch, split by sequence */
       if (options->struct_size >= offsetof(ina_agent_options_t, ep_exchange) + sizeof(int32_t))
         eo.ep_exchange = options->ep_exchange;
+      if (options->struct_size >= offsetof(ina_agent_options_t, micro_batches) + sizeof(int32_t))
+        eo.micro_batches = options->micro_batches;
       agent->attention_dp = 1;
     }
   }

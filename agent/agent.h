@@ -130,12 +130,15 @@ typedef struct ina_agent_options {
   /* Version 7. The MoE exchange of an expert-parallel job (ina_engine_ep_exchange_t, the
    * engine option of the same name): AUTO, ALLGATHER or DISPATCH. Every rank the same. */
   int32_t ep_exchange;
+  /* Version 8. Micro-batches of each step under the dispatch exchange (the engine option
+   * of the same name): 1 (default), or 2 for two-batch overlap. Every rank the same. */
+  int32_t micro_batches;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 7, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+  {sizeof(ina_agent_options_t), 8, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
    0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,      \
-   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0, 1024, NULL, 3.0, 0}
+   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0, 1024, NULL, 3.0, 0, 1}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 

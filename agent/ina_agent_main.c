@@ -71,6 +71,8 @@ static void usage(FILE *f) {
           "                       token only to its experts' ranks; the default with\n"
           "                       --attention-dp, CPU ranks only) or allgather (every rank\n"
           "                       every token; the default otherwise)\n"
+          "  --two-batch-overlap  with the dispatch exchange: each step in two micro-batches,\n"
+          "                       one's exchange travelling while the other computes\n"
           "  --dp [D]             --attention-dp, naming its degree: D, when given, must be the\n"
           "                       number of groups (the ranks / T), e.g. mpirun -np 4 ina-agent\n"
           "                       --tp 2 --ep 2 --dp 2\n"
@@ -278,6 +280,7 @@ static int follow(const ina_agent_options_t *o, const ina_parallel_job_t *job) {
   eo.ep_comm = o->ep_comm;
   eo.attention_dp = o->attention_dp ? 2 : 0;
   eo.ep_exchange = o->ep_exchange; /* as rank 0's (agent.c) */
+  eo.micro_batches = o->attention_dp ? o->micro_batches : 1;
   ina_model_t *model = NULL;
   ina_engine_t *engine = NULL;
   ina_scheduler_t *scheduler = NULL;
@@ -345,7 +348,7 @@ static void *watch_ranks(void *arg) {
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
          O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_OPEN_ADMIN, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP,
-         O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT, O_EXCHANGE };
+         O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT, O_EXCHANGE, O_TBO };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -360,6 +363,7 @@ int main(int argc, char **argv) {
       {"max-running", required_argument, 0, O_RUNNING}, {"max-queued-requests", required_argument, 0, O_QUEUED},
       {"heartbeat-timeout", required_argument, 0, O_HB_TIMEOUT},
       {"ep-exchange", required_argument, 0, O_EXCHANGE},
+      {"two-batch-overlap", no_argument, 0, O_TBO},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512];
@@ -407,6 +411,7 @@ int main(int argc, char **argv) {
         return 2;
       }
       break;
+    case O_TBO: o.micro_batches = 2; break;
     case O_HB_TIMEOUT: if (parse_seconds("--heartbeat-timeout", optarg, &o.heartbeat_timeout_s)) return 2; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;

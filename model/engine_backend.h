@@ -64,6 +64,12 @@ static inline int ina_engine_options_ep_exchange(const ina_engine_options_t *o) 
                                                                                            : INA_ENGINE_EP_EXCHANGE_AUTO;
 }
 
+/* options->micro_batches when the caller's struct has it (version 10), else 1. */
+static inline int ina_engine_options_micro_batches(const ina_engine_options_t *o) {
+  const int m = o->struct_size >= offsetof(ina_engine_options_t, micro_batches) + sizeof(int32_t) ? o->micro_batches : 1;
+  return m == 0 ? 1 : m;
+}
+
 typedef struct ina_engine_cpu ina_engine_cpu_t;
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,

@@ -147,6 +147,14 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
       xc.dispatch_payload = INA_EP_PAYLOAD_F32;
     }
     e->ex_config = xc;
+    e->micro_batches = ina_engine_options_micro_batches(options);
+    INA_REQUIRE(e->micro_batches == 1 || e->micro_batches == 2, INA_ERR_INVALID_ARGUMENT,
+                "engine: micro_batches %d: 1 (the batch whole) or 2 (two-batch overlap)", (int)e->micro_batches);
+    INA_REQUIRE(e->micro_batches == 1 || e->ep_exchange == INA_ENGINE_EP_EXCHANGE_DISPATCH, INA_ERR_INVALID_ARGUMENT,
+                "engine: two-batch overlap (micro_batches 2) needs the dispatch exchange, which only attention "
+                "data parallelism runs: the %s exchange has no halves to overlap",
+                ina_engine_ep_exchange_name(e->ep_exchange));
+    e->traffic.micro_batches = e->micro_batches;
   }
   e->expert_load = calloc((size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts + 1,
                           sizeof *e->expert_load);
@@ -183,7 +191,8 @@ void ina_engine_cpu_destroy(ina_engine_cpu_t *e) {
   if (!e) return;
   ina_page_pool_destroy(e->kv);
   ina_threadpool_destroy(e->pool);
-  ina_ep_exchange_destroy(e->ex);
+  ina_ep_exchange_destroy(e->ex[0]);
+  ina_ep_exchange_destroy(e->ex[1]);
   ina_ep_group_free(&e->ep);
   ina_expert_slots_release(&e->slots, NULL);
   free(e->moe_layers);
@@ -833,47 +842,78 @@ fail:
 
 /* The exchange for the placement in force: made at the first MoE layer, remade when a
  * placement change altered the slots per rank (local: no communication). */
-static ina_status_t ensure_exchange(ina_engine_cpu_t *e) {
+/* Exchange i (one per micro-batch), made for the placement's slots per rank: remade
+ * when a placement change alters them. */
+static ina_status_t ensure_exchange(ina_engine_cpu_t *e, int i) {
   ina_status_t st = INA_OK;
-  if (e->ex && e->ex_config.slots_per_rank == e->ep.placement.slots_per_rank) return INA_OK;
-  ina_ep_exchange_destroy(e->ex);
-  e->ex = NULL;
+  if (e->ex[i] && e->ex_config.slots_per_rank == e->ep.placement.slots_per_rank) return INA_OK;
+  ina_ep_exchange_destroy(e->ex[0]);
+  ina_ep_exchange_destroy(e->ex[1]);
+  e->ex[0] = e->ex[1] = NULL;
   e->ex_config.slots_per_rank = e->ep.placement.slots_per_rank;
-  INA_CHECK(ina_ep_exchange_create(e->ep.comm, &e->ex_config, &e->ex));
+  for (int j = 0; j < e->micro_batches; j++) INA_CHECK(ina_ep_exchange_create(e->ep.comm, &e->ex_config, &e->ex[j]));
 fail:
   return st;
 }
 
-/* Attention data parallelism over the dispatch/combine exchange (moe_ep/dispatch.h):
- * this rank routes its own rows, sends each only to the ranks of its experts, runs its
- * slots on the rows it received, and sums the outputs that come back in the one-rank
- * order; then the shared experts on its own rows, as moe_layer does. */
-static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
+/* Attention data parallelism over the dispatch/combine exchange (moe_ep/dispatch.h), in
+ * three stages so that two micro-batches can interleave them: this rank routes its own
+ * rows and sends each only to the ranks of its experts (begin); runs its slots on the
+ * rows it received and sends the outputs home (experts); sums the outputs that came
+ * back in the one-rank order and adds the shared experts on its own rows, as moe_layer
+ * does (end). */
+typedef struct moe_flight {
+  ina_ep_exchange_t *ex;
+  int32_t layer;
+  int count_layer; /* the traffic counts this exchange as the step's layer (micro-batch 0) */
+  int32_t *ids;    /* [T, top_k] */
+  float *weights;  /* [T, top_k] */
+} moe_flight_t;
+
+static void flight_free(moe_flight_t *f) {
+  free(f->ids);
+  free(f->weights);
+  f->ids = NULL;
+  f->weights = NULL;
+}
+
+static ina_status_t dispatch_begin(step_t *s, int32_t layer, moe_flight_t *f) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
-  const int64_t T = s->T, Hd = c->hidden_size, inter = widest_intermediate(c);
+  const int64_t T = s->T;
   const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok, moe = e->moe_index[layer];
-  float *weights = malloc(((size_t)T * K + 1) * sizeof *weights), *xe = NULL, *g = NULL, *u = NULL;
-  int32_t *ids = malloc(((size_t)T * K + 1) * sizeof *ids);
-  INA_CHECK_ALLOC(weights);
-  INA_CHECK_ALLOC(ids);
-  INA_CHECK(route_rows(e, layer, s->h, T, 0, ids, weights));
+  flight_free(f);
+  f->layer = layer;
+  f->weights = malloc(((size_t)T * K + 1) * sizeof *f->weights);
+  f->ids = malloc(((size_t)T * K + 1) * sizeof *f->ids);
+  INA_CHECK_ALLOC(f->weights);
+  INA_CHECK_ALLOC(f->ids);
+  INA_CHECK(route_rows(e, layer, s->h, T, 0, f->ids, f->weights));
   {
     uint64_t *load = e->step_load + (int64_t)moe * E;
-    for (int64_t i = 0; i < T * K; i++) load[ids[i]]++;
+    for (int64_t i = 0; i < T * K; i++) load[f->ids[i]]++;
   }
-  INA_CHECK(ensure_exchange(e));
   /* The layer's replica tables (moe_ep/expert_parallel.h): per layer E + 1 starts, and
    * ranks x slots entries. */
   const size_t per_layer = (size_t)e->ep.placement.ep * (size_t)e->ep.placement.slots_per_rank;
   const ina_ep_replicas_t rep = {E, e->ep.replica_first + (size_t)moe * ((size_t)E + 1),
                                  e->ep.replica_rank + (size_t)moe * per_layer, e->ep.replica_slot + (size_t)moe * per_layer};
-  INA_CHECK(ina_ep_dispatch(e->ex, &rep, s->h, ids, T));
+  INA_CHECK(ina_ep_dispatch_start(f->ex, &rep, s->h, f->ids, T));
+fail:
+  return st;
+}
+
+static ina_status_t dispatch_experts(step_t *s, moe_flight_t *f) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = s->e;
+  const int64_t Hd = e->cfg->hidden_size, inter = widest_intermediate(e->cfg);
+  float *g = NULL, *u = NULL;
+  INA_CHECK(ina_ep_dispatch_finish(f->ex));
   {
     ina_ep_received_t got;
-    ina_ep_received(e->ex, &got);
-    float *outs = ina_ep_outputs(e->ex);
+    ina_ep_received(f->ex, &got);
+    float *outs = ina_ep_outputs(f->ex);
     int64_t most = 0;
     for (int32_t slot = 0; slot < got.slots; slot++)
       if (got.count[slot] > most) most = got.count[slot];
@@ -887,29 +927,53 @@ static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
     for (int32_t slot = 0; slot < got.slots; slot++) {
       if (got.count[slot] == 0) continue;
       const int64_t begin = got.layout == INA_EP_LAYOUT_MASKED ? slot * got.capacity : got.first[slot];
-      INA_CHECK(mlp(&mine, ina_expert_slots_at(&e->slots, moe, slot), got.rows + begin * Hd, got.count[slot],
-                    outs + begin * Hd));
+      INA_CHECK(mlp(&mine, ina_expert_slots_at(&e->slots, e->moe_index[f->layer], slot), got.rows + begin * Hd,
+                    got.count[slot], outs + begin * Hd));
     }
   }
+  INA_CHECK(ina_ep_combine_start(f->ex));
+fail:
+  free(g);
+  free(u);
+  return st;
+}
+
+static ina_status_t dispatch_end(step_t *s, moe_flight_t *f, float *out) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = s->e;
+  const int64_t T = s->T, K = e->cfg->num_experts_per_tok;
+  float *xe = NULL;
   if (e->mutation == INA_MUTATION_ROUTED_SCALE)
-    for (int64_t i = 0; i < T * K; i++) weights[i] *= 0.95f;
+    for (int64_t i = 0; i < T * K; i++) f->weights[i] *= 0.95f;
   {
     ina_ep_stats_t stats;
-    INA_CHECK(ina_ep_combine(e->ex, weights, out, &stats));
-    e->step_traffic.layers++;
+    INA_CHECK(ina_ep_combine_finish(f->ex, f->weights, out, &stats));
+    e->step_traffic.layers += f->count_layer;
     e->step_traffic.rows_sent += stats.rows_remote;
     e->step_traffic.dispatch_bytes += stats.dispatch_bytes + stats.meta_bytes;
     e->step_traffic.combine_bytes += stats.combine_bytes;
+    e->step_traffic.wait_ns += stats.wait_ns;
   }
-  xe = malloc(((size_t)T * Hd + 1) * sizeof *xe);
+  xe = malloc(((size_t)T * (size_t)e->cfg->hidden_size + 1) * sizeof *xe);
   INA_CHECK_ALLOC(xe);
-  INA_CHECK(add_shared_experts(s, layer, xe, out));
+  INA_CHECK(add_shared_experts(s, f->layer, xe, out));
 fail:
-  free(weights);
-  free(ids);
   free(xe);
-  free(g);
-  free(u);
+  return st;
+}
+
+/* The three stages back to back: one micro-batch. */
+static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
+  ina_status_t st = INA_OK;
+  moe_flight_t f = {NULL, layer, 1, NULL, NULL};
+  INA_CHECK(ensure_exchange(s->e, 0));
+  f.ex = s->e->ex[0];
+  INA_CHECK(dispatch_begin(s, layer, &f));
+  INA_CHECK(dispatch_experts(s, &f));
+  INA_CHECK(dispatch_end(s, &f, out));
+fail:
+  if (st != INA_OK) ina_ep_exchange_drain(f.ex);
+  flight_free(&f);
   return st;
 }
 
@@ -919,20 +983,34 @@ static ina_status_t moe_block(step_t *s, int32_t layer, float *out) {
                                                               : moe_block_dp(s, layer, out);
 }
 
+/* The end of an MLP block: its output s->tmp summed over the tensor-parallel ranks and
+ * added to the residual stream. */
+static ina_status_t mlp_block_end(step_t *s) {
+  ina_status_t st = INA_OK;
+  const int64_t n = s->T * s->e->cfg->hidden_size;
+  if (s->e->noise.reduced > 0) as_stored_noise(s->e, s->tmp, n, s->e->noise.reduced);
+  INA_CHECK(tp_sum(s->e, s->tmp, n));
+  for (int64_t i = 0; i < n; i++) s->x[i] += s->tmp[i];
+  as_stored(s->e, s->x, n);
+fail:
+  return st;
+}
+
+static void mlp_block_norm(step_t *s, int32_t layer) {
+  const ina_model_config_t *c = s->e->cfg;
+  norm_rows(s->e, s->x, &s->e->w->layers[layer].post_attention_norm, s->T, c->hidden_size, (float)c->rms_norm_eps,
+            c->hidden_size, s->h, c->hidden_size);
+}
+
 static ina_status_t mlp_block(step_t *s, int32_t layer) {
   ina_status_t st = INA_OK;
-  const ina_model_config_t *c = s->e->cfg;
   const ina_layer_weights_t *L = &s->e->w->layers[layer];
-  const int64_t T = s->T, Hd = c->hidden_size;
-  norm_rows(s->e, s->x, &L->post_attention_norm, T, Hd, (float)c->rms_norm_eps, Hd, s->h, Hd);
+  mlp_block_norm(s, layer);
   if (L->is_moe)
     INA_CHECK(moe_block(s, layer, s->tmp));
   else
-    INA_CHECK(mlp(s, &L->mlp, s->h, T, s->tmp));
-  if (s->e->noise.reduced > 0) as_stored_noise(s->e, s->tmp, T * Hd, s->e->noise.reduced);
-  INA_CHECK(tp_sum(s->e, s->tmp, T * Hd));
-  for (int64_t i = 0; i < T * Hd; i++) s->x[i] += s->tmp[i];
-  as_stored(s->e, s->x, T * Hd);
+    INA_CHECK(mlp(s, &L->mlp, s->h, s->T, s->tmp));
+  INA_CHECK(mlp_block_end(s));
 fail:
   return st;
 }
@@ -963,6 +1041,7 @@ static ina_status_t publish_expert_load(ina_engine_cpu_t *e) {
   e->traffic.rows_sent += e->step_traffic.rows_sent;
   e->traffic.dispatch_bytes += e->step_traffic.dispatch_bytes;
   e->traffic.combine_bytes += e->step_traffic.combine_bytes;
+  e->traffic.wait_ns += e->step_traffic.wait_ns;
   pthread_mutex_unlock(&e->load_mu);
   memset(&e->step_traffic, 0, sizeof e->step_traffic);
   memset(e->step_load, 0, n * sizeof *e->step_load);
@@ -971,58 +1050,182 @@ fail:
   return st;
 }
 
+/* A step's start: its working memory, each token's sequence and position, and the
+ * embeddings. */
+static ina_status_t step_begin(ina_engine_cpu_t *e, const ina_batch_t *b, step_t *s) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  memset(s, 0, sizeof *s);
+  s->e = e;
+  s->b = b;
+  s->T = b->qo_indptr[b->batch];
+  INA_CHECK(step_alloc(s));
+  for (int32_t i = 0; i < b->batch; i++) {
+    const int32_t n = b->qo_indptr[i + 1] - b->qo_indptr[i];
+    for (int32_t t = b->qo_indptr[i]; t < b->qo_indptr[i + 1]; t++) {
+      s->token_seq[t] = i;
+      s->positions[t] = b->seqs[i]->num_tokens - n + (t - b->qo_indptr[i]);
+    }
+  }
+  for (int64_t t = 0; t < s->T; t++) ina_cpu_tensor_row(&e->w->embed, b->tokens[t], s->x + t * c->hidden_size);
+  as_stored(e, s->x, s->T * c->hidden_size);
+fail:
+  return st;
+}
+
+/* The oracle's route records for T rows (gpu_numerics), cleared. */
+static ina_status_t routes_reset(ina_engine_cpu_t *e, int64_t T) {
+  ina_status_t st = INA_OK;
+  if (!e->gpu_numerics) return INA_OK;
+  ina_engine_route_t *grown = realloc(e->routes, (size_t)(T > 0 ? T : 1) * sizeof *grown);
+  INA_CHECK_ALLOC(grown);
+  e->routes = grown;
+  e->route_rows = T;
+  for (int64_t t = 0; t < T; t++) e->routes[t] = (ina_engine_route_t){INFINITY, 0};
+fail:
+  return st;
+}
+
+/* The step's end: the final norm and the LM head on the rows that want logits (every
+ * token's, or each sequence's last). */
+static ina_status_t step_logits(ina_engine_cpu_t *e, const step_t *s, float *logits) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  const ina_batch_t *b = s->b;
+  const int64_t rows = b->all_logits ? s->T : b->batch;
+  float *final = malloc((size_t)(rows > 0 ? rows : 1) * (size_t)c->hidden_size * sizeof(float));
+  INA_CHECK_ALLOC(final);
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
+    norm_rows(e, s->x + t * c->hidden_size, &e->w->final_norm, 1, c->hidden_size, (float)c->rms_norm_eps,
+              c->hidden_size, final + r * c->hidden_size, c->hidden_size);
+  }
+  if (e->gpu_numerics) {
+    const ina_cpu_gpu_linear_opts_t o = {1, 1, 0}; /* the LM head writes fp32 logits */
+    INA_CHECK(ina_cpu_gpu_linear(e->pool, &e->w->lm_head, final, rows, logits, &o));
+  } else {
+    INA_CHECK(ina_cpu_linear(e->pool, &e->w->lm_head, final, rows, logits));
+  }
+fail:
+  free(final);
+  return st;
+}
+
+/* Two-batch overlap: the rank's sequences in two micro-batches A and B of about equal
+ * tokens, each MoE layer of each in three stages (moe_flight_t: begin with the
+ * attention, experts, end), interleaved as
+ *   A0 B0 | A1 B1 A2 A0' B2 B0' | A1' B1' ...
+ * so that A's dispatch travels during B's attention, B's during A's experts, A's
+ * combine during B's experts, and B's during A's shared experts and next attention.
+ * Every rank runs this order (its own halves, either possibly empty), so the
+ * exchanges meet; a dense layer is all in its first stage. */
+typedef struct micro_batch {
+  ina_batch_t batch;
+  int32_t *qo_indptr; /* B's, rebased */
+  step_t s;
+  moe_flight_t f;
+} micro_batch_t;
+
+/* The split: the first sequence count whose tokens reach half of the batch's, so that
+ * both halves have tokens when the batch has two sequences or more. */
+static int32_t split_point(const ina_batch_t *b) {
+  if (b->batch < 2) return b->batch;
+  const int32_t total = b->qo_indptr[b->batch];
+  int32_t k = 1;
+  while (k < b->batch - 1 && 2 * b->qo_indptr[k] < total) k++;
+  /* the nearer of k and k - 1 to half, keeping both halves non-empty */
+  if (k > 1 && total - 2 * b->qo_indptr[k - 1] < 2 * b->qo_indptr[k] - total) k--;
+  return k;
+}
+
+static ina_status_t stage(micro_batch_t *m, int32_t layer, int which) {
+  ina_status_t st = INA_OK;
+  step_t *s = &m->s;
+  const int moe = s->e->w->layers[layer].is_moe;
+  if (which == 0) {
+    INA_CHECK(attention_block(s, layer));
+    if (!moe) return mlp_block(s, layer);
+    mlp_block_norm(s, layer);
+    INA_CHECK(dispatch_begin(s, layer, &m->f));
+  } else if (moe && which == 1) {
+    INA_CHECK(dispatch_experts(s, &m->f));
+  } else if (moe) {
+    INA_CHECK(dispatch_end(s, &m->f, s->tmp));
+    INA_CHECK(mlp_block_end(s));
+  }
+fail:
+  return st;
+}
+
+static ina_status_t forward_overlapped(ina_engine_cpu_t *e, const ina_batch_t *b, float *logits) {
+  ina_status_t st = INA_OK;
+  micro_batch_t mb[2];
+  memset(mb, 0, sizeof mb);
+  const int32_t L = e->cfg->num_layers, split = split_point(b);
+  mb[0].batch = (ina_batch_t){split, b->seqs, b->qo_indptr, b->tokens, b->all_logits};
+  mb[1].qo_indptr = malloc(((size_t)(b->batch - split) + 1) * sizeof *mb[1].qo_indptr);
+  INA_CHECK_ALLOC(mb[1].qo_indptr);
+  for (int32_t i = 0; i <= b->batch - split; i++) mb[1].qo_indptr[i] = b->qo_indptr[split + i] - b->qo_indptr[split];
+  mb[1].batch = (ina_batch_t){b->batch - split, b->seqs + split, mb[1].qo_indptr, b->tokens + b->qo_indptr[split],
+                              b->all_logits};
+  INA_CHECK(routes_reset(e, b->qo_indptr[b->batch]));
+  for (int i = 0; i < 2; i++) {
+    INA_CHECK(ensure_exchange(e, i));
+    INA_CHECK(step_begin(e, &mb[i].batch, &mb[i].s));
+  }
+  for (int i = 0; i < 2; i++) {
+    mb[i].f.ex = e->ex[i];
+    mb[i].f.count_layer = i == 0;
+  }
+  for (int32_t l = 0; l < L; l++) {
+    if (l == 0) {
+      INA_CHECK(stage(&mb[0], 0, 0));
+      INA_CHECK(stage(&mb[1], 0, 0));
+    }
+    INA_CHECK(stage(&mb[0], l, 1));
+    INA_CHECK(stage(&mb[1], l, 1));
+    INA_CHECK(stage(&mb[0], l, 2));
+    if (l + 1 < L) INA_CHECK(stage(&mb[0], l + 1, 0));
+    INA_CHECK(stage(&mb[1], l, 2));
+    if (l + 1 < L) INA_CHECK(stage(&mb[1], l + 1, 0));
+  }
+  INA_CHECK(step_logits(e, &mb[0].s, logits));
+  {
+    const int64_t rows0 = b->all_logits ? mb[0].s.T : split;
+    INA_CHECK(step_logits(e, &mb[1].s, logits + rows0 * e->cfg->vocab_size));
+  }
+  INA_CHECK(publish_expert_load(e));
+fail:
+  if (st != INA_OK) { /* every rank failed the same finish: the other half's exchange too */
+    ina_ep_exchange_drain(e->ex[0]);
+    ina_ep_exchange_drain(e->ex[1]);
+    memset(e->step_load, 0, (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts * sizeof *e->step_load);
+  }
+  for (int i = 0; i < 2; i++) {
+    flight_free(&mb[i].f);
+    step_free(&mb[i].s);
+  }
+  free(mb[1].qo_indptr);
+  return st;
+}
+
 /* The forward of batch b, whose sequences have grown by their new tokens already. */
 static ina_status_t forward_grown(ina_engine_cpu_t *e, const ina_batch_t *b, float *logits) {
   ina_status_t st = INA_OK;
   step_t s;
   memset(&s, 0, sizeof s);
-  float *final = NULL;
-  const ina_model_config_t *c = e->cfg;
-  s.e = e;
-  s.b = b;
-  s.T = b->qo_indptr[b->batch];
-  INA_CHECK(step_alloc(&s));
-  for (int32_t i = 0; i < b->batch; i++) {
-    const int32_t n = b->qo_indptr[i + 1] - b->qo_indptr[i];
-    for (int32_t t = b->qo_indptr[i]; t < b->qo_indptr[i + 1]; t++) {
-      s.token_seq[t] = i;
-      s.positions[t] = b->seqs[i]->num_tokens - n + (t - b->qo_indptr[i]);
-    }
-  }
-  for (int64_t t = 0; t < s.T; t++) ina_cpu_tensor_row(&e->w->embed, b->tokens[t], s.x + t * c->hidden_size);
-  as_stored(e, s.x, s.T * c->hidden_size);
-  if (e->gpu_numerics) {
-    ina_engine_route_t *grown = realloc(e->routes, (size_t)(s.T > 0 ? s.T : 1) * sizeof *grown);
-    INA_CHECK_ALLOC(grown);
-    e->routes = grown;
-    e->route_rows = s.T;
-    for (int64_t t = 0; t < s.T; t++) e->routes[t] = (ina_engine_route_t){INFINITY, 0};
-  }
-  for (int32_t l = 0; l < c->num_layers; l++) {
+  if (e->micro_batches == 2) return forward_overlapped(e, b, logits);
+  INA_CHECK(step_begin(e, b, &s));
+  INA_CHECK(routes_reset(e, s.T));
+  for (int32_t l = 0; l < e->cfg->num_layers; l++) {
     INA_CHECK(attention_block(&s, l));
     INA_CHECK(mlp_block(&s, l));
   }
-  {
-    const int64_t rows = b->all_logits ? s.T : b->batch;
-    final = malloc((size_t)(rows > 0 ? rows : 1) * (size_t)c->hidden_size * sizeof(float));
-    INA_CHECK_ALLOC(final);
-    for (int64_t r = 0; r < rows; r++) {
-      const int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
-      norm_rows(e, s.x + t * c->hidden_size, &e->w->final_norm, 1, c->hidden_size, (float)c->rms_norm_eps,
-                c->hidden_size, final + r * c->hidden_size, c->hidden_size);
-    }
-    if (e->gpu_numerics) {
-      const ina_cpu_gpu_linear_opts_t o = {1, 1, 0}; /* the LM head writes fp32 logits */
-      INA_CHECK(ina_cpu_gpu_linear(e->pool, &e->w->lm_head, final, rows, logits, &o));
-    } else {
-      INA_CHECK(ina_cpu_linear(e->pool, &e->w->lm_head, final, rows, logits));
-    }
-  }
+  INA_CHECK(step_logits(e, &s, logits));
   INA_CHECK(publish_expert_load(e));
 fail:
   if (st != INA_OK) /* the step's tokens were not computed: its counts go */
     memset(e->step_load, 0, (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts * sizeof *e->step_load);
-  free(final);
   step_free(&s);
   return st;
 }

@@ -31,7 +31,8 @@ struct ina_engine_cpu {
    * slots per rank, remade when that changes), else ALLGATHER; and its traffic so far. */
   int32_t ep_exchange;
   ina_ep_config_t ex_config;
-  ina_ep_exchange_t *ex;
+  ina_ep_exchange_t *ex[2];  /* one per micro-batch in flight (the second: two-batch overlap) */
+  int32_t micro_batches;     /* ina_engine_options_t.micro_batches: 1, or 2 (overlap) */
   ina_engine_ep_traffic_t traffic;      /* published each step, under load_mu */
   ina_engine_ep_traffic_t step_traffic; /* the step's, driver thread only */
   ina_comm_t *tp_comm;  /* tensor parallelism: sums the partial outputs; NULL: one rank */

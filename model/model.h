@@ -147,6 +147,13 @@ typedef struct ina_engine_options {
   int32_t ep_layout;
   int32_t ep_payload;
   int64_t ep_max_tokens;
+  /* Version 10. Micro-batches of a step under the DISPATCH exchange: 1 (default, 0 too)
+   * runs the batch whole; 2 runs two-batch overlap: the rank's sequences split in two
+   * halves of about equal tokens, whose layers interleave so that one half's exchange
+   * (started, then finished later: moe_ep/dispatch.h) travels while the other half
+   * computes its attention or experts. Every rank of the group must take the same value;
+   * logits are bit-identical to one batch's. Other exchanges take 1 only. */
+  int32_t micro_batches;
 } ina_engine_options_t;
 
 typedef enum ina_engine_ep_exchange {
@@ -167,6 +174,8 @@ typedef struct ina_engine_ep_traffic {
   int64_t rows_sent;       /* (token, destination rank) pairs sent to other ranks */
   int64_t dispatch_bytes;  /* rows on their way to the experts (with their slot entries) */
   int64_t combine_bytes;   /* outputs on their way back */
+  int64_t wait_ns;         /* time blocked finishing the exchanges: what compute did not hide */
+  int32_t micro_batches;   /* of each step (ina_engine_options_t.micro_batches) */
 } ina_engine_ep_traffic_t;
 
 ina_status_t ina_engine_ep_traffic(const ina_engine_t *engine, ina_engine_ep_traffic_t *out);
@@ -182,7 +191,7 @@ typedef enum ina_engine_numerics {
 } ina_engine_numerics_t;
 
 #define INA_ENGINE_OPTIONS_INIT \
-  {sizeof(ina_engine_options_t), 9, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0}
+  {sizeof(ina_engine_options_t), 10, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);

@@ -57,6 +57,8 @@ static void usage(FILE *f) {
           "  --ep-exchange X      how the MoE layers exchange tokens: dispatch (each token only\n"
           "                       to its experts' ranks; the default with --dp, CPU only) or\n"
           "                       allgather (every rank every token)\n"
+          "  --two-batch-overlap  with the dispatch exchange: each step in two micro-batches,\n"
+          "                       one's exchange travelling while the other computes\n"
           "  -h, --help           this help\n"
           "\n"
           "With --server HOST:PORT the prompts run on a running ina-agent instead (see\n"
@@ -137,7 +139,7 @@ static int job_shard(const ina_parallel_job_t *job, const char *spec, ina_shard_
 int cmd_generate(int argc, char **argv) {
   if (wants_server(argc, argv)) return cmd_generate_remote(argc, argv);
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
-         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP, O_ADP, O_EXCHANGE };
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP, O_ADP, O_EXCHANGE, O_TBO };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -150,6 +152,7 @@ int cmd_generate(int argc, char **argv) {
       {"tp", required_argument, 0, O_TP},             {"dp", optional_argument, 0, O_DP},
       {"attention-dp", no_argument, 0, O_ADP},
       {"ep-exchange", required_argument, 0, O_EXCHANGE},
+      {"two-batch-overlap", no_argument, 0, O_TBO},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
@@ -216,6 +219,7 @@ int cmd_generate(int argc, char **argv) {
         goto done;
       }
       break;
+    case O_TBO: eopts.micro_batches = 2; break;
     case 'h': usage(stdout); rc = 0; goto done;
     default: usage(stderr); rc = 2; goto done;
     }
@@ -347,6 +351,10 @@ int cmd_generate(int argc, char **argv) {
              ina_engine_ep_exchange_name(t.exchange), (double)(t.dispatch_bytes + t.combine_bytes) / (double)t.layers,
              (double)t.dispatch_bytes / (double)t.layers, (double)t.combine_bytes / (double)t.layers,
              (long long)t.layers);
+    if (ina_engine_ep_traffic(engine, &t) == INA_OK && t.layers > 0 && t.exchange == INA_ENGINE_EP_EXCHANGE_DISPATCH)
+      printf("ep exchange: %d micro-batch%s per step, rank 0 waited %.3f s on the exchanges (%.1f us per MoE layer)\n",
+             (int)t.micro_batches, t.micro_batches == 1 ? "" : "es", 1e-9 * (double)t.wait_ns,
+             1e-3 * (double)t.wait_ns / (double)t.layers);
   }
   rc = 0;
 done:

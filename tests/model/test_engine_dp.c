@@ -9,8 +9,9 @@
  * unless at least --min-fixtures fixtures (--min-fp8 of them FP8, --min-moe with MoE
  * layers) had every prompt compared in both modes.
  * --exchange dispatch|allgather picks the MoE exchange (default: the engine's, dispatch
- * under attention DP) and --layout masked the dispatch's masked receive layout; the
- * engine's traffic counters must name the exchange that ran. */
+ * under attention DP), --layout masked the dispatch's masked receive layout and
+ * --two-batch-overlap its two micro-batches per step; the engine's traffic counters
+ * must name the exchange and the micro-batches that ran. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,7 +25,7 @@
 #include "tests/model/parallel_test_util.h"
 
 static int g_rank, g_size;
-static int32_t g_exchange = INA_ENGINE_EP_EXCHANGE_AUTO, g_layout = INA_EP_LAYOUT_CONTIGUOUS;
+static int32_t g_exchange = INA_ENGINE_EP_EXCHANGE_AUTO, g_layout = INA_EP_LAYOUT_CONTIGUOUS, g_micro_batches = 1;
 static parallel_tally_t g_tally;
 
 static int32_t argmax(const float *row, int32_t n) {
@@ -108,6 +109,7 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *comm) {
   eo.ep_exchange = g_exchange;
   eo.ep_layout = g_layout;
   eo.ep_max_tokens = 4096; /* the masked layout's rows per rank: every prompt's tokens */
+  eo.micro_batches = g_micro_batches;
   ina_engine_t *e = NULL;
   CHECK_OK(ina_engine_create(part, &eo, &e));
   float *logits[GOLDEN_MAX_PROMPTS] = {NULL};
@@ -139,6 +141,8 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *comm) {
     const int32_t want = g_exchange == INA_ENGINE_EP_EXCHANGE_ALLGATHER ? g_exchange : INA_ENGINE_EP_EXCHANGE_DISPATCH;
     CHECKF(tr.exchange == want && (g_size == 1 || tr.layers > 0), "%s: the engine ran the %s exchange %lld times, not %s",
            name, ina_engine_ep_exchange_name(tr.exchange), (long long)tr.layers, ina_engine_ep_exchange_name(want));
+    CHECKF(tr.micro_batches == g_micro_batches, "%s: %d micro-batches per step, not %d", name, (int)tr.micro_batches,
+           (int)g_micro_batches);
   }
   /* Mode 2: every rank the whole batch, split by sequence inside the engine. */
   {
@@ -192,6 +196,8 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--exchange") == 0 && i + 1 < argc) {
       i++;
       g_exchange = strcmp(argv[i], "dispatch") == 0 ? INA_ENGINE_EP_EXCHANGE_DISPATCH : INA_ENGINE_EP_EXCHANGE_ALLGATHER;
+    } else if (strcmp(argv[i], "--two-batch-overlap") == 0) {
+      g_micro_batches = 2;
     } else if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc) {
       g_layout = strcmp(argv[++i], "masked") == 0 ? INA_EP_LAYOUT_MASKED : INA_EP_LAYOUT_CONTIGUOUS;
     } else if (!parallel_minimum_arg(argc, argv, &i, &min)) {
@@ -204,8 +210,8 @@ int main(int argc, char **argv) {
   const int count = comm ? golden_fixture_names(root, names) : 0;
   CHECKF(count >= 6, "only %d fixtures in %s", count, root);
   if (g_rank == 0)
-    printf("test_engine_dp: %d ranks, %s exchange%s\n", g_size, ina_engine_ep_exchange_name(g_exchange),
-           g_layout == INA_EP_LAYOUT_MASKED ? ", masked layout" : "");
+    printf("test_engine_dp: %d ranks, %s exchange%s%s\n", g_size, ina_engine_ep_exchange_name(g_exchange),
+           g_layout == INA_EP_LAYOUT_MASKED ? ", masked layout" : "", g_micro_batches == 2 ? ", two-batch overlap" : "");
   for (int i = 0; i < count; i++) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", root, names[i]);

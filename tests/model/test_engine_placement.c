@@ -35,7 +35,7 @@
 #include "tests/golden/golden_fixture.h"
 #include "tests/model/parallel_test_util.h"
 
-static int g_rank, g_size, g_tp, g_ep, g_dp;
+static int g_rank, g_size, g_tp, g_ep, g_dp, g_tbo;
 static ina_comm_t *g_world;
 static parallel_tally_t g_tally;
 
@@ -164,6 +164,7 @@ static ina_engine_t *make_engine(const ina_model_t *m, ina_comm_t *tp, ina_comm_
   eo.ep_comm = ep;
   eo.max_expert_bytes = max_expert_bytes;
   eo.attention_dp = g_dp ? 2 : 0;
+  eo.micro_batches = g_tbo ? 2 : 1;
   ina_engine_t *e = NULL;
   CHECK_OK(ina_engine_create(m, &eo, &e));
   return e;
@@ -401,6 +402,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--tp") == 0 && i + 1 < argc) g_tp = atoi(argv[++i]);
     else if (strcmp(argv[i], "--dp") == 0) g_dp = 1;
+    else if (strcmp(argv[i], "--two-batch-overlap") == 0) g_dp = g_tbo = 1;
     else if (!parallel_minimum_arg(argc, argv, &i, &min)) root = argv[i];
   }
   CHECKF(g_tp >= 1 && g_size % g_tp == 0, "--tp %d must divide the %d ranks", g_tp, g_size);
@@ -414,7 +416,8 @@ int main(int argc, char **argv) {
   rng.s = seed;
   if (g_rank == 0)
     printf("test_engine_placement: %d ranks, tp %d x ep %d%s, seed %llu\n", g_size, g_tp, g_ep,
-           g_dp ? ", attention DP (dispatch exchange)" : "", (unsigned long long)seed);
+           g_dp ? (g_tbo ? ", attention DP (dispatch exchange, two-batch overlap)" : ", attention DP (dispatch exchange)") : "",
+           (unsigned long long)seed);
   char *names[GOLDEN_MAX_FIXTURES];
   const int count = g_world && tp && ep ? golden_fixture_names(root, names) : 0;
   CHECKF(count >= 6, "only %d fixtures in %s", count, root);
