@@ -68,6 +68,7 @@ struct agent_metrics {
   ina_gauge_f64_t **heartbeat_age; /* [heartbeat size] */
   ina_counter_t *ep_bytes[2];      /* dispatch, combine */
   ina_counter_t *ep_layers;
+  ina_counter_t *ep_wait_us;
 
   pthread_t sampler;
   int sampler_started;
@@ -196,6 +197,10 @@ static ina_status_t register_all(agent_metrics_t *m) {
                                            "MoE layer exchanges between expert-parallel ranks (bytes per layer: "
                                            "ina_ep_exchange_bytes_total over this).",
                                            NULL, 0, &m->ep_layers));
+    INA_CHECK(ina_metrics_register_counter(r, "ina_ep_exchange_wait_microseconds_total",
+                                           "Time this rank's MoE layers spent blocked finishing their exchanges: the "
+                                           "exchange time that compute did not hide (two-batch overlap hides part).",
+                                           NULL, 0, &m->ep_wait_us));
   }
   const int ranks = ina_heartbeat_size(m->heartbeat);
   if (ranks > 1) {
@@ -237,9 +242,9 @@ static void sample(agent_metrics_t *m) {
     }
   ina_engine_ep_traffic_t tr;
   if (ina_engine_ep_traffic(m->engine, &tr) == INA_OK) {
-    const int64_t want[3] = {tr.dispatch_bytes, tr.combine_bytes, tr.layers};
-    ina_counter_t *have[3] = {m->ep_bytes[0], m->ep_bytes[1], m->ep_layers};
-    for (int k = 0; k < 3; k++) {
+    const int64_t want[4] = {tr.dispatch_bytes, tr.combine_bytes, tr.layers, tr.wait_ns / 1000};
+    ina_counter_t *have[4] = {m->ep_bytes[0], m->ep_bytes[1], m->ep_layers, m->ep_wait_us};
+    for (int k = 0; k < 4; k++) {
       const int64_t d = want[k] - ina_counter_value(have[k]);
       if (d > 0) ina_counter_add(have[k], d);
     }

@@ -132,8 +132,10 @@ static ina_rpc_code_t get_node_info(void *ctx, const ina_rpc_request_t *request,
   info.attention_data_parallel = agent->attention_dp != 0;
   ina_engine_ep_traffic_t traffic;
   info.ep_exchange = (char *)"";
-  if (agent->ep > 1 && ina_engine_ep_traffic(agent->engine, &traffic) == INA_OK)
+  if (agent->ep > 1 && ina_engine_ep_traffic(agent->engine, &traffic) == INA_OK) {
     info.ep_exchange = (char *)ina_engine_ep_exchange_name(traffic.exchange);
+    info.ep_micro_batches = (uint32_t)(traffic.micro_batches > 0 ? traffic.micro_batches : 1);
+  }
   const ina_rpc_code_t code = pack_reply(&info.base, reply);
   free(rank_infos);
   free(ranks);

@@ -54,7 +54,9 @@ static void print_node_info(const Ina__V1__NodeInfo *info) {
     printf("device: cuda:%u, %s\n", info->gpus[i]->gpu_index, info->gpus[i]->name);
   printf("ranks: %zu of world size %u%s\n", info->n_ranks, info->world_size,
          info->attention_data_parallel ? ", attention data parallel over the dp groups" : "");
-  if (info->ep_exchange && info->ep_exchange[0]) printf("expert-parallel exchange: %s\n", info->ep_exchange);
+  if (info->ep_exchange && info->ep_exchange[0])
+    printf("expert-parallel exchange: %s%s\n", info->ep_exchange,
+           info->ep_micro_batches == 2 ? ", two-batch overlap (2 micro-batches per step)" : "");
   for (size_t i = 0; i < info->n_ranks; i++)
     printf("  rank %u: local %u, gpu %u, pid %u, tp %u dp %u ep %u\n", info->ranks[i]->global_rank,
            info->ranks[i]->local_rank, info->ranks[i]->gpu_index, info->ranks[i]->pid,

@@ -5,7 +5,8 @@
 #      on the fixture's 4 ranks): the
 #      streams of `ina generate --server` equal `ina generate` on one rank; health is
 #      SERVING; node info lists every rank, says whether attention DP is on and names the
-#      MoE exchange (dispatch under attention DP, all-gather otherwise); SIGTERM
+#      MoE exchange (dispatch under attention DP, all-gather otherwise), and two-batch
+#      overlap (on 2 ranks of tiny with --two-batch-overlap) when it is on; SIGTERM
 #      to rank 0 drains, every rank exits and mpirun returns 0.
 #      While streams run, two random placements with redundant experts move experts
 #      between the ranks (ina place): the streams still equal one rank's.
@@ -101,6 +102,10 @@ serve_and_stop() { # MODEL NP FLAGS...
   local exchange=allgather; [ "$dp_on" = 1 ] && exchange=dispatch
   grep -q "expert-parallel exchange: $exchange" <<<"$info" ||
     fail "$np ranks $*: ina info does not report the $exchange exchange: $info"
+  # ... and two-batch overlap exactly when it is on.
+  local tbo=0; [[ " $* " == *" --two-batch-overlap "* ]] && tbo=1
+  [ "$(grep -c "two-batch overlap" <<<"$info")" = "$tbo" ] ||
+    fail "$np ranks $*: ina info reports two-batch overlap wrongly: $info"
   kill -TERM "$pid0"
   local rc; rc=$(ended 30)
   if [ "$rc" != "0" ] || ! grep -q "ina-agent: stopped" "$tmp/log"; then
@@ -114,6 +119,7 @@ serve_and_stop tiny 2 --ep
 serve_and_stop "$fixture" 4 --tp 2 --ep
 serve_and_stop tiny 2 --ep --attention-dp
 serve_and_stop "$fixture" 4 --tp 2 --ep 2 --dp 2
+serve_and_stop tiny 2 --ep --attention-dp --two-batch-overlap
 
 # refused DEGREES...: 2 ranks of tiny with a degree they cannot take exit 2, naming it.
 refused() {
