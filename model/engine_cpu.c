@@ -22,6 +22,7 @@
 #include "model/model.h"
 #include "moe_ep/expert_parallel.h"
 #include "moe_ep/expert_slots.h"
+#include "moe_ep/moe_layer.h"
 #include "moe_ep/router.h"
 
 /* HF (and DeepSeek's own code) build q_a_layernorm and kv_a_layernorm without an eps
@@ -856,99 +857,79 @@ fail:
   return st;
 }
 
-/* Attention data parallelism over the dispatch/combine exchange (moe_ep/dispatch.h), in
- * three stages so that two micro-batches can interleave them: this rank routes its own
- * rows and sends each only to the ranks of its experts (begin); runs its slots on the
- * rows it received and sends the outputs home (experts); sums the outputs that came
- * back in the one-rank order and adds the shared experts on its own rows, as moe_layer
- * does (end). */
+/* Attention data parallelism over the dispatch/combine exchange: moe_ep/moe_layer.h's
+ * three stages, with this engine's router and experts. This rank routes its own rows
+ * and sends each only to the ranks of its experts (begin); runs its slots on the rows
+ * it received (experts); sums the outputs that came back in the one-rank order, then
+ * adds the shared experts on its own rows, as moe_layer does (end). */
+static ina_status_t route_own_rows(void *ctx, int32_t layer, int32_t moe, const float *x, int64_t T, int32_t *ids,
+                                   float *weights) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = ctx;
+  const int32_t E = e->cfg->n_routed_experts, K = e->cfg->num_experts_per_tok;
+  INA_CHECK(route_rows(e, layer, x, T, 0, ids, weights));
+  uint64_t *load = e->step_load + (int64_t)moe * E;
+  for (int64_t i = 0; i < T * K; i++) load[ids[i]]++;
+fail:
+  return st;
+}
+
+static ina_status_t run_slot(void *ctx, int32_t layer, int32_t moe, int32_t slot, const float *rows, int64_t n,
+                             float *out) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = ctx;
+  (void)layer;
+  const int64_t inter = widest_intermediate(e->cfg);
+  step_t scratch; /* mlp's scratch only, for these rows */
+  memset(&scratch, 0, sizeof scratch);
+  scratch.e = e;
+  scratch.g = malloc(((size_t)(n * inter)) * sizeof *scratch.g + 1);
+  scratch.u = malloc(((size_t)(n * inter)) * sizeof *scratch.u + 1);
+  INA_CHECK_ALLOC(scratch.g);
+  INA_CHECK_ALLOC(scratch.u);
+  INA_CHECK(mlp(&scratch, ina_expert_slots_at(&e->slots, moe, slot), rows, n, out));
+fail:
+  free(scratch.g);
+  free(scratch.u);
+  return st;
+}
+
+/* A micro-batch's flight: moe_ep/moe_layer.h's, and whether its traffic counts as the
+ * step's layer (micro-batch 0: the other half's bytes add to the same layer). */
 typedef struct moe_flight {
-  ina_ep_exchange_t *ex;
-  int32_t layer;
-  int count_layer; /* the traffic counts this exchange as the step's layer (micro-batch 0) */
-  int32_t *ids;    /* [T, top_k] */
-  float *weights;  /* [T, top_k] */
+  ina_moe_ops_t ops;
+  ina_moe_flight_t f;
+  int count_layer;
 } moe_flight_t;
 
-static void flight_free(moe_flight_t *f) {
-  free(f->ids);
-  free(f->weights);
-  f->ids = NULL;
-  f->weights = NULL;
+static void flight_init(moe_flight_t *m, ina_engine_cpu_t *e, int i) {
+  m->ops = (ina_moe_ops_t){route_own_rows, run_slot, e};
+  ina_moe_flight_init(&m->f, e->ex[i], &e->ep, &m->ops, e->cfg->num_experts_per_tok);
+  m->count_layer = i == 0;
 }
 
-static ina_status_t dispatch_begin(step_t *s, int32_t layer, moe_flight_t *f) {
-  ina_status_t st = INA_OK;
-  ina_engine_cpu_t *e = s->e;
-  const ina_model_config_t *c = e->cfg;
-  const int64_t T = s->T;
-  const int32_t E = c->n_routed_experts, K = c->num_experts_per_tok, moe = e->moe_index[layer];
-  flight_free(f);
-  f->layer = layer;
-  f->weights = malloc(((size_t)T * K + 1) * sizeof *f->weights);
-  f->ids = malloc(((size_t)T * K + 1) * sizeof *f->ids);
-  INA_CHECK_ALLOC(f->weights);
-  INA_CHECK_ALLOC(f->ids);
-  INA_CHECK(route_rows(e, layer, s->h, T, 0, f->ids, f->weights));
-  {
-    uint64_t *load = e->step_load + (int64_t)moe * E;
-    for (int64_t i = 0; i < T * K; i++) load[f->ids[i]]++;
-  }
-  /* The layer's replica tables (moe_ep/expert_parallel.h): per layer E + 1 starts, and
-   * ranks x slots entries. */
-  const size_t per_layer = (size_t)e->ep.placement.ep * (size_t)e->ep.placement.slots_per_rank;
-  const ina_ep_replicas_t rep = {E, e->ep.replica_first + (size_t)moe * ((size_t)E + 1),
-                                 e->ep.replica_rank + (size_t)moe * per_layer, e->ep.replica_slot + (size_t)moe * per_layer};
-  INA_CHECK(ina_ep_dispatch_start(f->ex, &rep, s->h, f->ids, T));
-fail:
-  return st;
+static void flight_free(moe_flight_t *m) { ina_moe_flight_free(&m->f); }
+
+static ina_status_t dispatch_begin(step_t *s, int32_t layer, moe_flight_t *m) {
+  return ina_moe_flight_begin(&m->f, layer, s->e->moe_index[layer], s->h, s->T);
 }
 
-static ina_status_t dispatch_experts(step_t *s, moe_flight_t *f) {
-  ina_status_t st = INA_OK;
-  ina_engine_cpu_t *e = s->e;
-  const int64_t Hd = e->cfg->hidden_size, inter = widest_intermediate(e->cfg);
-  float *g = NULL, *u = NULL;
-  INA_CHECK(ina_ep_dispatch_finish(f->ex));
-  {
-    ina_ep_received_t got;
-    ina_ep_received(f->ex, &got);
-    float *outs = ina_ep_outputs(f->ex);
-    int64_t most = 0;
-    for (int32_t slot = 0; slot < got.slots; slot++)
-      if (got.count[slot] > most) most = got.count[slot];
-    step_t mine = *s; /* the experts' scratch, for the most rows one slot received */
-    g = malloc(((size_t)(most * inter)) * sizeof *g + 1);
-    u = malloc(((size_t)(most * inter)) * sizeof *u + 1);
-    INA_CHECK_ALLOC(g);
-    INA_CHECK_ALLOC(u);
-    mine.g = g;
-    mine.u = u;
-    for (int32_t slot = 0; slot < got.slots; slot++) {
-      if (got.count[slot] == 0) continue;
-      const int64_t begin = got.layout == INA_EP_LAYOUT_MASKED ? slot * got.capacity : got.first[slot];
-      INA_CHECK(mlp(&mine, ina_expert_slots_at(&e->slots, e->moe_index[f->layer], slot), got.rows + begin * Hd,
-                    got.count[slot], outs + begin * Hd));
-    }
-  }
-  INA_CHECK(ina_ep_combine_start(f->ex));
-fail:
-  free(g);
-  free(u);
-  return st;
+static ina_status_t dispatch_experts(step_t *s, moe_flight_t *m) {
+  (void)s;
+  return ina_moe_flight_experts(&m->f);
 }
 
-static ina_status_t dispatch_end(step_t *s, moe_flight_t *f, float *out) {
+static ina_status_t dispatch_end(step_t *s, moe_flight_t *m, float *out) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
   const int64_t T = s->T, K = e->cfg->num_experts_per_tok;
   float *xe = NULL;
   if (e->mutation == INA_MUTATION_ROUTED_SCALE)
-    for (int64_t i = 0; i < T * K; i++) f->weights[i] *= 0.95f;
+    for (int64_t i = 0; i < T * K; i++) m->f.weights[i] *= 0.95f;
   {
     ina_ep_stats_t stats;
-    INA_CHECK(ina_ep_combine_finish(f->ex, f->weights, out, &stats));
-    e->step_traffic.layers += f->count_layer;
+    INA_CHECK(ina_moe_flight_end(&m->f, out, &stats));
+    e->step_traffic.layers += m->count_layer;
     e->step_traffic.rows_sent += stats.rows_remote;
     e->step_traffic.dispatch_bytes += stats.dispatch_bytes + stats.meta_bytes;
     e->step_traffic.combine_bytes += stats.combine_bytes;
@@ -956,7 +937,7 @@ static ina_status_t dispatch_end(step_t *s, moe_flight_t *f, float *out) {
   }
   xe = malloc(((size_t)T * (size_t)e->cfg->hidden_size + 1) * sizeof *xe);
   INA_CHECK_ALLOC(xe);
-  INA_CHECK(add_shared_experts(s, f->layer, xe, out));
+  INA_CHECK(add_shared_experts(s, m->f.layer, xe, out));
 fail:
   free(xe);
   return st;
@@ -965,15 +946,15 @@ fail:
 /* The three stages back to back: one micro-batch. */
 static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
   ina_status_t st = INA_OK;
-  moe_flight_t f = {NULL, layer, 1, NULL, NULL};
+  moe_flight_t m;
   INA_CHECK(ensure_exchange(s->e, 0));
-  f.ex = s->e->ex[0];
-  INA_CHECK(dispatch_begin(s, layer, &f));
-  INA_CHECK(dispatch_experts(s, &f));
-  INA_CHECK(dispatch_end(s, &f, out));
+  flight_init(&m, s->e, 0);
+  st = dispatch_begin(s, layer, &m);
+  if (st == INA_OK) st = dispatch_experts(s, &m);
+  if (st == INA_OK) st = dispatch_end(s, &m, out);
+  if (st != INA_OK) ina_ep_exchange_drain(s->e->ex[0]);
+  flight_free(&m);
 fail:
-  if (st != INA_OK) ina_ep_exchange_drain(f.ex);
-  flight_free(&f);
   return st;
 }
 
@@ -1173,10 +1154,7 @@ static ina_status_t forward_overlapped(ina_engine_cpu_t *e, const ina_batch_t *b
     INA_CHECK(ensure_exchange(e, i));
     INA_CHECK(step_begin(e, &mb[i].batch, &mb[i].s));
   }
-  for (int i = 0; i < 2; i++) {
-    mb[i].f.ex = e->ex[i];
-    mb[i].f.count_layer = i == 0;
-  }
+  for (int i = 0; i < 2; i++) flight_init(&mb[i].f, e, i);
   for (int32_t l = 0; l < L; l++) {
     if (l == 0) {
       INA_CHECK(stage(&mb[0], 0, 0));

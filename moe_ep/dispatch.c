@@ -510,6 +510,7 @@ void ina_ep_received(const ina_ep_exchange_t *ex, ina_ep_received_t *out) {
   out->first = ex->cfg.layout == INA_EP_LAYOUT_CONTIGUOUS ? ex->first : NULL;
   out->count = ex->count;
   out->capacity = ex->capacity;
+  out->hidden = ex->cfg.hidden;
 }
 
 float *ina_ep_outputs(ina_ep_exchange_t *ex) { return ex ? ex->outs.p : NULL; }

@@ -160,6 +160,7 @@ typedef struct ina_ep_received {
   const int64_t *first;   /* CONTIGUOUS: [slots + 1] segment starts; MASKED: NULL */
   const int64_t *count;   /* [slots]: rows of each slot */
   int64_t capacity;       /* MASKED: rows per slot in the buffer; CONTIGUOUS: 0 */
+  int64_t hidden;         /* row width */
 } ina_ep_received_t;
 
 void ina_ep_received(const ina_ep_exchange_t *ex, ina_ep_received_t *out);
