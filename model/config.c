@@ -72,7 +72,8 @@ static ina_status_t get_token_id(const json_t *o, const char *key, const char *w
   return INA_OK;
 }
 
-static ina_status_t detect_arch(const json_t *root, const char *where, ina_arch_t *arch) {
+/* V3.2 is V3's architecture with an indexer (*sparse = 1). */
+static ina_status_t detect_arch(const json_t *root, const char *where, ina_arch_t *arch, int *sparse) {
   const char *model_type = NULL;
   ina_status_t st = INA_OK;
   INA_CHECK(ina_json_get_string_opt(root, "model_type", where, NULL, &model_type));
@@ -80,15 +81,22 @@ static ina_status_t detect_arch(const json_t *root, const char *where, ina_arch_
     const json_t *archs = json_object_get(root, "architectures");
     const json_t *first = json_is_array(archs) ? json_array_get(archs, 0) : NULL;
     const char *a = json_is_string(first) ? json_string_value(first) : "";
-    model_type = strstr(a, "DeepseekV3") ? "deepseek_v3" : strstr(a, "DeepseekV2") ? "deepseek_v2" : a;
+    model_type = strstr(a, "DeepseekV32")  ? "deepseek_v32"
+                 : strstr(a, "DeepseekV3") ? "deepseek_v3"
+                 : strstr(a, "DeepseekV2") ? "deepseek_v2"
+                                           : a;
   }
-  if (strcmp(model_type, "deepseek_v3") == 0) {
+  *sparse = 0;
+  if (strcmp(model_type, "deepseek_v32") == 0) {
+    *arch = INA_ARCH_DEEPSEEK_V3;
+    *sparse = 1;
+  } else if (strcmp(model_type, "deepseek_v3") == 0) {
     *arch = INA_ARCH_DEEPSEEK_V3;
   } else if (strcmp(model_type, "deepseek_v2") == 0) {
     *arch = INA_ARCH_DEEPSEEK_V2;
   } else {
     st = INA_ERR_UNSUPPORTED;
-    ina_error(INA_LOG_SUBSYS, "%s: model_type '%s' is not supported (deepseek_v2, deepseek_v3)",
+    ina_error(INA_LOG_SUBSYS, "%s: model_type '%s' is not supported (deepseek_v2, deepseek_v3, deepseek_v32)",
               where, model_type);
   }
 fail:
@@ -228,7 +236,8 @@ ina_status_t ina_model_config_from_json(const json_t *root, const char *where,
   memset(c, 0, sizeof *c);
   INA_REQUIRE(json_is_object(root), INA_ERR_FORMAT, "%s: expected a JSON object at the top",
               path);
-  INA_CHECK(detect_arch(root, path, &c->arch));
+  int sparse = 0;
+  INA_CHECK(detect_arch(root, path, &c->arch, &sparse));
   INA_CHECK(get_i32(root, "vocab_size", path, &c->vocab_size));
   INA_CHECK(get_i32(root, "hidden_size", path, &c->hidden_size));
   INA_CHECK(get_i32(root, "intermediate_size", path, &c->intermediate_size));
@@ -276,6 +285,12 @@ ina_status_t ina_model_config_from_json(const json_t *root, const char *where,
     int interleave = 1;
     INA_CHECK(ina_json_get_bool_opt(root, "rope_interleave", path, 1, &interleave));
     c->rope_layout = (c->arch == INA_ARCH_DEEPSEEK_V2 || interleave) ? INA_ROPE_PAIRS : INA_ROPE_HALVES;
+  }
+  if (sparse) { /* transformers' defaults: DeepSeek-V3.2's release */
+    INA_CHECK(get_i32_opt(root, "index_topk", path, 2048, &c->index_topk));
+    INA_CHECK(get_i32_opt(root, "index_n_heads", path, 64, &c->index_n_heads));
+    INA_CHECK(get_i32_opt(root, "index_head_dim", path, 128, &c->index_head_dim));
+    INA_REQUIRE(c->index_topk > 0, INA_ERR_FORMAT, "%s: index_topk must be positive (got %d)", path, c->index_topk);
   }
   INA_CHECK(parse_rope(root, path, c));
   if (c->n_routed_experts > 0) INA_CHECK(parse_scoring(root, path, c));
@@ -330,6 +345,20 @@ ina_status_t ina_model_config_validate(const ina_model_config_t *c, const char *
       INA_REQUIRE(c->n_routed_experts / c->n_group >= 2, INA_ERR_FORMAT,
                   "%s: noaux_tc routing needs at least 2 experts per group", where);
   }
+  if (ina_cfg_has_indexer(c)) {
+    POSITIVE(index_n_heads);
+    POSITIVE(index_head_dim);
+    /* The indexer's query is wq_b of the q LoRA output; its rope covers the key's first
+     * qk_rope_head_dim dims. */
+    INA_REQUIRE(c->q_lora_rank > 0, INA_ERR_FORMAT,
+                "%s: deepseek_v32 needs a q_lora_rank (the indexer's query comes from the q LoRA output)", where);
+    INA_REQUIRE(c->index_head_dim >= c->qk_rope_head_dim, INA_ERR_FORMAT,
+                "%s: index_head_dim (%d) must be at least qk_rope_head_dim (%d): the indexer ropes that many dims",
+                where, c->index_head_dim, c->qk_rope_head_dim);
+    INA_REQUIRE(c->index_n_heads <= INT32_MAX / c->index_head_dim, INA_ERR_FORMAT,
+                "%s: index_n_heads x index_head_dim (%d x %d) overflows 32 bits", where, c->index_n_heads,
+                c->index_head_dim);
+  }
   /* ina_cfg_qk_head_dim adds them in int32. */
   INA_REQUIRE(c->qk_nope_head_dim <= INT32_MAX - c->qk_rope_head_dim, INA_ERR_FORMAT,
               "%s: qk_nope_head_dim + qk_rope_head_dim (%d + %d) overflows 32 bits", where,
@@ -376,7 +405,7 @@ fail:
 
 /* ---- built-in configurations ------------------------------------------------------ */
 
-static const char *const builtin_names[] = {"tiny", "v2-lite", "v3-layers", NULL};
+static const char *const builtin_names[] = {"tiny", "v2-lite", "v3-layers", "v3.2-tiny", "v3.2-layers", NULL};
 
 const char *const *ina_model_config_builtin_names(void) { return builtin_names; }
 
@@ -462,6 +491,18 @@ ina_status_t ina_model_config_builtin(const char *name, ina_model_config_t *c) {
     set_yarn(c, 40.0, 4096, 0.707);
     return INA_OK;
   }
+  if (strcmp(name, "v3.2-tiny") == 0 || strcmp(name, "v3.2-layers") == 0) {
+    /* DeepSeek-V3.2: tiny's or V3-layers' shapes with a lightning indexer. tiny's keeps
+     * 8 tokens per query, fewer than most prompts, so that the choice matters, with an
+     * odd head count; the layers' are the release's (64 heads x 128, 2048 tokens). */
+    const int small = strcmp(name, "v3.2-tiny") == 0;
+    const ina_status_t st = ina_model_config_builtin(small ? "tiny" : "v3-layers", c);
+    if (st != INA_OK) return st;
+    c->index_topk = small ? 8 : 2048;
+    c->index_n_heads = small ? 3 : 64;
+    c->index_head_dim = small ? 32 : 128;
+    return INA_OK;
+  }
   if (strcmp(name, "v3-layers") == 0) {
     /* DeepSeek-V3's shapes with 4 layers: one dense layer, three MoE layers. */
     base_v3(c);
@@ -485,7 +526,7 @@ ina_status_t ina_model_config_builtin(const char *name, ina_model_config_t *c) {
     set_yarn(c, 40.0, 4096, 1.0);
     return INA_OK;
   }
-  ina_error(INA_LOG_SUBSYS, "unknown built-in model '%s' (tiny, v2-lite, v3-layers)", name);
+  ina_error(INA_LOG_SUBSYS, "unknown built-in model '%s' (tiny, v2-lite, v3-layers, v3.2-tiny, v3.2-layers)", name);
   return INA_ERR_NOT_FOUND;
 }
 
@@ -567,9 +608,17 @@ ina_status_t ina_model_config_save(const ina_model_config_t *c, const char *path
   const int v3 = c->arch == INA_ARCH_DEEPSEEK_V3;
   json_t *o = json_object();
   INA_CHECK_ALLOC(o);
+  const int v32 = v3 && ina_cfg_has_indexer(c);
   json_object_set_new(o, "architectures",
-                      json_pack("[s]", v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"));
-  json_object_set_new(o, "model_type", json_string(v3 ? "deepseek_v3" : "deepseek_v2"));
+                      json_pack("[s]", v32  ? "DeepseekV32ForCausalLM"
+                                       : v3 ? "DeepseekV3ForCausalLM"
+                                            : "DeepseekV2ForCausalLM"));
+  json_object_set_new(o, "model_type", json_string(v32 ? "deepseek_v32" : v3 ? "deepseek_v3" : "deepseek_v2"));
+  if (v32) {
+    json_object_set_new(o, "index_topk", json_integer(c->index_topk));
+    json_object_set_new(o, "index_n_heads", json_integer(c->index_n_heads));
+    json_object_set_new(o, "index_head_dim", json_integer(c->index_head_dim));
+  }
   json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
   json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
   json_object_set_new(o, "intermediate_size", json_integer(c->intermediate_size));

@@ -73,6 +73,12 @@ typedef struct ina_model_config {
   double yarn_attention_factor;            /* < 0 when absent (derived) */
   int32_t yarn_original_max_position;
   int yarn_truncate;
+  /* DeepSeek-V3.2 (model_type deepseek_v32): V3 with DeepSeek Sparse Attention, a
+   * lightning indexer in every attention layer that keeps the index_topk best cached
+   * tokens of each query for MLA. index_topk 0: no indexer (V2, V3). */
+  int32_t index_topk;
+  int32_t index_n_heads;
+  int32_t index_head_dim;
   /* Weights: FP8 block-scaled checkpoint (quantization_config fp8, 128x128 blocks). */
   int fp8_block_scaled;
   int32_t fp8_block_rows, fp8_block_cols;
@@ -105,6 +111,9 @@ static inline int32_t ina_cfg_qk_head_dim(const ina_model_config_t *c) {
 }
 /* The router settings of the model's MoE layers (method, experts, groups, scaling). */
 ina_router_config_t ina_cfg_router_config(const ina_model_config_t *c);
+
+/* 1 for DeepSeek-V3.2: every attention layer has a lightning indexer. */
+static inline int ina_cfg_has_indexer(const ina_model_config_t *c) { return c->index_topk > 0; }
 
 static inline int ina_cfg_layer_is_moe(const ina_model_config_t *c, int32_t layer) {
   return c->n_routed_experts > 0 && layer >= c->first_k_dense_replace;

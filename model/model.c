@@ -48,7 +48,7 @@ ina_status_t ina_model_spec_config(const char *spec, ina_model_config_t *out) {
     const char *name = strncmp(spec, "random:", 7) == 0 ? spec + 7 : spec;
     INA_REQUIRE(is_builtin(name), INA_ERR_NOT_FOUND,
                 "model '%s' is neither a checkpoint directory nor a built-in model (tiny, "
-                "random:tiny, random:v2-lite, random:v3-layers)", spec);
+                "random:tiny, random:v2-lite, random:v3-layers, random:v3.2-tiny, random:v3.2-layers)", spec);
     INA_CHECK(ina_model_config_builtin(name, out));
   }
 fail:
@@ -75,7 +75,7 @@ ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options
     /* Look the name up first so an unknown spec records one error, this one. */
     INA_REQUIRE(is_builtin(name), INA_ERR_NOT_FOUND,
                 "model '%s' is neither a checkpoint directory nor a built-in model (tiny, "
-                "random:tiny, random:v2-lite, random:v3-layers)", spec);
+                "random:tiny, random:v2-lite, random:v3-layers, random:v3.2-tiny, random:v3.2-layers)", spec);
     INA_CHECK(ina_model_config_builtin(name, &cfg));
     if (wants_random_on_device(options)) {
       INA_LOG_I(INA_LOG_SUBSYS, "random weights for '%s' (seed %llu, %s) left for the device engine", name,

@@ -209,6 +209,21 @@ ina_status_t ina_weight_specs(ina_weights_t *w, ina_weight_spec_t **specs, int32
     push_linear(&l, &L->kv_b_proj, i, heads * nv, cfg->kv_lora_rank, 0, TP_SPLIT_OUT, kv_rows, q);
     snprintf(q, sizeof q, "%s.self_attn.o_proj", p);
     push_linear(&l, &L->o_proj, i, H, heads * cfg->v_head_dim, cfg->attention_bias, TP_SPLIT_IN, o_cols, q);
+    if (ina_cfg_has_indexer(cfg)) {
+      /* Small next to MLA (one key per token): every tensor-parallel rank holds it whole.
+       * weights_proj is kept in high precision, as Hugging Face keeps it in fp32. */
+      snprintf(q, sizeof q, "%s.self_attn.indexer.wq_b", p);
+      push_linear(&l, &L->index_wq_b, i, (int64_t)cfg->index_n_heads * cfg->index_head_dim, cfg->q_lora_rank, 0,
+                  TP_REPLICATED, WHOLE, q);
+      snprintf(q, sizeof q, "%s.self_attn.indexer.wk", p);
+      push_linear(&l, &L->index_wk, i, cfg->index_head_dim, H, 0, TP_REPLICATED, WHOLE, q);
+      push(&l, INA_WEIGHT_NORM, &L->index_k_norm, NULL, i, cfg->index_head_dim, -1, WHOLE,
+           "%s.self_attn.indexer.k_norm.weight", p);
+      push(&l, INA_WEIGHT_BIAS, &L->index_k_norm_bias, NULL, i, cfg->index_head_dim, -1, WHOLE,
+           "%s.self_attn.indexer.k_norm.bias", p);
+      push(&l, INA_WEIGHT_ROUTER, &L->index_weights_proj, NULL, i, cfg->index_n_heads, H, WHOLE,
+           "%s.self_attn.indexer.weights_proj.weight", p);
+    }
     push(&l, INA_WEIGHT_NORM, &L->post_attention_norm, NULL, i, H, -1, WHOLE,
 "%s.post_attention_layernorm.weight", p);
     if (!L->is_moe) {
@@ -709,6 +724,11 @@ void ina_weights_release(ina_weights_t *w) {
       ina_tensor_release(&L->kv_a_norm);
       release_linear(&L->kv_b_proj);
       release_linear(&L->o_proj);
+      release_linear(&L->index_wq_b);
+      release_linear(&L->index_wk);
+      ina_tensor_release(&L->index_k_norm);
+      ina_tensor_release(&L->index_k_norm_bias);
+      ina_tensor_release(&L->index_weights_proj);
       release_mlp(&L->mlp);
       ina_tensor_release(&L->router);
       ina_tensor_release(&L->router_bias);

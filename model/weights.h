@@ -62,6 +62,12 @@ typedef struct ina_layer_weights {
   ina_tensor_t kv_a_norm;
   ina_linear_t kv_b_proj; /* kv_lora_rank -> heads x (qk_nope + v) */
   ina_linear_t o_proj;
+  /* DeepSeek-V3.2's lightning indexer (ina_cfg_has_indexer), whole on every rank: */
+  ina_linear_t index_wq_b;          /* q_lora_rank -> index_n_heads x index_head_dim */
+  ina_linear_t index_wk;            /* hidden -> index_head_dim */
+  ina_tensor_t index_k_norm;        /* LayerNorm(index_head_dim) weight, eps 1e-6 */
+  ina_tensor_t index_k_norm_bias;   /* and its bias */
+  ina_tensor_t index_weights_proj;  /* [index_n_heads, hidden]: each head's weight per token */
   int is_moe;
   ina_mlp_weights_t mlp;     /* dense MLP, or the shared experts of a MoE layer */
   int has_shared;            /* MoE layer with shared experts (or V2 mlp_bias, see weights.c) */

@@ -21,7 +21,7 @@ static void usage(FILE *f) {
           "\n"
           "  --model M            checkpoint directory (config.json + *.safetensors), a built-in\n"
           "                       model with seeded random weights (tiny, random:tiny,\n"
-          "                       random:v2-lite, random:v3-layers); on a GPU, random weights\n"
+          "                       random:v2-lite, random:v3-layers, random:v3.2-*); on a GPU, random weights\n"
           "                       are generated in device memory\n"
           "  --prompt-ids IDS     comma-separated token ids; repeat for a batch of prompts\n"
           "  --max-new-tokens N   tokens to generate per prompt (default 16)\n"

@@ -14,12 +14,14 @@ static void usage(FILE *f) {
           "usage: ina model init --config NAME --out DIR [--seed S] [--dtype bf16|f32|fp8]\n"
           "       ina model info --model DIR|tiny|random:NAME\n"
           "\n"
-          "init writes a built-in configuration (tiny, v2-lite, v3-layers) with seeded random\n"
-          "weights as a Hugging Face checkpoint (config.json + model.safetensors); fp8 stores\n"
+          "init writes a built-in configuration (tiny, v2-lite, v3-layers, v3.2-tiny,\n"
+          "v3.2-layers) with seeded random weights as a Hugging Face checkpoint (config.json +\n"
+          "model.safetensors); fp8 stores\n"
           "the linear weights as e4m3 with 128x128 block scales (weight_scale_inv), as the\n"
           "DeepSeek-V3 release does. `--model random:NAME --model-seed S` builds the same\n"
           "weights in memory.\n"
-          "info prints the configuration and the bytes of weights.\n");
+          "info prints the configuration (V3.2: the indexer), the cache per token and the\n"
+          "bytes of weights.\n");
 }
 
 static int model_init(int argc, char **argv) {
@@ -96,14 +98,33 @@ static int model_info(int argc, char **argv) {
     return 1;
   }
   const ina_model_config_t *k = ina_model_config(m);
-  printf("model %s: DeepSeek-V%d, %d layers (%d dense), hidden %d, %d heads, vocab %d\n", spec,
-         (int)k->arch, k->num_layers, k->first_k_dense_replace < k->num_layers ? k->first_k_dense_replace : k->num_layers,
+  printf("model %s: DeepSeek-V%s, %d layers (%d dense), hidden %d, %d heads, vocab %d\n", spec,
+         ina_cfg_has_indexer(k) ? "3.2" : k->arch == INA_ARCH_DEEPSEEK_V3 ? "3" : "2", k->num_layers, k->first_k_dense_replace < k->num_layers ? k->first_k_dense_replace : k->num_layers,
          k->hidden_size, k->num_heads, k->vocab_size);
   printf("MLA: q_lora_rank %d, kv_lora_rank %d, qk %d+%d, v %d; rope %s%s\n", k->q_lora_rank,
          k->kv_lora_rank, k->qk_nope_head_dim, k->qk_rope_head_dim, k->v_head_dim,
          k->rope_yarn ? "yarn" : "default", k->rope_layout == INA_ROPE_PAIRS ? " (interleaved)" : "");
   printf("MoE: %d routed experts (top %d, groups %d/%d), %d shared, inter %d\n", k->n_routed_experts,
          k->num_experts_per_tok, k->topk_group, k->n_group, k->n_shared_experts, k->moe_intermediate_size);
+  {
+    /* The paged cache per token and layer: MLA's latent and rope key, in bf16 (the GPU
+     * engine's; the CPU engine stores fp32) or in FP8 (512 e4m3 + one fp32 scale per 128
+     * + bf16 rope: FlashMLA's 656-byte entry at DeepSeek's shapes); V3.2 adds the
+     * indexer's key (bf16, or e4m3 with one fp32 scale per token). */
+    const int64_t latent = k->kv_lora_rank, rope = k->qk_rope_head_dim;
+    const int64_t bf16 = 2 * (latent + rope), fp8 = latent + 4 * ((latent + 127) / 128) + 2 * rope;
+    const int64_t key_bf16 = ina_cfg_has_indexer(k) ? 2 * (int64_t)k->index_head_dim : 0;
+    const int64_t key_fp8 = ina_cfg_has_indexer(k) ? (int64_t)k->index_head_dim + 4 : 0;
+    if (ina_cfg_has_indexer(k))
+      printf("DSA indexer: %d heads x %d, top %d tokens per query\n", k->index_n_heads, k->index_head_dim,
+             k->index_topk);
+    printf("cache per token: %lld bytes per layer in bf16 (latent %lld + rope %lld%s), %lld with an FP8 latent%s; "
+           "%.1f KiB over the %d layers (bf16)\n",
+           (long long)(bf16 + key_bf16), (long long)(2 * latent), (long long)(2 * rope),
+           ina_cfg_has_indexer(k) ? " + index key" : "", (long long)(fp8 + key_fp8),
+           ina_cfg_has_indexer(k) ? " and key" : "", (double)((bf16 + key_bf16) * k->num_layers) / 1024.0,
+           k->num_layers);
+  }
   printf("weights: %.2f MiB%s\n", (double)ina_model_weight_bytes(m) / (1024.0 * 1024.0),
          k->fp8_block_scaled ? " (fp8 block-scaled)" : "");
   ina_model_destroy(m);

@@ -319,6 +319,70 @@ static void test_random_roundtrip(void) {
   CHECK(system(cmd) == 0);
 }
 
+/* DeepSeek-V3.2 (v3.2-tiny): its indexer's tensors are listed in every layer with
+ * Hugging Face's names and shapes, saved and loaded back to the same bytes (f32, bf16,
+ * fp8), and the engines refuse the model by name until they run sparse attention. */
+static void test_v32_weights(void) {
+  const ina_dtype_t dtypes[] = {INA_DTYPE_F32, INA_DTYPE_BF16, INA_DTYPE_FP8_E4M3};
+  char dir[] = "/tmp/ina_test_engine_v32_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  ina_model_config_t cfg;
+  CHECK_OK(ina_model_config_builtin("v3.2-tiny", &cfg));
+  CHECK(ina_cfg_has_indexer(&cfg));
+  for (int i = 0; i < 3; i++) {
+    ina_weights_t w;
+    CHECK_OK(ina_weights_random(&cfg, 11, dtypes[i], NULL, &w));
+    ina_weight_spec_t *specs = NULL;
+    int32_t count = 0, found = 0;
+    CHECK_OK(ina_weight_specs(&w, &specs, &count));
+    for (int32_t k = 0; k < count; k++) {
+      const ina_weight_spec_t *sp = &specs[k];
+      if (!strstr(sp->name, ".self_attn.indexer.")) continue;
+      found++;
+      const int64_t want0 = strstr(sp->name, "wq_b")     ? (int64_t)cfg.index_n_heads * cfg.index_head_dim
+                            : strstr(sp->name, "weights_proj") ? cfg.index_n_heads
+                                                               : cfg.index_head_dim;
+      CHECKF(sp->full_shape[0] == want0 && sp->slice_dim == -1, "%s: %lld rows, expected %lld", sp->name,
+             (long long)sp->full_shape[0], (long long)want0);
+      if (strstr(sp->name, "wq_b")) CHECK(sp->full_shape[1] == cfg.q_lora_rank);
+      if (strstr(sp->name, "wk.") || strstr(sp->name, "weights_proj")) CHECK(sp->full_shape[1] == cfg.hidden_size);
+      /* weights_proj stays in high precision, as Hugging Face keeps it */
+      if (strstr(sp->name, "weights_proj")) CHECK(sp->tensor->dtype != INA_DTYPE_FP8_E4M3);
+    }
+    CHECKF(found == 5 * cfg.num_layers, "%d indexer tensors listed, expected 5 per layer", (int)found);
+    free(specs);
+    CHECK_OK(ina_weights_save(&w, dir));
+    ina_model_t *disk = NULL;
+    CHECK_OK(ina_model_open(dir, NULL, &disk));
+    if (disk) {
+      const ina_weights_t *d = ina_model_weights(disk);
+      for (int32_t l = 0; l < cfg.num_layers; l++) {
+        const ina_layer_weights_t *a = &w.layers[l], *b = &d->layers[l];
+        const ina_tensor_t *ta[] = {&a->index_wq_b.weight, &a->index_wk.weight, &a->index_k_norm,
+                                    &a->index_k_norm_bias, &a->index_weights_proj};
+        const ina_tensor_t *tb[] = {&b->index_wq_b.weight, &b->index_wk.weight, &b->index_k_norm,
+                                    &b->index_k_norm_bias, &b->index_weights_proj};
+        for (int k = 0; k < 5; k++)
+          CHECKF(ina_tensor_nbytes(ta[k]) > 0 && ina_tensor_nbytes(ta[k]) == ina_tensor_nbytes(tb[k]) &&
+                     memcmp(ta[k]->data, tb[k]->data, ina_tensor_nbytes(ta[k])) == 0,
+                 "%s layer %d indexer tensor %d differs after saving", ina_dtype_name(dtypes[i]), (int)l, k);
+      }
+      ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
+      ina_engine_t *e = NULL;
+      ina_log_set_quiet_errors(1);
+      const ina_status_t st = ina_engine_create(disk, &eo, &e);
+      ina_log_set_quiet_errors(0);
+      CHECKF(st == INA_ERR_UNSUPPORTED && e == NULL && strstr(ina_last_error(), "DeepSeek-V3.2"),
+             "a V3.2 model gave %d: %s", (int)st, ina_last_error());
+    }
+    ina_model_destroy(disk);
+    ina_weights_release(&w);
+  }
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+}
+
 int main(void) {
   test_rng_t rng = {test_seed("test_engine")};
   ina_model_t *tiny = open_random("tiny", INA_DTYPE_F32, 1);
@@ -333,5 +397,6 @@ int main(void) {
   }
   ina_model_destroy(tiny);
   test_random_roundtrip();
+  test_v32_weights();
   return test_finish("test_engine");
 }

@@ -1,4 +1,4 @@
-/* config.json parsing: the keys of DeepseekV2/V3 configs as transformers writes them
+/* config.json parsing: the keys of DeepseekV2/V3/V3.2 configs as transformers writes them
  * (old and new rope keys), derived quantities against an independent double-precision
  * YaRN, clear errors for bad files, and each value the parser once took wrongly (cut to
  * int32, lost on saving, NaN frequencies, a negative attention scale) refused, naming
@@ -406,6 +406,53 @@ static void test_truncate_saved(void) {
   CHECK(c.yarn_truncate == 1);
 }
 
+/* DeepSeek-V3.2: deepseek_v32 (or only the architecture) is V3 with an indexer; its
+ * keys, transformers' defaults when absent, a save that transformers reads back as V3.2,
+ * and the shapes it cannot take, refused by name. */
+#define V32_BASE                                                                             \
+  "\"model_type\": \"deepseek_v32\", \"vocab_size\": 100, \"hidden_size\": 32,"              \
+  "\"intermediate_size\": 64, \"moe_intermediate_size\": 16, \"num_hidden_layers\": 2,"     \
+  "\"num_attention_heads\": 3, \"q_lora_rank\": 24, \"kv_lora_rank\": 16,"                    \
+  "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"                    \
+  "\"n_routed_experts\": 8, \"num_experts_per_tok\": 2, \"n_shared_experts\": 1,"           \
+  "\"n_group\": 2, \"topk_group\": 1, \"first_k_dense_replace\": 1"
+
+static void test_v32(void) {
+  ina_model_config_t c, back;
+  CHECK_OK(ina_model_config_load(
+      write_config("{" V32_BASE ", \"index_topk\": 5, \"index_n_heads\": 3, \"index_head_dim\": 12}"), &c));
+  CHECK(c.arch == INA_ARCH_DEEPSEEK_V3 && ina_cfg_has_indexer(&c) && c.index_topk == 5 && c.index_n_heads == 3 &&
+        c.index_head_dim == 12 && c.scoring == INA_SCORING_SIGMOID_NOAUX_TC);
+  char path[256];
+  snprintf(path, sizeof path, "%s/saved_v32.json", g_dir);
+  CHECK_OK(ina_model_config_save(&c, path));
+  CHECK_OK(ina_model_config_load(path, &back));
+  CHECK(back.index_topk == 5 && back.index_n_heads == 3 && back.index_head_dim == 12);
+  {
+    json_t *saved = json_load_file(path, 0, NULL);
+    CHECK(saved && strcmp(json_string_value(json_object_get(saved, "model_type")), "deepseek_v32") == 0);
+    json_decref(saved);
+  }
+  CHECK_OK(ina_model_config_load(write_config("{" V32_BASE "}"), &c));
+  CHECK(c.index_topk == 2048 && c.index_n_heads == 64 && c.index_head_dim == 128);
+  /* No model_type: the architecture names it. */
+  const char *by_arch = "{\"architectures\": [\"DeepseekV32ForCausalLM\"], \"vocab_size\": 100, \"hidden_size\": 32,"
+                        "\"intermediate_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+                        "\"q_lora_rank\": 8, \"kv_lora_rank\": 8, \"qk_nope_head_dim\": 4, \"qk_rope_head_dim\": 4,"
+                        "\"v_head_dim\": 4, \"index_topk\": 7, \"index_head_dim\": 8, \"index_n_heads\": 2}";
+  CHECK_OK(ina_model_config_load(write_config(by_arch), &c));
+  CHECK(ina_cfg_has_indexer(&c) && c.index_topk == 7);
+  /* V3 never has one, whatever keys it carries. */
+  CHECK_OK(ina_model_config_load(write_config("{" V3_BASE ", \"index_topk\": 5}"), &c));
+  CHECK(!ina_cfg_has_indexer(&c));
+  ina_log_set_quiet_errors(1);
+  expect_error("{" V32_BASE ", \"index_topk\": 0}", INA_ERR_FORMAT, "index_topk");
+  expect_error("{" V32_BASE ", \"index_n_heads\": 0}", INA_ERR_FORMAT, "index_n_heads");
+  expect_error("{" V32_BASE ", \"index_head_dim\": 2}", INA_ERR_FORMAT, "index_head_dim");
+  expect_error("{" V32_BASE ", \"q_lora_rank\": null}", INA_ERR_FORMAT, "q_lora_rank");
+  ina_log_set_quiet_errors(0);
+}
+
 static void test_fixed_values(void) {
   ina_log_set_quiet_errors(1);
   test_rope_theta();
@@ -423,6 +470,7 @@ int main(void) {
   CHECK(mkdtemp(g_dir) != NULL);
   test_valid();
   test_errors();
+  test_v32();
   test_fixed_values();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
