@@ -1,0 +1,254 @@
+/* DeepSeek Sparse Attention (DSA, DeepSeek-V3.2): the lightning indexer's scores over the
+ * paged index-key cache, the top-k selection of the cached tokens each query keeps, and
+ * absorbed MLA attention over only the selected tokens. Three operations, each in plan /
+ * run form:
+ *
+ *   size:  ina_dsa_<op>_workspace_size(&plan_params, &bytes)
+ *   plan:  ina_dsa_<op>_plan(&plan_params, workspace, bytes, &info) -- on the host, per
+ *          step (lengths change): validates the shapes and lengths and writes the step's
+ *          schedule (the request and the visible length of every query token) into the
+ *          workspace.
+ *   run:   ina_dsa_<op>_run(&info, workspace, &run_params, pool, stream) -- computes;
+ *          never allocates; reads every length from the workspace.
+ *
+ * Backends. plan_params.backend picks who runs: INA_DSA_BACKEND_REF is the plain-C
+ * reference (fp64 accumulation; also the CPU engine's implementation): workspace is host
+ * memory, `pool` spreads the work (core/threadpool.h, NULL = the caller's thread) and
+ * `stream` is ignored. Other backends are refused with INA_ERR_UNSUPPORTED until their
+ * kernels exist; a GPU backend goes behind the same calls (device workspace, `stream` a
+ * cudaStream_t, any staging buffer appended to the versioned params).
+ *
+ * Requests (the conventions of mla/mla.h and mla/mla_ref.h). A step has `batch`
+ * requests; request b has q_len = qo_indptr[b+1] - qo_indptr[b] query tokens (1 for
+ * decode, more for prefill chunks), which are the LAST q_len of its kv_len[b] cached
+ * tokens: query j of request b (token qo_indptr[b] + j of the step) sits at position
+ * pos = kv_len[b] - q_len + j and sees the positions t <= pos, i.e. visible = pos + 1
+ * tokens (causal). 0 <= q_len <= kv_len[b]. Request b's pages are kv_indices[kv_indptr[b]
+ * .. kv_indptr[b+1]) (FlashInfer's layout); position t lives in slot t % page_size of
+ * page kv_indices[kv_indptr[b] + t / page_size]. Any page size >= 1 works (1 and 64 are
+ * tested). The index keys sit beside the latent of the same layer, so the three
+ * operations of a step normally share one page table and one page size; nothing here
+ * requires it.
+ *
+ * 1. Index score (Hugging Face's DeepseekV32Indexer after its projections):
+ *      score[s, t] = sum_h w[s, h] * relu(softmax_scale * (q[s, h, :] . k[t, :]))
+ *    for the visible positions t of query token s, softmax_scale = head_dim^-0.5 in the
+ *    model (a parameter here). Inputs are already projected, normalized and rotated:
+ *    q f32 [tokens, num_heads, head_dim], w f32 [tokens, num_heads] (weights_proj(x)
+ *    already multiplied by num_heads^-0.5), keys in the paged index-key cache
+ *    (ina_dsa_index_cache_t: one head_dim vector per token, f32 or bf16).
+ *    Output: scores f32 [tokens, score_stride]; row s holds the scores of positions
+ *    0 .. visible-1 and -INFINITY at every position from visible to score_stride - 1
+ *    (the causal bound and the padding past kv_len alike). Every element is written.
+ *
+ * 2. Top-k: for query token s, the positions (within its request) of the k best of its
+ *    `visible` scores (only positions t < visible compete, whatever their value),
+ *    written best first into indices int32 [tokens, k]. Order: higher score first; equal
+ *    scores: lower position first; NaN ranks below every number (-INFINITY included),
+ *    NaNs among themselves by position. When k > visible the row holds all visible
+ *    positions in that order and -1 in its last k - visible entries. The result is
+ *    fully determined by the scores (no implementation-defined tie breaking), so two
+ *    backends agree exactly on equal inputs.
+ *
+ * 3. Sparse MLA: absorbed MLA attention (the math of ina_mla_attention_ref) of each
+ *    query token over only the positions listed in its row of indices [tokens,
+ *    index_stride] (entries -1 skipped; the rest distinct, in [0, visible), any order):
+ *      out[s, h, :] = sum_{t in sel(s)} p_t latent[t],  p = softmax_t(softmax_scale *
+ *                     (q_nope[s, h] . latent[t] + q_pe[s, h] . rope[t]))
+ *      lse[s, h]    = natural log of sum_t exp(scaled score_t)
+ *    over the paged latent cache of mla/mla_cache.h (any format). A row with no selected
+ *    position gives out = 0 and lse = -INFINITY (as ina_mla_attention_ref does for an
+ *    empty context). This equals dense attention with every unselected position masked
+ *    (Hugging Face's DeepseekV32Attention with its top-k mask).
+ *
+ * Layouts are dense and row-major as written ([tokens, heads, dim] has stride dim
+ * between heads); tokens = qo_indptr[batch]. Page ids must name pages of the cache
+ * buffers (not checked). Errors: INA_ERR_INVALID_ARGUMENT for NULL pointers, bad sizes,
+ * lengths or page counts, k < 1, a workspace too small or not planned for the call;
+ * the reference's sparse MLA also refuses an index out of [-1, visible) or repeated in
+ * a row (a kernel may not check: out-of-range indices are undefined behaviour there).
+ * The message names the argument, request or token. On a failed plan *info is zeroed
+ * and every run refuses it; on a failed run the outputs are unspecified.
+ *
+ * Ownership: the caller owns the workspaces, the caches and every tensor; nothing is
+ * kept after a call returns. The plan reads qo_indptr / kv_len during the call only.
+ * Thread safety: reentrant; runs on different workspaces (or the same planned workspace,
+ * read-only for score and top-k) may run concurrently, each with its own pool or none
+ * (a pool takes one parallel_for at a time). Sparse MLA's run writes scratch into its
+ * workspace: one run per workspace at a time. */
+#ifndef INA_ATTENTION_DSA_H
+#define INA_ATTENTION_DSA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/threadpool.h"
+#include "mla/mla_cache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The reference keeps one partial dot product per head on its stack (V3.2: 64 heads). */
+#define INA_DSA_MAX_INDEX_HEADS 256
+
+typedef enum ina_dsa_backend {
+  INA_DSA_BACKEND_REF = 0, /* plain C on the host */
+  INA_DSA_BACKEND_CUDA = 1 /* reserved: refused (INA_ERR_UNSUPPORTED) for now */
+} ina_dsa_backend_t;
+
+typedef enum ina_dsa_key_format {
+  INA_DSA_KEY_F32 = 0,
+  INA_DSA_KEY_BF16 = 1,
+} ina_dsa_key_format_t;
+
+/* The paged index-key cache: the key of slot s of page p starts at byte
+ *   keys + p * page_stride + s * token_stride
+ * and holds head_dim values of `format` (contiguous). A separate buffer and keys stored
+ * inside the latent cache's pages are described alike. */
+typedef struct ina_dsa_index_cache {
+  ina_dsa_key_format_t format;
+  int32_t page_size;
+  int32_t head_dim;
+  const void *keys;
+  int64_t page_stride, token_stride; /* bytes */
+} ina_dsa_index_cache_t;
+
+/* One dense buffer of [num_pages][page_size][head_dim] keys. */
+static inline ina_dsa_index_cache_t ina_dsa_index_cache_dense(ina_dsa_key_format_t format,
+                                                              const void *keys,
+                                                              int32_t page_size,
+                                                              int32_t head_dim) {
+  const int64_t token = (int64_t)head_dim * (format == INA_DSA_KEY_F32 ? 4 : 2);
+  ina_dsa_index_cache_t c = {format, page_size, head_dim, keys, token * page_size, token};
+  return c;
+}
+
+/* What every run needs from its plan (plain data, kept by the caller). */
+typedef struct ina_dsa_plan_info {
+  int32_t op;      /* which operation planned it (1 score, 2 top-k, 3 sparse MLA) */
+  int32_t backend; /* ina_dsa_backend_t */
+  int32_t batch, total_tokens, max_kv_len, page_size;
+  int32_t num_heads, head_dim;     /* score: index heads and dim; sparse MLA: heads */
+  int32_t kv_lora_rank, rope_dim;  /* sparse MLA */
+  int32_t topk;                    /* top-k: k; sparse MLA: the width of an index row */
+  int32_t score_stride;            /* score, top-k: elements per score row */
+  size_t workspace_bytes;          /* the part of the workspace the plan uses */
+} ina_dsa_plan_info_t;
+
+/* ---- 1. index score ---------------------------------------------------------------- */
+
+typedef struct ina_dsa_score_plan_params {
+  size_t struct_size; /* sizeof(ina_dsa_score_plan_params_t), set by the INIT macro */
+  uint32_t version;   /* 1 */
+  ina_dsa_backend_t backend;
+  int32_t batch;            /* >= 0 */
+  const int32_t *qo_indptr; /* host [batch + 1], qo_indptr[0] == 0, non-decreasing */
+  const int32_t *kv_len;    /* host [batch] */
+  int32_t num_heads;        /* index heads, 1 .. INA_DSA_MAX_INDEX_HEADS */
+  int32_t head_dim;         /* >= 1 (V3.2: 128) */
+  int32_t page_size;        /* >= 1, that of the index cache */
+  int32_t score_stride;     /* elements per score row, >= max kv_len; 0: max kv_len */
+} ina_dsa_score_plan_params_t;
+
+#define INA_DSA_SCORE_PLAN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_score_plan_params_t), .version = 1}
+
+typedef struct ina_dsa_score_run_params {
+  size_t struct_size;
+  uint32_t version;
+  const float *q;                  /* [tokens, num_heads, head_dim] */
+  const float *weights;            /* [tokens, num_heads] */
+  ina_dsa_index_cache_t cache;     /* page_size and head_dim must match the plan */
+  const int32_t *kv_indptr;        /* [batch + 1] */
+  const int32_t *kv_indices;
+  float softmax_scale;             /* > 0 (head_dim^-0.5 in the model) */
+  float *scores;                   /* [tokens, score_stride] */
+} ina_dsa_score_run_params_t;
+
+#define INA_DSA_SCORE_RUN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_score_run_params_t), .version = 1}
+
+ina_status_t ina_dsa_score_workspace_size(const ina_dsa_score_plan_params_t *p, size_t *bytes);
+ina_status_t ina_dsa_score_plan(const ina_dsa_score_plan_params_t *p, void *workspace,
+                                size_t workspace_bytes, ina_dsa_plan_info_t *info);
+ina_status_t ina_dsa_score_run(const ina_dsa_plan_info_t *info, const void *workspace,
+                               const ina_dsa_score_run_params_t *p, ina_threadpool_t *pool,
+                               void *stream);
+
+/* ---- 2. top-k selection ------------------------------------------------------------ */
+
+typedef struct ina_dsa_topk_plan_params {
+  size_t struct_size;
+  uint32_t version;
+  ina_dsa_backend_t backend;
+  int32_t batch;
+  const int32_t *qo_indptr; /* host [batch + 1] */
+  const int32_t *kv_len;    /* host [batch] */
+  int32_t topk;             /* k >= 1 (V3.2: index_topk = 2048) */
+  int32_t score_stride;     /* as planned for the scores; 0: max kv_len */
+} ina_dsa_topk_plan_params_t;
+
+#define INA_DSA_TOPK_PLAN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_topk_plan_params_t), .version = 1}
+
+typedef struct ina_dsa_topk_run_params {
+  size_t struct_size;
+  uint32_t version;
+  const float *scores; /* [tokens, score_stride]; only positions < visible are read */
+  int32_t *indices;    /* [tokens, topk] out */
+} ina_dsa_topk_run_params_t;
+
+#define INA_DSA_TOPK_RUN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_topk_run_params_t), .version = 1}
+
+ina_status_t ina_dsa_topk_workspace_size(const ina_dsa_topk_plan_params_t *p, size_t *bytes);
+ina_status_t ina_dsa_topk_plan(const ina_dsa_topk_plan_params_t *p, void *workspace,
+                               size_t workspace_bytes, ina_dsa_plan_info_t *info);
+ina_status_t ina_dsa_topk_run(const ina_dsa_plan_info_t *info, const void *workspace,
+                              const ina_dsa_topk_run_params_t *p, ina_threadpool_t *pool,
+                              void *stream);
+
+/* ---- 3. sparse MLA ----------------------------------------------------------------- */
+
+typedef struct ina_dsa_mla_plan_params {
+  size_t struct_size;
+  uint32_t version;
+  ina_dsa_backend_t backend;
+  int32_t batch;
+  const int32_t *qo_indptr; /* host [batch + 1] */
+  const int32_t *kv_len;    /* host [batch] */
+  int32_t num_heads;        /* >= 1 */
+  int32_t kv_lora_rank;     /* >= 1; a multiple of 128 for an FP8 cache */
+  int32_t rope_dim;         /* >= 0 */
+  int32_t page_size;        /* >= 1, that of the latent cache */
+  int32_t index_stride;     /* entries per index row (the top-k's k), >= 1 */
+} ina_dsa_mla_plan_params_t;
+
+#define INA_DSA_MLA_PLAN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_mla_plan_params_t), .version = 1}
+
+typedef struct ina_dsa_mla_run_params {
+  size_t struct_size;
+  uint32_t version;
+  const float *q_nope;       /* [tokens, heads, kv_lora_rank] (absorbed) */
+  const float *q_pe;         /* [tokens, heads, rope_dim]; may be NULL when rope_dim == 0 */
+  ina_mla_cache_t cache;     /* any format; page_size, kv_lora_rank, rope_dim as planned */
+  const int32_t *kv_indptr;  /* [batch + 1] */
+  const int32_t *kv_indices;
+  const int32_t *indices;    /* [tokens, index_stride]: positions within the request, or -1 */
+  float softmax_scale;       /* > 0 */
+  float *out;                /* [tokens, heads, kv_lora_rank] */
+  float *lse;                /* [tokens, heads] or NULL */
+} ina_dsa_mla_run_params_t;
+
+#define INA_DSA_MLA_RUN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_mla_run_params_t), .version = 1}
+
+ina_status_t ina_dsa_mla_workspace_size(const ina_dsa_mla_plan_params_t *p, size_t *bytes);
+ina_status_t ina_dsa_mla_plan(const ina_dsa_mla_plan_params_t *p, void *workspace,
+                              size_t workspace_bytes, ina_dsa_plan_info_t *info);
+/* workspace: not const, the reference's duplicate check stamps positions there. */
+ina_status_t ina_dsa_mla_run(const ina_dsa_plan_info_t *info, void *workspace,
+                             const ina_dsa_mla_run_params_t *p, ina_threadpool_t *pool,
+                             void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
