@@ -87,6 +87,28 @@ fail:
   return st;
 }
 
+void ina_cpu_layernorm(const float *x, const ina_tensor_t *weight, const ina_tensor_t *bias, int64_t m,
+                       int64_t n, float eps, float *y) {
+  enum { CHUNK = 256 };
+  float w[CHUNK], b[CHUNK];
+  const size_t wsize = ina_dtype_size(weight->dtype), bsize = ina_dtype_size(bias->dtype);
+  for (int64_t i = 0; i < m; i++) {
+    const float *xi = x + i * n;
+    float *yi = y + i * n;
+    double sum = 0, ss = 0;
+    for (int64_t c = 0; c < n; c++) sum += xi[c];
+    const double mean = sum / (double)n;
+    for (int64_t c = 0; c < n; c++) ss += ((double)xi[c] - mean) * ((double)xi[c] - mean);
+    const double inv = 1.0 / sqrt(ss / (double)n + (double)eps);
+    for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
+      const int64_t len = n - c0 < CHUNK ? n - c0 : CHUNK;
+      ina_to_f32((const char *)weight->data + (size_t)c0 * wsize, weight->dtype, w, (size_t)len);
+      ina_to_f32((const char *)bias->data + (size_t)c0 * bsize, bias->dtype, b, (size_t)len);
+      for (int64_t c = 0; c < len; c++) yi[c0 + c] = (float)(((double)xi[c0 + c] - mean) * inv) * w[c] + b[c];
+    }
+  }
+}
+
 void ina_cpu_rmsnorm(const float *x, const ina_tensor_t *weight, int64_t m, int64_t n, float eps,
                      int64_t x_stride, float *y, int64_t y_stride) {
   enum { CHUNK = 256 };

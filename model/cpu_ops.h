@@ -30,6 +30,11 @@ void ina_cpu_tensor_row(const ina_tensor_t *t, int64_t n, float *out);
 void ina_cpu_rmsnorm(const float *x, const ina_tensor_t *weight, int64_t m, int64_t n, float eps,
                      int64_t x_stride, float *y, int64_t y_stride);
 
+/* LayerNorm of rows [m, n] (stride n) into y: (x - mean) / sqrt(var + eps) * weight +
+ * bias, the biased variance, as torch.nn.LayerNorm; mean and variance in double. */
+void ina_cpu_layernorm(const float *x, const ina_tensor_t *weight, const ina_tensor_t *bias, int64_t m,
+                       int64_t n, float eps, float *y);
+
 /* out[m, i] = silu(g[m, i]) * u[m, i]. */
 void ina_cpu_silu_mul(const float *g, const float *u, int64_t count, float *out);
 

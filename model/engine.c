@@ -52,10 +52,10 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
   }
   {
     const ina_model_config_t *c = ina_model_config(model);
-    INA_REQUIRE(!ina_cfg_has_indexer(c), INA_ERR_UNSUPPORTED,
+    INA_REQUIRE(!ina_cfg_has_indexer(c) || device < 0, INA_ERR_UNSUPPORTED,
                 "engine: this is a DeepSeek-V3.2 model (deepseek_v32: a lightning indexer with index_topk %d in "
-                "every attention layer), and DeepSeek Sparse Attention is not in the engines yet: its checkpoint "
-                "loads (ina model info shows it), but neither the CPU nor the GPU engine runs it",
+                "every attention layer), and the CUDA engine does not run DeepSeek Sparse Attention yet: "
+                "run it with --device cpu",
                 c->index_topk);
   }
   e = calloc(1, sizeof *e);

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 
+#include "attention/dsa.h"
 #include "attention/prefill_ref.h"
 #include "core/check.h"
 #include "core/threadpool.h"
@@ -171,7 +172,10 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
     pc.page_size = options->page_size;
     pc.num_pages = (int32_t)pages;
     pc.num_layers = e->cfg->num_layers;
-    pc.entry_elems = e->cfg->kv_lora_rank + e->cfg->qk_rope_head_dim;
+    /* A token's entry: the latent, the rope key, and V3.2's index key after them (one
+     * entry, so that prefix sharing, copy on write and page transfers carry it). */
+    pc.entry_elems = e->cfg->kv_lora_rank + e->cfg->qk_rope_head_dim +
+                     (ina_cfg_has_indexer(e->cfg) ? e->cfg->index_head_dim : 0);
     pc.dtype = INA_DTYPE_F32;
     /* A batch split by sequence: each rank's sequences in a stripe of their own. */
     if (e->attention_dp == 2) pc.stripes = ina_comm_size(ina_engine_options_ep_comm(options));
@@ -225,6 +229,7 @@ typedef struct step {
   float *kv;          /* [T, kv_lora_rank + rope] */
   float *attn;        /* [T, heads, v_head_dim] */
   float *g, *u;       /* [T, max intermediate] */
+  float *iq, *iw;     /* V3.2's indexer: query heads [T, index heads, index dim], their weights [T, index heads] */
 } step_t;
 
 static void step_free(step_t *s) {
@@ -239,6 +244,8 @@ static void step_free(step_t *s) {
   free(s->attn);
   free(s->g);
   free(s->u);
+  free(s->iq);
+  free(s->iw);
 }
 
 /* The widest MLP intermediate (dense, or the shared experts together). */
@@ -268,6 +275,10 @@ static ina_status_t step_alloc(step_t *s) {
   ALLOC(attn, (int64_t)s->e->heads * c->v_head_dim);
   ALLOC(g, inter);
   ALLOC(u, inter);
+  if (ina_cfg_has_indexer(c)) {
+    ALLOC(iq, (int64_t)c->index_n_heads * c->index_head_dim);
+    ALLOC(iw, c->index_n_heads);
+  }
 #undef ALLOC
 fail:
   return st;
@@ -314,16 +325,43 @@ static const ina_tensor_t *kv_a_norm_weight(const ina_engine_cpu_t *e, int32_t l
 
 /* ---- attention -------------------------------------------------------------------- */
 
-/* Copy the latent cache entries [0, L) of a sequence into dense rows. */
+/* Copy the latent and rope parts of the cache entries [0, L) of a sequence into dense
+ * rows [L, kv_lora_rank + rope]. */
 static void gather_entries(ina_engine_cpu_t *e, int32_t layer, const ina_kv_seq_t *seq, int64_t L,
                            float *out) {
   const int32_t page_size = ina_page_pool_page_size(e->kv);
-  const int32_t entry = ina_page_pool_entry_elems(e->kv);
+  const int32_t row = e->cfg->kv_lora_rank + e->cfg->qk_rope_head_dim;
   for (int64_t t = 0; t < L; t++) {
     int32_t page, slot;
     ina_kv_seq_locate(seq, page_size, t, &page, &slot);
-    memcpy(out + t * entry, ina_page_pool_entry(e->kv, layer, page, slot), (size_t)entry * sizeof(float));
+    memcpy(out + t * row, ina_page_pool_entry(e->kv, layer, page, slot), (size_t)row * sizeof(float));
   }
+}
+
+/* The latent cache of a layer as mla/mla_cache.h describes it: f32 latent then rope in
+ * each entry, whose stride includes V3.2's index key. */
+static ina_mla_cache_t latent_cache(ina_engine_cpu_t *e, int32_t layer) {
+  const int32_t page_size = ina_page_pool_page_size(e->kv);
+  const int64_t token = (int64_t)ina_page_pool_entry_elems(e->kv) * (int64_t)sizeof(float);
+  ina_tensor_t cache = ina_page_pool_layer(e->kv, layer);
+  ina_mla_cache_t m = ina_mla_cache_interleaved(INA_MLA_CACHE_F32, cache.data, page_size, e->cfg->kv_lora_rank,
+                                                e->cfg->qk_rope_head_dim);
+  m.latent_token_stride = m.rope_token_stride = token;
+  m.latent_page_stride = m.rope_page_stride = token * page_size;
+  return m;
+}
+
+/* V3.2's index keys of a layer (attention/dsa.h): f32, after the latent and rope key
+ * in each entry. */
+static ina_dsa_index_cache_t index_cache(ina_engine_cpu_t *e, int32_t layer) {
+  const int32_t page_size = ina_page_pool_page_size(e->kv);
+  const int64_t token = (int64_t)ina_page_pool_entry_elems(e->kv) * (int64_t)sizeof(float);
+  ina_tensor_t cache = ina_page_pool_layer(e->kv, layer);
+  const ina_dsa_index_cache_t k = {INA_DSA_KEY_F32, page_size, e->cfg->index_head_dim,
+                                   (const char *)cache.data +
+                                       (size_t)(e->cfg->kv_lora_rank + e->cfg->qk_rope_head_dim) * sizeof(float),
+                                   token * page_size, token};
+  return k;
 }
 
 /* Expanded MLA for one sequence: K and V of the whole context from the latent cache
@@ -423,8 +461,92 @@ static void absorb_v_heads(void *ctx, int64_t begin, int64_t end, int worker) {
   }
 }
 
+/* DeepSeek Sparse Attention (V3.2): the indexer's scores of each query token over its
+ * visible cached tokens, its index_topk best (attention/dsa.h's tie rule: higher score,
+ * then lower position), and absorbed MLA over only those, into o_latent. The requests,
+ * their tokens (rows of the step) and the absorbed queries as attend_absorbed made them. */
+static ina_status_t attend_selected(step_t *s, int32_t layer, int32_t nseq, const int32_t *qo, const int32_t *kv_len,
+                                    const ina_page_table_t *table, const int32_t *tokens, int32_t count,
+                                    const float *q_abs, const float *q_pe, float scale, float *o_latent) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = s->e;
+  const ina_model_config_t *c = e->cfg;
+  const int32_t nI = c->index_n_heads, D = c->index_head_dim, K = c->index_topk;
+  const int32_t page_size = ina_page_pool_page_size(e->kv);
+  float *iq = malloc(((size_t)count * (size_t)nI * (size_t)D + 1) * sizeof *iq);
+  float *iw = malloc(((size_t)count * (size_t)nI + 1) * sizeof *iw), *scores = NULL;
+  int32_t *selected = malloc(((size_t)count * (size_t)K + 1) * sizeof *selected);
+  void *ws_score = NULL, *ws_topk = NULL, *ws_mla = NULL;
+  INA_CHECK_ALLOC(iq);
+  INA_CHECK_ALLOC(iw);
+  INA_CHECK_ALLOC(selected);
+  for (int32_t i = 0; i < count; i++) {
+    memcpy(iq + (size_t)i * nI * D, s->iq + (size_t)tokens[i] * nI * D, (size_t)nI * D * sizeof *iq);
+    memcpy(iw + (size_t)i * nI, s->iw + (size_t)tokens[i] * nI, (size_t)nI * sizeof *iw);
+  }
+  size_t bytes = 0;
+  ina_dsa_plan_info_t score_info, topk_info, mla_info;
+  {
+    ina_dsa_score_plan_params_t p = INA_DSA_SCORE_PLAN_PARAMS_INIT;
+    p.backend = INA_DSA_BACKEND_REF;
+    p.batch = nseq, p.qo_indptr = qo, p.kv_len = kv_len;
+    p.num_heads = nI, p.head_dim = D, p.page_size = page_size;
+    INA_CHECK(ina_dsa_score_workspace_size(&p, &bytes));
+    ws_score = malloc(bytes + 1);
+    INA_CHECK_ALLOC(ws_score);
+    INA_CHECK(ina_dsa_score_plan(&p, ws_score, bytes, &score_info));
+    scores = malloc(((size_t)count * (size_t)score_info.score_stride + 1) * sizeof *scores);
+    INA_CHECK_ALLOC(scores);
+    ina_dsa_score_run_params_t r = INA_DSA_SCORE_RUN_PARAMS_INIT;
+    r.q = iq, r.weights = iw, r.cache = index_cache(e, layer);
+    r.kv_indptr = table->indptr, r.kv_indices = table->indices;
+    r.softmax_scale = (float)(1.0 / sqrt((double)D));
+    r.scores = scores;
+    INA_CHECK(ina_dsa_score_run(&score_info, ws_score, &r, e->pool, NULL));
+  }
+  {
+    ina_dsa_topk_plan_params_t p = INA_DSA_TOPK_PLAN_PARAMS_INIT;
+    p.backend = INA_DSA_BACKEND_REF;
+    p.batch = nseq, p.qo_indptr = qo, p.kv_len = kv_len;
+    p.topk = K, p.score_stride = score_info.score_stride;
+    INA_CHECK(ina_dsa_topk_workspace_size(&p, &bytes));
+    ws_topk = malloc(bytes + 1);
+    INA_CHECK_ALLOC(ws_topk);
+    INA_CHECK(ina_dsa_topk_plan(&p, ws_topk, bytes, &topk_info));
+    ina_dsa_topk_run_params_t r = INA_DSA_TOPK_RUN_PARAMS_INIT;
+    r.scores = scores, r.indices = selected;
+    INA_CHECK(ina_dsa_topk_run(&topk_info, ws_topk, &r, e->pool, NULL));
+  }
+  {
+    ina_dsa_mla_plan_params_t p = INA_DSA_MLA_PLAN_PARAMS_INIT;
+    p.backend = INA_DSA_BACKEND_REF;
+    p.batch = nseq, p.qo_indptr = qo, p.kv_len = kv_len;
+    p.num_heads = e->heads, p.kv_lora_rank = c->kv_lora_rank, p.rope_dim = c->qk_rope_head_dim;
+    p.page_size = page_size, p.index_stride = K;
+    INA_CHECK(ina_dsa_mla_workspace_size(&p, &bytes));
+    ws_mla = malloc(bytes + 1);
+    INA_CHECK_ALLOC(ws_mla);
+    INA_CHECK(ina_dsa_mla_plan(&p, ws_mla, bytes, &mla_info));
+    ina_dsa_mla_run_params_t r = INA_DSA_MLA_RUN_PARAMS_INIT;
+    r.q_nope = q_abs, r.q_pe = q_pe, r.cache = latent_cache(e, layer);
+    r.kv_indptr = table->indptr, r.kv_indices = table->indices;
+    r.indices = selected, r.softmax_scale = scale, r.out = o_latent;
+    INA_CHECK(ina_dsa_mla_run(&mla_info, ws_mla, &r, e->pool, NULL));
+  }
+fail:
+  free(iq);
+  free(iw);
+  free(scores);
+  free(selected);
+  free(ws_score);
+  free(ws_topk);
+  free(ws_mla);
+  return st;
+}
+
 /* Absorbed MLA over the paged latent cache for the sequences in `seq_ids`, with softmax
- * scale `scale`; skip_newest leaves each sequence's newest key out (a mutation). */
+ * scale `scale` (V3.2: over each token's selected cached tokens only); skip_newest
+ * leaves each sequence's newest key out (a mutation). */
 static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq_ids, int32_t nseq, float scale,
                                     int skip_newest) {
   ina_status_t st = INA_OK;
@@ -475,13 +597,13 @@ static ina_status_t attend_absorbed(step_t *s, int32_t layer, const int32_t *seq
                         s->attn, scratch};
     ina_parallel_for(e->pool, H, 1, absorb_q_heads, &job);
     as_stored(e, q_abs, (int64_t)count * H * C);
-    ina_tensor_t cache = ina_page_pool_layer(e->kv, layer);
-    ina_mla_ref_params_t p = {nseq, H, C, R, scale, qo, kv_len, table.indptr, table.indices,
-                              q_abs, q_pe,
-                              ina_mla_cache_interleaved(INA_MLA_CACHE_F32, cache.data,
-                                                        ina_page_pool_page_size(e->kv), C, R),
-                              o_latent, NULL};
-    INA_CHECK(ina_mla_attention_ref(&p, e->pool));
+    if (ina_cfg_has_indexer(c)) {
+      INA_CHECK(attend_selected(s, layer, nseq, qo, kv_len, &table, tokens, count, q_abs, q_pe, scale, o_latent));
+    } else {
+      ina_mla_ref_params_t p = {nseq, H, C, R, scale, qo, kv_len, table.indptr, table.indices,
+                                q_abs, q_pe, latent_cache(e, layer), o_latent, NULL};
+      INA_CHECK(ina_mla_attention_ref(&p, e->pool));
+    }
     as_stored_noise(e, o_latent, (int64_t)count * H * C, e->noise.attention);
     ina_parallel_for(e->pool, H, 1, absorb_v_heads, &job);
     for (int32_t i = 0; i < count; i++) as_stored(e, s->attn + (int64_t)tokens[i] * H * c->v_head_dim, (int64_t)H * c->v_head_dim);
@@ -506,6 +628,44 @@ fail:
 static ina_status_t tp_sum(ina_engine_cpu_t *e, float *x, int64_t n) {
   if (!e->tp_comm || ina_comm_size(e->tp_comm) == 1) return INA_OK;
   return ina_comm_all_reduce(e->tp_comm, x, x, (size_t)n, INA_DTYPE_F32, NULL);
+}
+
+/* V3.2's indexer up to its scores (Hugging Face's DeepseekV32Indexer): its query heads
+ * s->iq from the q LoRA output, each head's weight s->iw = weights_proj(h) /
+ * sqrt(index heads), and its key k_norm(wk(h)), all roped on their first
+ * qk_rope_head_dim dims in the half-split layout (whatever MLA's layout), the key
+ * written into each token's cache entry after the latent and rope key. */
+static ina_status_t index_projections(step_t *s, int32_t layer) {
+  ina_status_t st = INA_OK;
+  ina_engine_cpu_t *e = s->e;
+  const ina_model_config_t *c = e->cfg;
+  const ina_layer_weights_t *L = &e->w->layers[layer];
+  const int64_t T = s->T;
+  const int32_t nI = c->index_n_heads, D = c->index_head_dim, R = c->qk_rope_head_dim;
+  const int32_t key_at = c->kv_lora_rank + R;
+  float *k = malloc(((size_t)T * (size_t)D + 1) * sizeof *k);
+  INA_CHECK_ALLOC(k);
+  INA_CHECK(linear(e, &L->index_wq_b, s->qa, T, s->iq));
+  INA_CHECK(linear(e, &L->index_wk, s->h, T, k));
+  ina_cpu_layernorm(k, &L->index_k_norm, &L->index_k_norm_bias, T, D, 1e-6f, k);
+  {
+    /* weights_proj in fp32, as Hugging Face keeps it */
+    const ina_linear_t weights_proj = {L->index_weights_proj, {0}, {0}, 0, 0};
+    INA_CHECK(ina_cpu_linear(e->pool, &weights_proj, s->h, T, s->iw));
+    const float head_scale = (float)(1.0 / sqrt((double)nI));
+    for (int64_t i = 0; i < T * nI; i++) s->iw[i] *= head_scale;
+  }
+  for (int64_t t = 0; t < T; t++) {
+    ina_cpu_rope(k + t * D, R, s->positions[t], e->inv_freq, e->attention_factor, 0);
+    for (int32_t h = 0; h < nI; h++)
+      ina_cpu_rope(s->iq + (t * nI + h) * D, R, s->positions[t], e->inv_freq, e->attention_factor, 0);
+    int32_t page, slot;
+    ina_kv_seq_locate(s->b->seqs[s->token_seq[t]], ina_page_pool_page_size(e->kv), s->positions[t], &page, &slot);
+    memcpy((float *)ina_page_pool_entry(e->kv, layer, page, slot) + key_at, k + t * D, (size_t)D * sizeof(float));
+  }
+fail:
+  free(k);
+  return st;
 }
 
 static ina_status_t attention_block(step_t *s, int32_t layer) {
@@ -545,6 +705,7 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
                       &page, &slot);
     memcpy(ina_page_pool_entry(e->kv, layer, page, slot), kv, (size_t)(C + R) * sizeof(float));
   }
+  if (ina_cfg_has_indexer(c)) INA_CHECK(index_projections(s, layer));
   absorbed = malloc((size_t)(s->b->batch > 0 ? s->b->batch : 1) * sizeof *absorbed);
   decoding = malloc((size_t)(s->b->batch > 0 ? s->b->batch : 1) * sizeof *decoding);
   INA_CHECK_ALLOC(absorbed);
@@ -558,7 +719,8 @@ static ina_status_t attention_block(step_t *s, int32_t layer) {
       if (n == 0) continue;
       if (decode_mutation && n == 1 && s->b->seqs[i]->num_tokens > 1)
         decoding[ndecoding++] = i;
-      else if ((n == 1 && !e->expanded_decode) || e->gpu_numerics) /* the GPU absorbs every step */
+      else if ((n == 1 && !e->expanded_decode) || e->gpu_numerics || ina_cfg_has_indexer(c))
+        /* the GPU absorbs every step; V3.2 attends to its selected tokens, absorbed */
         absorbed[nabsorbed++] = i;
       else
         INA_CHECK(attend_expanded(s, layer, i));
