@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference logits from Hugging Face transformers for any DeepSeek-V2/V3 checkpoint.
+"""Reference logits from Hugging Face transformers for any DeepSeek-V2/V3/V3.2 checkpoint.
 
     python3 tests/golden/hf_logits.py --model DIR --prompt-ids 1,2,3 [--prompt-ids 4,5] \
         --max-new-tokens 6 --out-prefix /tmp/ref
@@ -13,7 +13,9 @@ full forward over the prompt and a greedy generation of N new tokens. It writes
                   one forward over prompt + generated[:-1].
     PREFIX.json   {"prompts": [[...]], "generated": [[...]], "max_new_tokens": N, ...}
 
-Generation ignores EOS: it always produces N tokens.
+Generation ignores EOS: it always produces N tokens. The checks in the json
+include the decode-vs-full-forward error; for V3.2 a large one means an exact
+tie in the indexer's top-k (HF breaks such ties differently in the two paths).
 
 A checkpoint whose config.json has "quantization_config": {"quant_method": "fp8", ...}
 (DeepSeek-V3 release format: float8_e4m3fn weights plus float32 `weight_scale_inv`

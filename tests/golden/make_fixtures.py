@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates tests/golden/fixtures/: tiny DeepSeek-V2/V3 checkpoints and HF logits.
+"""Regenerates tests/golden/fixtures/: tiny DeepSeek-V2/V3/V3.2 checkpoints and HF logits.
 
     python3 tests/golden/make_fixtures.py [--only NAME ...] [--out DIR]
 
@@ -8,9 +8,11 @@ transformers saves it (or, for FP8, the way the DeepSeek-V3 release stores it),
 plus Hugging Face's float32 logits for four prompts; README.md describes the
 files. Every fixture is checked on the way out:
   * the plain-numpy forward of numpy_reference.py must match HF to 1e-5,
-  * no routing decision and no greedy token may be a near tie (otherwise a
-    correct engine could pick a different expert or token); a prompt that
-    comes too close is redrawn from the next seed.
+  * no routing decision, no greedy token and (V3.2) no indexer top-k boundary
+    may be a near tie (otherwise a correct engine could pick a different
+    expert, token or attended token set); a prompt that comes too close is
+    redrawn from the next seed,
+  * HF's cached decode must agree with its full forward over the same tokens.
 The run is deterministic: the same transformers/torch versions rewrite the
 same weights, configs and prompts, and byte-identical logits on the same CPU
 (another CPU may differ in the last bits; README.md says more). Add a fixture
@@ -36,6 +38,10 @@ PROMPT_LENGTHS = (1, 5, 9, 13)
 MAX_NEW_TOKENS = 6
 ROUTING_MARGIN = 1e-4  # smallest score gap at any expert/group choice
 ARGMAX_MARGIN = 1e-3   # smallest top1 - top2 logit gap where a token is chosen
+# V3.2: smallest gap between a query's k-th and (k+1)-th visible index score, relative to
+# the largest |score| that query sees (a boundary among equal scores, such as relu's exact
+# zeros, has gap 0 and is always rejected).
+INDEXER_MARGIN = 1e-4
 NUMPY_TOLERANCE = 1e-5
 FP8_BLOCK = 128
 FP8_MAX = 448.0
@@ -58,6 +64,16 @@ V3_BASE = dict(
 
 def v3(**changes):
     return dict(V3_BASE, **changes)
+
+
+# V3.2 = V3_BASE without rope_interleave (transformers' V3.2 always interleaves MLA's rope)
+# plus the indexer.
+V32_BASE = dict({k: v for k, v in V3_BASE.items() if k != "rope_interleave"},
+                index_n_heads=3, index_head_dim=16, index_topk=4)
+
+
+def v32(**changes):
+    return dict(V32_BASE, **changes)
 
 
 FIXTURES = [
@@ -222,6 +238,49 @@ FIXTURES = [
             moe_layer_freq=1, scoring_func="softmax",
         ),
     },
+    # DeepSeek-V3.2: V3 plus a lightning indexer per layer; MLA attends to its top index_topk
+    # visible tokens only. Prompts of 1-13 tokens + 6 generated: index_topk 4 and 6 leave most
+    # queries choosing.
+    {
+        "name": "v32_topk",
+        "doc": "V3.2 with q LoRA, 3 heads, indexer of 3 heads x 16 dims (rope on the first 8, "
+               "half-split, while MLA's rope is interleaved), index_topk 4; YaRN with mscale 1.0 != "
+               "mscale_all_dim 0.707 (attention_factor != 1 on the cos/sin both share); "
+               "first layer dense, then MoE",
+        "model_type": "deepseek_v32", "storage": "f32", "seed": 14,
+        "config": v32(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                       "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707,
+                                       "rope_theta": 10000.0}),
+    },
+    {
+        "name": "v32_bf16",
+        "doc": "V3.2 stored in bf16 (weights_proj and e_score_correction_bias stay f32, as HF keeps "
+               "them), 4 indexer heads x 32 dims, index_topk 6, 4 heads, release-style YaRN "
+               "(mscale = mscale_all_dim); logits from HF float32 on the stored values",
+        "model_type": "deepseek_v32", "storage": "bf16", "seed": 15,
+        "config": v32(num_attention_heads=4, num_key_value_heads=4, index_n_heads=4, index_head_dim=32,
+                      index_topk=6, vocab_size=160),
+    },
+    {
+        "name": "v32_fp8",
+        "doc": "V3.2 in the release format (as v3_fp8): float8_e4m3fn Linear weights, the indexer's "
+               "wq_b (160 rows: a ragged block) and wk included, with f32 weight_scale_inv per 128x128 "
+               "block; weights_proj, k_norm, router, embeddings and norms bf16; release-style "
+               "config.json; 4 indexer heads x 40 dims, index_topk 5",
+        "model_type": "deepseek_v32", "storage": "fp8", "seed": 16,
+        "config": v32(vocab_size=128, hidden_size=160, intermediate_size=192, moe_intermediate_size=32,
+                      num_hidden_layers=2, q_lora_rank=96, kv_lora_rank=144, index_n_heads=4,
+                      index_head_dim=40, index_topk=5),
+    },
+    {
+        "name": "v32_topk_large",
+        "doc": "V3.2 with index_topk 64, more than any sequence here (at most 18 tokens): every visible "
+               "token is selected, so it equals dense MLA (HF's top-k also returns masked future "
+               "positions, which its causal mask keeps out); 2 layers, 4 heads",
+        "model_type": "deepseek_v32", "storage": "f32", "seed": 17,
+        "config": v32(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, q_lora_rank=24, index_topk=64),
+    },
 ]
 
 
@@ -268,7 +327,9 @@ def init_weights(model, seed):
         shape = tuple(tensor.shape)
         if name.endswith("e_score_correction_bias"):
             values = rng.normal(0.0, 0.1, shape)
-        elif tensor.dim() == 1:  # RMSNorm weights
+        elif name.endswith("k_norm.bias"):  # V3.2 indexer's LayerNorm
+            values = rng.normal(0.0, 0.3, shape)
+        elif tensor.dim() == 1:  # RMSNorm (and LayerNorm) weights
             values = rng.normal(1.0, 0.15, shape)
         else:
             values = rng.normal(0.0, init_std(name, shape, cfg), shape)
@@ -280,10 +341,18 @@ def init_weights(model, seed):
         tensor.copy_(torch.from_numpy(values.astype(np.float32)))
 
 
-def round_to_bf16(model):
-    """Rounds every weight to bf16 values; e_score_correction_bias (a buffer) stays f32, as in the release."""
+def keeps_f32(name):
+    """Tensors a bf16 checkpoint stores in f32: e_score_correction_bias (a buffer, as in the
+    release) and V3.2's indexer weights_proj, which transformers keeps in fp32."""
+    return name.endswith("e_score_correction_bias") or name.endswith("indexer.weights_proj.weight")
+
+
+def round_to_bf16(model, storage):
+    """Rounds every weight to bf16 values, except what the bf16 checkpoint keeps in f32."""
     with torch.no_grad():
-        for tensor in model.parameters():
+        for name, tensor in model.named_parameters():
+            if storage == "bf16" and keeps_f32(name):
+                continue
             tensor.copy_(tensor.to(torch.bfloat16).float())
 
 
@@ -292,17 +361,19 @@ def round_to_bf16(model):
 
 
 def build_model(fixture):
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                              DeepseekV32Config, DeepseekV32ForCausalLM)
 
     classes = {"deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
-               "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}
+               "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
+               "deepseek_v32": (DeepseekV32Config, DeepseekV32ForCausalLM)}
     config_cls, model_cls = classes[fixture["model_type"]]
     config = config_cls(**fixture["config"])
     torch.manual_seed(fixture["seed"])
     model = model_cls(config).float().eval()
     init_weights(model, fixture["seed"])
     if fixture["storage"] in ("bf16", "fp8"):
-        round_to_bf16(model)  # fp8 keeps its unquantized tensors in bf16
+        round_to_bf16(model, fixture["storage"])  # fp8 keeps its unquantized tensors in bf16
     return model
 
 
@@ -312,14 +383,19 @@ def save_f32_or_bf16(model, out_dir, storage):
         for module in model.modules():
             if hasattr(module, "e_score_correction_bias"):
                 module.e_score_correction_bias = module.e_score_correction_bias.float()
+            if hasattr(module, "weights_proj"):  # V3.2 indexer
+                module.weights_proj.float()
     model.save_pretrained(out_dir, safe_serialization=True)
 
 
 def is_fp8_quantized(name):
-    """Which tensors the DeepSeek-V3 release stores in FP8: every Linear weight except the router."""
+    """Which tensors the DeepSeek-V3 release stores in FP8: every Linear weight except the router
+    (and, in V3.2, the indexer's weights_proj; its wq_b and wk are FP8, its k_norm is a norm)."""
     if not name.endswith(".weight") or ".layers." not in name:
         return False
     if "layernorm" in name or name.endswith("mlp.gate.weight"):
+        return False
+    if name.endswith("indexer.weights_proj.weight") or name.endswith("indexer.k_norm.weight"):
         return False
     return True
 
@@ -366,12 +442,13 @@ def save_fp8(model, out_dir):
 
     # Release-style config.json: rope_scaling with "type" and a top-level rope_theta
     # instead of the rope_parameters that transformers writes.
-    # The release also lacks the derived keys head_dim (= qk_rope_head_dim) and qk_head_dim.
+    # The release also lacks the derived keys head_dim (= qk_rope_head_dim) and qk_head_dim
+    # (and, for V3.2, mlp_layer_types and layer_types).
     rope = dict(config.pop("rope_parameters"))
     config["rope_theta"] = rope.pop("rope_theta")
     rope["type"] = rope.pop("rope_type")
     config["rope_scaling"] = rope
-    for derived in ("dtype", "head_dim", "qk_head_dim"):
+    for derived in ("dtype", "head_dim", "qk_head_dim", "mlp_layer_types", "layer_types"):
         config.pop(derived, None)
     config["torch_dtype"] = "bfloat16"
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -412,16 +489,25 @@ def make_fixture(fixture, out_root):
             ref_logits, margins = numpy_reference.forward(out_dir, prompt + tokens[:-1], checkpoint)
             decided = np.sort(logits[length - 1:], axis=-1)
             argmax_margin = float(np.min(decided[:, -1] - decided[:, -2]))
+            near_tie = (margins["routing"] < ROUTING_MARGIN or argmax_margin < ARGMAX_MARGIN
+                        or margins["indexer"] < INDEXER_MARGIN)
+            if near_tie:
+                # A tie may let HF's decode and full forward choose differently (so neither
+                # check below is meaningful); redraw.
+                continue
             err = numpy_reference.rel_l2(ref_logits, logits.astype(np.float64))
             if err > NUMPY_TOLERANCE:
                 raise RuntimeError(f"{fixture['name']}: numpy reference differs from HF: rel_l2 {err:.3e}")
-            if margins["routing"] >= ROUTING_MARGIN and argmax_margin >= ARGMAX_MARGIN:
-                break
+            if checks["decode_vs_full_forward_rel_l2"] > NUMPY_TOLERANCE:
+                raise RuntimeError(f"{fixture['name']}: HF decode differs from its full forward: rel_l2 "
+                                   f"{checks['decode_vs_full_forward_rel_l2']:.3e}")
+            break
         else:
             raise RuntimeError(f"{fixture['name']}: prompt {index}: no draw without a near tie")
         prompts.append(prompt)
         generated.append(tokens)
-        report.append((err, margins["routing"], argmax_margin, checks["decode_vs_full_forward_rel_l2"]))
+        report.append((err, margins["routing"], argmax_margin, checks["decode_vs_full_forward_rel_l2"],
+                       margins["indexer"], attempt))
         np.save(os.path.join(out_dir, f"logits_{index}.npy"), logits)
 
     expected = {"prompts": prompts, "generated": generated, "max_new_tokens": MAX_NEW_TOKENS}
@@ -448,9 +534,10 @@ def main():
         size = sum(os.path.getsize(os.path.join(args.out, fixture["name"], n))
                    for n in os.listdir(os.path.join(args.out, fixture["name"])))
         print(f"{fixture['name']}: {size / 1024:.0f} KiB: {fixture['doc']}")
-        for p, (err, routing, argmax, decode) in enumerate(report):
+        for p, (err, routing, argmax, decode, index, attempt) in enumerate(report):
             print(f"  prompt {p}: numpy vs HF rel_l2 {err:.2e}, routing margin {routing:.1e}, "
-                  f"argmax margin {argmax:.1e}, HF decode vs full forward {decode:.1e}")
+                  f"argmax margin {argmax:.1e}, HF decode vs full forward {decode:.1e}"
+                  + (f", indexer margin {index:.1e}, draw {attempt}" if fixture["model_type"] == "deepseek_v32" else ""))
     return 0
 
 

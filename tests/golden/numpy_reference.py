@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plain-numpy DeepSeek-V2/V3 forward, written from HF_SEMANTICS.md alone.
+"""Plain-numpy DeepSeek-V2/V3/V3.2 forward, written from HF_SEMANTICS.md alone.
 
 It reads a checkpoint directory the way the C loader has to (config.json plus
 safetensors files with per-expert tensor names; F32, BF16 and F8_E4M3 with
@@ -11,9 +11,10 @@ HF_SEMANTICS.md, not a second copy of the HF code.
     python3 tests/golden/numpy_reference.py tests/golden/fixtures/v3_sigmoid
 
 compares against every logits_P.npy of a fixture and prints the relative L2
-error per prompt. `forward()` also returns routing and argmax margins, which
-make_fixtures.py uses to reject inputs whose expert choice or greedy token is
-a near tie (those would make the golden test flaky rather than strict).
+error per prompt. `forward()` also returns routing, argmax and (V3.2) indexer
+top-k margins, which make_fixtures.py uses to reject inputs whose expert
+choice, greedy token or selected token set is a near tie (those would make the
+golden test flaky rather than strict).
 """
 
 import argparse
@@ -115,10 +116,12 @@ class Config:
 
     def __init__(self, cfg):
         self.model_type = cfg["model_type"]
-        if self.model_type not in ("deepseek_v2", "deepseek_v3"):
+        if self.model_type not in ("deepseek_v2", "deepseek_v3", "deepseek_v32"):
             raise ValueError(f"unsupported model_type {self.model_type}")
-        v3 = self.model_type == "deepseek_v3"
+        v32 = self.model_type == "deepseek_v32"
+        v3 = self.model_type == "deepseek_v3" or v32  # V3.2 routes, norms and ropes MLA as V3
         self.v3 = v3
+        self.v32 = v32
         self.vocab_size = cfg["vocab_size"]
         self.hidden_size = cfg["hidden_size"]
         self.num_layers = cfg["num_hidden_layers"]
@@ -138,7 +141,25 @@ class Config:
         self.routed_scale = cfg.get("routed_scaling_factor", 2.5 if v3 else 1.0)
         self.topk_method = cfg.get("topk_method", "greedy")  # read by V2 only
         self.tie = cfg.get("tie_word_embeddings", False)
-        self.rope_interleave = cfg.get("rope_interleave", True) if v3 else True
+        # V2 and V3.2 always interleave MLA's rope (V3.2 ignores a rope_interleave key).
+        self.rope_interleave = cfg.get("rope_interleave", True) if v3 and not v32 else True
+        # Which layers are MoE: V3.2 reads mlp_layer_types (written by save_pretrained,
+        # derived from first_k_dense_replace when absent, as in the release config).
+        layer_types = cfg.get("mlp_layer_types") if v32 else None
+        if layer_types is None:
+            dense = min(self.first_k_dense, self.num_layers)
+            layer_types = ["dense"] * dense + ["sparse"] * (self.num_layers - dense)
+        if len(layer_types) != self.num_layers or set(layer_types) - {"dense", "sparse"}:
+            raise ValueError(f"bad mlp_layer_types {layer_types}")
+        self.moe_layers = [t == "sparse" for t in layer_types]
+        if v32:
+            if self.q_lora_rank is None:
+                raise ValueError("deepseek_v32 needs q_lora_rank (its indexer reads the q latent)")
+            self.index_topk = cfg.get("index_topk", 2048)
+            self.index_n_heads = cfg.get("index_n_heads", 64)
+            self.index_head_dim = cfg.get("index_head_dim", 128)
+            if self.index_head_dim < self.qk_rope:
+                raise ValueError("index_head_dim must be at least qk_rope_head_dim")
         self.max_pos = cfg.get("max_position_embeddings", 4096 if v3 else 2048)
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         rope.setdefault("rope_type", rope.get("type", "default"))
@@ -156,6 +177,11 @@ class Config:
 
 def rms_norm(x, weight, eps):
     return weight * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+
+
+def layer_norm(x, weight, bias, eps):
+    centered = x - np.mean(x, axis=-1, keepdims=True)
+    return weight * (centered / np.sqrt(np.mean(centered * centered, axis=-1, keepdims=True) + eps)) + bias
 
 
 def silu(x):
@@ -246,7 +272,8 @@ def linear(x, w):
     return x @ w.T
 
 
-def attention(cfg, w, prefix, h, cos, sin):
+def attention(cfg, w, prefix, h, cos, sin, margins=None):
+    """MLA over the causal context; V3.2 keeps only the indexer's top-k of it."""
     T = h.shape[0]
     H, dn, dr, dv = cfg.num_heads, cfg.qk_nope, cfg.qk_rope, cfg.v_head
     if cfg.q_lora_rank is None:
@@ -272,12 +299,48 @@ def attention(cfg, w, prefix, h, cos, sin):
     scores = np.einsum("ihd,jhd->hij", q_nope, k_nope) + np.einsum("ihd,jd->hij", q_pe, k_pe[:, 0, :])
     scores = scores * softmax_scale(cfg)
     causal = np.tril(np.ones((T, T), dtype=bool))
+    if cfg.v32:
+        causal = indexer(cfg, w, prefix + "indexer.", h, q_latent, cos, sin, margins)
     scores = np.where(causal[None], scores, -np.inf)
     scores = scores - scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
     out = np.einsum("hij,jhd->ihd", probs, v).reshape(T, H * dv)
     return linear(out, w[prefix + "o_proj.weight"])
+
+
+def indexer(cfg, w, prefix, h, q_latent, cos, sin, margins):
+    """V3.2 lightning indexer: which visible tokens each query keeps, as a bool [T, T] mask.
+
+    Appends, per query with more than index_topk visible tokens, the gap between
+    its k-th and (k+1)-th best visible score divided by the largest |score| it
+    sees (0 for a boundary among equal scores, e.g. the exact zeros of relu).
+    """
+    T = h.shape[0]
+    heads, dim, dr = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope
+    q = linear(q_latent, w[prefix + "wq_b.weight"]).reshape(T, heads, dim)
+    k = linear(h, w[prefix + "wk.weight"])
+    k = layer_norm(k, w[prefix + "k_norm.weight"], w[prefix + "k_norm.bias"], 1e-6).reshape(T, 1, dim)
+    # Rope on the FIRST qk_rope_head_dim dims, half-split, whatever MLA's layout; same cos/sin.
+    q = np.concatenate([apply_rope(q[..., :dr], cos, sin, False), q[..., dr:]], axis=-1)
+    k = np.concatenate([apply_rope(k[..., :dr], cos, sin, False), k[..., dr:]], axis=-1)[:, 0, :]
+    dots = np.maximum(np.einsum("shd,td->sht", q, k) * dim ** -0.5, 0.0)  # relu per head
+    head_weights = linear(h, w[prefix + "weights_proj.weight"]) * heads ** -0.5
+    scores = np.einsum("sh,sht->st", head_weights, dots)
+    keep = np.zeros((T, T), dtype=bool)
+    for s in range(T):
+        visible = scores[s, : s + 1]
+        if s + 1 <= cfg.index_topk:
+            keep[s, : s + 1] = True  # every visible token
+            continue
+        order = np.argsort(-visible, kind="stable")
+        keep[s, order[: cfg.index_topk]] = True
+        ordered = visible[order]
+        scale = float(np.max(np.abs(visible)))
+        gap = float(ordered[cfg.index_topk - 1] - ordered[cfg.index_topk])
+        if margins is not None:
+            margins.append(gap / scale if gap > 0 else 0.0)
+    return keep
 
 
 def mlp(x, w, prefix):
@@ -352,20 +415,22 @@ def forward(model_dir, token_ids, checkpoint=None):
     """Logits [T, vocab] of every position, plus margins that say how close to a tie the run was.
 
     Returns (logits, {"routing": smallest gap at any routing decision,
-                      "argmax": smallest top1 - top2 logit gap over positions}).
+                      "argmax": smallest top1 - top2 logit gap over positions,
+                      "indexer": (V3.2) smallest relative gap at any top-k boundary,
+                                 inf when no query sees more than index_topk tokens}).
     """
     raw_cfg, w = checkpoint if checkpoint is not None else load_checkpoint(model_dir)
     cfg = Config(raw_cfg)
     T = len(token_ids)
     x = w["model.embed_tokens.weight"][np.asarray(token_ids)]
     cos, sin = rope_tables(cfg, np.arange(T))
-    routing_margins = []
+    routing_margins, indexer_margins = [], []
     for layer in range(cfg.num_layers):
         p = f"model.layers.{layer}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_eps)
-        x = x + attention(cfg, w, p + "self_attn.", h, cos, sin)
+        x = x + attention(cfg, w, p + "self_attn.", h, cos, sin, indexer_margins)
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_eps)
-        if layer >= cfg.first_k_dense:
+        if cfg.moe_layers[layer]:
             x = x + moe(cfg, w, p + "mlp.", h, routing_margins)
         else:
             x = x + mlp(h, w, p + "mlp.")
@@ -376,8 +441,13 @@ def forward(model_dir, token_ids, checkpoint=None):
     margins = {
         "routing": min(routing_margins) if routing_margins else math.inf,
         "argmax": float(np.min(top2[:, 1] - top2[:, 0])),
+        "indexer": min(indexer_margins) if indexer_margins else math.inf,
     }
     return logits, margins
+
+
+def cfg_is_v32(checkpoint):
+    return checkpoint[0]["model_type"] == "deepseek_v32"
 
 
 def rel_l2(a, b):
@@ -402,7 +472,8 @@ def main():
             same = int(np.sum(logits.argmax(-1) == ref.argmax(-1)))
             worst = max(worst, err)
             print(f"{os.path.basename(fixture.rstrip('/'))} prompt {p} (len {len(prompt)}+{len(generated)}): "
-                  f"rel_l2 {err:.3e}, argmax {same}/{len(ids)}, routing margin {margins['routing']:.2e}")
+                  f"rel_l2 {err:.3e}, argmax {same}/{len(ids)}, routing margin {margins['routing']:.2e}"
+                  + (f", indexer margin {margins['indexer']:.2e}" if cfg_is_v32(checkpoint) else ""))
     print(f"worst rel_l2 {worst:.3e} (tol {args.tol:g})")
     return 0 if worst <= args.tol else 1
 
