@@ -1076,11 +1076,6 @@ static ina_status_t dispatch_begin(step_t *s, int32_t layer, moe_flight_t *m) {
   return ina_moe_flight_begin(&m->f, layer, s->e->moe_index[layer], s->h, s->T);
 }
 
-static ina_status_t dispatch_experts(step_t *s, moe_flight_t *m) {
-  (void)s;
-  return ina_moe_flight_experts(&m->f);
-}
-
 static ina_status_t dispatch_end(step_t *s, moe_flight_t *m, float *out) {
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
@@ -1112,7 +1107,7 @@ static ina_status_t moe_block_dispatch(step_t *s, int32_t layer, float *out) {
   INA_CHECK(ensure_exchange(s->e, 0));
   flight_init(&m, s->e, 0);
   st = dispatch_begin(s, layer, &m);
-  if (st == INA_OK) st = dispatch_experts(s, &m);
+  if (st == INA_OK) st = ina_moe_flight_experts(&m.f);
   if (st == INA_OK) st = dispatch_end(s, &m, out);
   if (st != INA_OK) ina_ep_exchange_drain(s->e->ex[0]);
   flight_free(&m);
@@ -1191,6 +1186,11 @@ static ina_status_t publish_expert_load(ina_engine_cpu_t *e) {
 fail:
   free(all);
   return st;
+}
+
+/* A failed step's expert counts go: its tokens were not computed. */
+static void drop_step_load(ina_engine_cpu_t *e) {
+  memset(e->step_load, 0, (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts * sizeof *e->step_load);
 }
 
 /* A step's start: its working memory, each token's sequence and position, and the
@@ -1291,7 +1291,7 @@ static ina_status_t stage(micro_batch_t *m, int32_t layer, int which) {
     mlp_block_norm(s, layer);
     INA_CHECK(dispatch_begin(s, layer, &m->f));
   } else if (moe && which == 1) {
-    INA_CHECK(dispatch_experts(s, &m->f));
+    INA_CHECK(ina_moe_flight_experts(&m->f.f));
   } else if (moe) {
     INA_CHECK(dispatch_end(s, &m->f, s->tmp));
     INA_CHECK(mlp_block_end(s));
@@ -1339,7 +1339,7 @@ fail:
   if (st != INA_OK) { /* every rank failed the same finish: the other half's exchange too */
     ina_ep_exchange_drain(e->ex[0]);
     ina_ep_exchange_drain(e->ex[1]);
-    memset(e->step_load, 0, (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts * sizeof *e->step_load);
+    drop_step_load(e);
   }
   for (int i = 0; i < 2; i++) {
     flight_free(&mb[i].f);
@@ -1364,8 +1364,8 @@ static ina_status_t forward_grown(ina_engine_cpu_t *e, const ina_batch_t *b, flo
   INA_CHECK(step_logits(e, &s, logits));
   INA_CHECK(publish_expert_load(e));
 fail:
-  if (st != INA_OK) /* the step's tokens were not computed: its counts go */
-    memset(e->step_load, 0, (size_t)e->num_moe_layers * (size_t)e->cfg->n_routed_experts * sizeof *e->step_load);
+  if (st != INA_OK)
+    drop_step_load(e);
   step_free(&s);
   return st;
 }
