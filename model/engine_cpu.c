@@ -357,10 +357,13 @@ static ina_dsa_index_cache_t index_cache(ina_engine_cpu_t *e, int32_t layer) {
   const int32_t page_size = ina_page_pool_page_size(e->kv);
   const int64_t token = (int64_t)ina_page_pool_entry_elems(e->kv) * (int64_t)sizeof(float);
   ina_tensor_t cache = ina_page_pool_layer(e->kv, layer);
-  const ina_dsa_index_cache_t k = {INA_DSA_KEY_F32, page_size, e->cfg->index_head_dim,
-                                   (const char *)cache.data +
-                                       (size_t)(e->cfg->kv_lora_rank + e->cfg->qk_rope_head_dim) * sizeof(float),
-                                   token * page_size, token};
+  const ina_dsa_index_cache_t k = {
+      .format = INA_DSA_KEY_F32,
+      .page_size = page_size,
+      .head_dim = e->cfg->index_head_dim,
+      .keys = (const char *)cache.data + (size_t)(e->cfg->kv_lora_rank + e->cfg->qk_rope_head_dim) * sizeof(float),
+      .page_stride = token * page_size,
+      .token_stride = token};
   return k;
 }
 

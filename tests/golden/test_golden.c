@@ -22,7 +22,7 @@
 #include "golden_fixture.h"
 
 #define BOUND 1e-4
-#define MIN_FIXTURES 13
+#define MIN_FIXTURES 17
 
 /* Run the prompts [first, first + n) as one batch and compare each with HF. */
 static void run_and_compare(const fixture_t *f, const ina_model_t *m, int32_t page_size, int32_t first,

@@ -285,7 +285,10 @@ static void test_golden(const char *root) {
     snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
     CHECKF(load_fixture(dir, &f) == 0, "%s: cannot read the fixture", dir);
     CHECK_OK(ina_model_open(dir, NULL, &m));
-    if (m && f.count > 0) golden_fixture(names[i], &f, m, &vs_hf, &vs_oracle, &clean_decode, &decode);
+    if (m && ina_cfg_has_indexer(ina_model_config(m)))
+      printf("%s: skipped (DeepSeek-V3.2: the CUDA engine has no sparse attention kernels yet)\n", names[i]);
+    else if (m && f.count > 0)
+      golden_fixture(names[i], &f, m, &vs_hf, &vs_oracle, &clean_decode, &decode);
     ina_model_destroy(m);
     free_fixture(&f);
     free(names[i]);

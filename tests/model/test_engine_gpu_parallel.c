@@ -474,6 +474,13 @@ static void check_fixture(const char *dir, const char *name, ina_comm_t *tp, ina
   CHECK_OK(ina_model_open(dir, NULL, &whole));
   if (!whole || f.count == 0) goto done;
   const ina_model_config_t *c = ina_model_config(whole);
+  if (ina_cfg_has_indexer(c)) {
+    const char *why = "DeepSeek-V3.2: the CUDA engine has no sparse attention kernels yet";
+    parallel_tally_skip(&g_tp, name, why);
+    parallel_tally_skip(&g_ep, name, why);
+    parallel_tally_skip(&g_dp, name, why);
+    goto done;
+  }
   /* TP over every rank, where it divides. */
   if (c->num_heads % g_size == 0 && c->intermediate_size % g_size == 0 && c->moe_intermediate_size % g_size == 0) {
     ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;

@@ -2,7 +2,7 @@
 # `ina generate` over several ranks of an mpirun job prints the same tokens as one rank:
 # --ep on 2 and 3 ranks (even and uneven expert shares; the built-in tiny model and a
 # golden fixture), --tp 2 on 2 ranks and --tp 2 --ep on 4 (a fixture with 4 heads), and
-# with attention data parallelism (--dp), greedy and sampled. Bad layouts and a GPU device
+# with attention data parallelism (--dp), greedy and sampled; DeepSeek-V3.2 too. Bad layouts and a GPU device
 # are refused.
 # usage: test_generate_parallel.sh MPIEXEC INA FIXTURES_DIR
 set -u
@@ -35,6 +35,10 @@ compare() {
 compare tiny "2 --ep" "3 --ep" "2 --ep --dp" "3 --ep --dp"
 compare "$fixtures/v3_sigmoid" "2 --ep" "3 --ep"
 compare "$fixtures/v3_mscale" "2 --tp 2" "4 --tp 2 --ep" "2 --ep" "4 --tp 2 --ep --dp"
+# DeepSeek-V3.2: sparse attention over each query's top 8 (v3.2-tiny) or 6 (v32_bf16)
+# tokens, fewer than these sequences hold.
+compare v3.2-tiny "2 --ep" "3 --ep --dp"
+compare "$fixtures/v32_bf16" "2 --tp 2" "4 --tp 2 --ep --dp"
 
 # --dp with a long and a short prompt on 3 ranks: a prompt's pages all come from its
 # group's stripe of the pool, which must hold the long one whole.
