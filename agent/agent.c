@@ -238,8 +238,7 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   INA_CHECK(ina_model_open(options->model, &mo, &agent->model));
   INA_CHECK(copy_layout(agent, multi_rank ? options : NULL));
   const ina_model_config_t *cfg = ina_model_config(agent->model);
-  int checkpoint = strcmp(options->model, "tiny") != 0 && strncmp(options->model, "random:", 7) != 0;
-  agent->weight_dtype = weight_dtype_name(cfg, options, checkpoint);
+  agent->weight_dtype = weight_dtype_name(cfg, options, ina_model_from_checkpoint(agent->model));
 
   ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
   eo.page_size = options->page_size > 0 ? options->page_size : 16;

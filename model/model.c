@@ -15,6 +15,7 @@
 struct ina_model {
   ina_weights_t weights;
   char source[256];
+  int checkpoint;       /* loaded from a checkpoint directory (else seeded random weights) */
   int random_on_device; /* weights left for a device engine: seed and dtype below */
   uint64_t seed;
   ina_dtype_t dtype;
@@ -69,6 +70,7 @@ ina_status_t ina_model_open(const char *spec, const ina_model_options_t *options
   if (is_directory(spec)) {
     INA_LOG_I(INA_LOG_SUBSYS, "loading checkpoint %s", spec);
     INA_CHECK(ina_weights_load(spec, &options->shard, &m->weights));
+    m->checkpoint = 1;
   } else {
     const char *name = strncmp(spec, "random:", 7) == 0 ? spec + 7 : spec;
     ina_model_config_t cfg;
@@ -105,6 +107,8 @@ void ina_model_destroy(ina_model_t *m) {
 
 const ina_model_config_t *ina_model_config(const ina_model_t *m) { return &m->weights.config; }
 const ina_weights_t *ina_model_weights(const ina_model_t *m) { return &m->weights; }
+
+int ina_model_from_checkpoint(const ina_model_t *model) { return model && model->checkpoint; }
 
 int ina_model_random_on_device(const ina_model_t *m, uint64_t *seed, ina_dtype_t *dtype) {
   if (!m->random_on_device) return 0;

@@ -59,6 +59,9 @@ ina_status_t ina_model_spec_config(const char *spec, ina_model_config_t *out);
 void ina_model_destroy(ina_model_t *model);
 const ina_model_config_t *ina_model_config(const ina_model_t *model);
 const ina_weights_t *ina_model_weights(const ina_model_t *model);
+/* 1 when the model was loaded from a checkpoint directory, 0 for a built-in model's
+ * seeded random weights. */
+int ina_model_from_checkpoint(const ina_model_t *model);
 /* 1 when the model's random weights were left for a device engine to generate
  * (ina_model_options_t.random_on_device), with their seed and dtype; else 0. */
 int ina_model_random_on_device(const ina_model_t *model, uint64_t *seed, ina_dtype_t *dtype);
