@@ -18,14 +18,17 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ina-agent --model tiny|random:NAME|DIR [options]\n"
+          "usage: ina-agent --model DIR|NAME|random:NAME [options]\n"
           "\n"
           "Serves ina.v1.Node, ina.v1.Inference, ina.v1.Placement and grpc.health.v1 over\n"
           "gRPC. Prints the bound address, then \"serving\" once a warm-up generation ran.\n"
           "SIGTERM or SIGINT: stop accepting, let running generations finish (up to\n"
           "--drain-grace-ms), cancel the rest, exit 0.\n"
           "\n"
-          "  --model M            checkpoint directory, tiny, or random:NAME (seeded weights)\n"
+          "  --model M            checkpoint directory, or a built-in model with seeded random\n"
+          "                       weights: tiny, v3.2-tiny (DeepSeek-V3.2, CPU only), or\n"
+          "                       random:NAME (NAME: tiny, v2-lite, v3-layers, v3.2-tiny,\n"
+          "                       v3.2-layers)\n"
           "  --model-seed S       seed of random weights (default 0)\n"
           "  --dtype D            random weights' dtype: bf16 (default), f32, fp8\n"
           "  --listen HOST:PORT   gRPC listen address (default 127.0.0.1:0, a free port)\n"

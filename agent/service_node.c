@@ -100,7 +100,9 @@ static ina_rpc_code_t get_node_info(void *ctx, const ina_rpc_request_t *request,
   for (int32_t l = 0; l < cfg->num_layers; l++) n_moe_layers += (uint32_t)ina_cfg_layer_is_moe(cfg, l);
   model.name = agent->model_name;
   model.architecture = cfg->arch == INA_ARCH_DEEPSEEK_V2 ? "DeepseekV2ForCausalLM"
-                                                         : "DeepseekV3ForCausalLM";
+                       : ina_cfg_has_indexer(cfg)       ? "DeepseekV32ForCausalLM"
+                                                        : "DeepseekV3ForCausalLM";
+  model.index_topk = ina_cfg_has_indexer(cfg) ? (uint32_t)cfg->index_topk : 0;
   model.vocab_size = (uint32_t)cfg->vocab_size;
   model.n_layers = (uint32_t)cfg->num_layers;
   model.n_moe_layers = n_moe_layers;

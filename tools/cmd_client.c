@@ -68,6 +68,9 @@ static void print_node_info(const Ina__V1__NodeInfo *info) {
            m->name, m->architecture, m->vocab_size, m->n_layers, m->n_moe_layers,
            m->n_routed_experts, m->n_experts_per_token, m->max_context_tokens, m->weight_dtype,
            m->eos_token_id);
+  if (m && m->index_topk > 0)
+    printf("sparse attention: each query attends to its top %u cached tokens (DeepSeek-V3.2's indexer)\n",
+           m->index_topk);
   const Ina__V1__BuildInfo *b = info->build;
   if (b)
     printf("build: ina %s (%s)%s%.12s%s%s\n", b->version, b->build_type,

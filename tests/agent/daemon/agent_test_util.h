@@ -230,7 +230,8 @@ typedef struct at_reference {
   ina_engine_t *engine;
 } at_reference_t;
 
-static inline void at_reference_open(at_reference_t *ref, uint64_t model_seed) {
+/* The reference of a built-in model other than tiny (the agent's options name the same). */
+static inline void at_reference_open_model(at_reference_t *ref, const char *model, uint64_t model_seed) {
   ina_model_options_t mo = INA_MODEL_OPTIONS_INIT;
   ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
   mo.seed = model_seed;
@@ -239,11 +240,15 @@ static inline void at_reference_open(at_reference_t *ref, uint64_t model_seed) {
   eo.max_tokens = 8192;
   eo.num_threads = 2;
   eo.device = -1;
-  if (ina_model_open("tiny", &mo, &ref->model) != INA_OK ||
+  if (ina_model_open(model, &mo, &ref->model) != INA_OK ||
       ina_engine_create(ref->model, &eo, &ref->engine) != INA_OK) {
-    fprintf(stderr, "cannot open the reference model: %s\n", ina_last_error());
+    fprintf(stderr, "cannot open the reference model %s: %s\n", model, ina_last_error());
     exit(1);
   }
+}
+
+static inline void at_reference_open(at_reference_t *ref, uint64_t model_seed) {
+  at_reference_open_model(ref, "tiny", model_seed);
 }
 
 static inline void at_reference_close(at_reference_t *ref) {
