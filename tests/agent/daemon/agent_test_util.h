@@ -135,7 +135,7 @@ typedef struct at_stream {
   int bad;                /* undecodable, wrong id, or counts not adding up */
   int cancel_after;       /* > 0: the client cancels once this many tokens arrived */
   Ina__V1__FinishReason finish;
-  uint32_t prompt_tokens, completion_tokens, stop_token_id;
+  uint32_t prompt_tokens, completion_tokens, stop_token_id, cached_prompt_tokens;
   int has_timings;
   uint64_t first_token_us, total_us;
   ina_rpc_status_t status;
@@ -164,6 +164,7 @@ static inline int at_stream_message(void *ctx, const uint8_t *bytes, size_t size
       if (r->timings) {
         s->first_token_us = r->timings->first_token_us;
         s->total_us = r->timings->total_us;
+        s->cached_prompt_tokens = r->timings->cached_prompt_tokens;
       }
     }
   }

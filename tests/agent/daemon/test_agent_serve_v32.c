@@ -2,8 +2,10 @@
  * indexer picks each query's top 8 cached tokens, and MLA attends to those only) on the
  * CPU, driven over gRPC. GetNodeInfo names the architecture and the top-k; streams alone,
  * concurrent, and again with the prompt's pages reused from the prefix cache all equal
- * ina_generate's tokens on the same model, run alone. Prompts and outputs are longer than
- * the top-k, so each query chooses. */
+ * ina_generate's tokens on the same model, run alone; the repeated prompts must reuse
+ * cached pages, whose entries hold the index keys. Prompts and outputs are longer than the
+ * top-k, so each query chooses, and the pool is small enough that the streams compete for
+ * pages and the prefix cache evicts. */
 #include <pthread.h>
 #include <unistd.h>
 
@@ -11,7 +13,7 @@
 #include "tests/agent/daemon/agent_test_util.h"
 
 #define MODEL "v3.2-tiny"
-#define KV_TOKENS 2048
+#define KV_TOKENS 256 /* 16 pages: four streams of up to 5 pages each overflow it */
 #define TOPK 8 /* v3.2-tiny's index_topk */
 
 static void test_info(ina_rpc_client_t *c) {
@@ -110,7 +112,14 @@ int main(void) {
   for (int i = 0; i < CONCURRENT; i++) check_job(&together[i], "concurrent");
   for (int i = 0; i < CONCURRENT; i++) CHECK(pthread_create(&th[i], NULL, run_job, &again[i]) == 0);
   for (int i = 0; i < CONCURRENT; i++) pthread_join(th[i], NULL);
-  for (int i = 0; i < CONCURRENT; i++) check_job(&again[i], "repeated");
+  uint32_t cached = 0;
+  for (int i = 0; i < CONCURRENT; i++) {
+    check_job(&again[i], "repeated");
+    cached += again[i].stream.cached_prompt_tokens;
+    printf("repeated prompt %d: %d tokens, %u from the prefix cache\n", i, again[i].len,
+           again[i].stream.cached_prompt_tokens);
+  }
+  CHECKF(cached > 0, "no repeated prompt reused a cached page");
 
   ina_agent_request_stop(agent);
   CHECK_OK(ina_agent_wait(agent));
