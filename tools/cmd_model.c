@@ -118,10 +118,12 @@ static int model_info(int argc, char **argv) {
     if (ina_cfg_has_indexer(k))
       printf("DSA indexer: %d heads x %d, top %d tokens per query\n", k->index_n_heads, k->index_head_dim,
              k->index_topk);
+    char key_part[48] = "";
+    if (ina_cfg_has_indexer(k)) snprintf(key_part, sizeof key_part, " + index key %lld", (long long)key_bf16);
     printf("cache per token: %lld bytes per layer in bf16 (latent %lld + rope %lld%s), %lld with an FP8 latent%s; "
            "%.1f KiB over the %d layers (bf16)\n",
-           (long long)(bf16 + key_bf16), (long long)(2 * latent), (long long)(2 * rope),
-           ina_cfg_has_indexer(k) ? " + index key" : "", (long long)(fp8 + key_fp8),
+           (long long)(bf16 + key_bf16), (long long)(2 * latent), (long long)(2 * rope), key_part,
+           (long long)(fp8 + key_fp8),
            ina_cfg_has_indexer(k) ? " and key" : "", (double)((bf16 + key_bf16) * k->num_layers) / 1024.0,
            k->num_layers);
   }
