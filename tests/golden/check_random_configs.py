@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
-"""Property test: any small DeepSeek-V2/V3 checkpoint saved by transformers runs in ina like in HF.
+"""Property test: any small DeepSeek-V2/V3/V3.2 checkpoint saved by transformers runs in ina like in HF.
 
     python3 tests/golden/check_random_configs.py --ina build/tools/ina --count 30 --seed 1 [--keep DIR]
 
 Each trial draws a random configuration inside the features ina supports
-(V2 or V3; q LoRA or not; odd head counts; 1-4 layers with any mix of dense
-and MoE layers, or no MoE at all; 2-16 routed experts in groups, 0-2 shared
-experts; V2 greedy or group_limited_greedy; default or YaRN rope with or
-without mscale / mscale_all_dim / beta / truncate / attention_factor keys;
-V3 interleaved or half-split rope; tied embeddings; attention biases; any
-rms_norm_eps, rope_theta, routed_scaling_factor, norm_topk_prob; ina's KV
-page size and thread count vary too). It builds the model with the
+(V2, V3 or, in about a quarter of the trials, V3.2; q LoRA or not; odd head
+counts; 1-4 layers with any mix of dense and MoE layers, or no MoE at all;
+2-16 routed experts in groups, 0-2 shared experts; V2 greedy or
+group_limited_greedy; default or YaRN rope with or without mscale /
+mscale_all_dim / beta / truncate / attention_factor keys; V3 interleaved or
+half-split rope; tied embeddings; attention biases; any rms_norm_eps,
+rope_theta, routed_scaling_factor, norm_topk_prob; ina's KV page size and
+thread count vary too). V3.2 trials are V3 ones with q LoRA always (HF's
+V3.2 requires it: its indexer reads the q latent), no rope_interleave key
+(its MLA rope is always interleaved) and a lightning indexer of 1-5 heads
+(1 rarely: see sample_indexer) of index_head_dim from qk_rope_head_dim to
+qk_rope_head_dim + 40, odd sizes included, with an index_topk of 1-10 in 4
+trials of 5, below most sequences so that the selection matters, otherwise
+15-299 (every visible token selected); bf16 checkpoints store the indexer's
+weights_proj in float32 (as HF keeps it) or bf16. The script builds the model with the
 transformers classes, fills it with seeded random weights of random scale and
 saves it with save_pretrained in float32 or bfloat16. The reference is
 hf_logits.py's: HF in float32 (on the stored bf16 values for bf16
@@ -27,11 +35,18 @@ rejects rows that are not a multiple of 16 bytes on the CPU).
 
 A near tie in the HF run (top-2 logit gap below 1e-3 at a generated token, or
 a gap below 1e-4 between the last chosen and the first rejected expert or
-group at any routing decision, recorded by hooks on the routers) would let a
-correct engine pick another token or expert, so such a prompt is redrawn, and
-after too many redraws the weights are. Configurations and weights come from
-numpy generators seeded with (seed, trial[, attempt]), so `--seed S --trial T`
-repeats one trial exactly.
+group at any routing decision, recorded by hooks on the routers; in V3.2 also
+a gap below make_fixtures' INDEXER_MARGIN, 1e-4 of the query's largest
+|score|, between the k-th and the (k+1)-th visible index score of any query
+that sees more than index_topk tokens, in any layer, exact ties included,
+recorded by hooks on the indexers) would let a correct engine pick another
+token, expert or attended token set, so such a prompt is redrawn, and after
+too many redraws the weights are. A V3.2 prompt is redrawn too when HF's
+cached decode differs from its full forward by more than 1e-5 (relative L2),
+as make_fixtures requires. Configurations and weights come from numpy
+generators seeded with (seed, trial[, attempt]) (the family from its own
+(seed, trial, 32), so V2/V3 trials draw what they drew before V3.2 was
+added), and `--seed S --trial T` repeats one trial exactly.
 
 Prints one line per trial and a final `N passed, M failed`; exits 1 on any
 failure. A failing trial's checkpoint, HF reference (hf_P.npy, hf.json) and
@@ -75,10 +90,14 @@ except ImportError as exc:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_logits  # noqa: E402
+from make_fixtures import INDEXER_MARGIN, NUMPY_TOLERANCE as DECODE_TOLERANCE  # noqa: E402
 
 MAX_NEW_TOKENS = 4
 ARGMAX_MARGIN = 1e-3   # smallest top1 - top2 HF logit gap where a greedy token is chosen
 ROUTING_MARGIN = 1e-4  # smallest gap between the last chosen and first rejected expert / group
+# INDEXER_MARGIN (make_fixtures'): smallest V3.2 indexer top-k gap relative to the query's largest
+# |score|; DECODE_TOLERANCE: largest V3.2 HF decode-vs-full-forward relative L2 (both as the fixtures)
+V32_SHARE = 0.25       # fraction of trials that draw DeepSeek-V3.2
 PROMPT_DRAWS = 8       # redraws of one prompt before the weights are redrawn
 WEIGHT_DRAWS = 6       # redraws of the weights before a trial is given up as untestable
 FAIL_ROOT = "/tmp/ina_random_configs"
@@ -148,9 +167,11 @@ def sample_routing(rng, v3, experts):
     return out
 
 
-def sample_config(rng):
-    """Returns (model_type, config kwargs, storage options, ina options)."""
-    v3 = bool(rng.random() < 0.5)
+def sample_config(rng, v32=False):
+    """Returns (model_type, config kwargs, storage options, ina options); v32: a DeepSeek-V3.2
+    configuration (V3 with q LoRA, which its indexer reads, and no rope_interleave key, since
+    its MLA rope is always interleaved)."""
+    v3 = bool(rng.random() < 0.5) or v32
     heads = int(rng.integers(1, 8))
     if v3:
         hidden = int(rng.integers(16, 97))
@@ -166,7 +187,7 @@ def sample_config(rng):
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
-        q_lora_rank=None if rng.random() < 0.4 else int(rng.integers(8, 65)),
+        q_lora_rank=None if rng.random() < 0.4 and not v32 else int(rng.integers(8, 65)),
         kv_lora_rank=int(rng.integers(8, 65)),
         qk_nope_head_dim=int(rng.integers(4, 33)),
         qk_rope_head_dim=2 * int(rng.integers(1, 9)),
@@ -180,9 +201,9 @@ def sample_config(rng):
         max_position_embeddings=max_position,
         rope_parameters=sample_rope(rng, max_position),
     )
-    if v3:
+    if v3 and not v32:
         cfg["rope_interleave"] = bool(rng.random() < 0.5)
-    else:
+    elif not v3:
         # HF's V2 rope goes through torch.view_as_complex on slices of the q and kv_a
         # projections, which fails unless qk_nope + qk_rope and kv_lora_rank + qk_rope are even.
         cfg["qk_nope_head_dim"] += cfg["qk_nope_head_dim"] % 2
@@ -197,24 +218,52 @@ def sample_config(rng):
         # "moe" keeps at least one MoE layer; "dense_first_k" configures experts but uses none
         cfg["first_k_dense_replace"] = layers if moe == "dense_first_k" else int(rng.integers(0, layers))
         cfg.update(sample_routing(rng, v3, experts))
+    if v32:
+        cfg.update(sample_indexer(rng, cfg["qk_rope_head_dim"]))
     storage = {
         "dtype": str(rng.choice(["f32", "bf16"])),
         # the DeepSeek releases keep the correction bias in float32 inside bf16 checkpoints
         "bias_f32": bool(rng.random() < 0.5),
     }
+    if v32:  # transformers keeps the indexer's weights_proj in float32; the FP8 release has it bf16
+        storage["proj_f32"] = bool(rng.random() < 0.5)
     # how ina runs it: KV pages of 1-7 tokens make prompts span pages; several threads split the work
     engine = {"page_size": int(rng.choice([16, 16, 1, 3, 7])), "threads": int(rng.integers(1, 4))}
-    return ("deepseek_v3" if v3 else "deepseek_v2"), cfg, storage, engine
+    return ("deepseek_v32" if v32 else "deepseek_v3" if v3 else "deepseek_v2"), cfg, storage, engine
+
+
+def sample_indexer(rng, rope_dim):
+    """V3.2's lightning indexer: 1-5 heads of index_head_dim >= qk_rope_head_dim (it ropes that
+    many leading dims; HF needs nothing else, odd sizes included) and an index_topk that is
+    mostly below the sequences' lengths (at most 15 tokens: 12 + 3 generated ones fed back), so
+    that the selection matters, and otherwise at or above them (every visible token selected)."""
+    if rng.random() < 0.8:
+        topk = int(rng.integers(1, 11))
+    else:
+        topk = int(rng.choice([15, 16, int(rng.integers(17, 300))]))
+    # a single head rarely gives a testable draw: relu makes about half its scores exactly 0, so
+    # the boundary mostly falls among equal scores and the draw is redrawn
+    return {"index_n_heads": int(rng.choice([1, 2, 3, 4, 5], p=[0.1, 0.225, 0.225, 0.225, 0.225])),
+            "index_head_dim": rope_dim + int(rng.choice([0, int(rng.integers(1, 9)), int(rng.integers(9, 41))])),
+            "index_topk": topk}
 
 
 def describe(model_type, cfg, storage):
     """One short line: the features a failure would point at."""
-    parts = [("v3" if model_type == "deepseek_v3" else "v2") + " " + storage["dtype"]
-             + ("" if storage["dtype"] == "f32" else "(bias f32)" if storage["bias_f32"] else "(bias bf16)")]
+    bf16_note = ""
+    if storage["dtype"] == "bf16":
+        kept = ["bias f32" if storage["bias_f32"] else "bias bf16"]
+        if "proj_f32" in storage:
+            kept.append("proj f32" if storage["proj_f32"] else "proj bf16")
+        bf16_note = "(" + ", ".join(kept) + ")"
+    short = {"deepseek_v2": "v2", "deepseek_v3": "v3", "deepseek_v32": "v3.2"}[model_type]
+    parts = [short + " " + storage["dtype"] + bf16_note]
     parts.append(f"L{cfg['num_hidden_layers']} D{cfg['hidden_size']} H{cfg['num_attention_heads']} "
                  f"q{cfg['q_lora_rank'] or '-'} kv{cfg['kv_lora_rank']} "
                  f"n{cfg['qk_nope_head_dim']}/r{cfg['qk_rope_head_dim']}/v{cfg['v_head_dim']} "
                  f"I{cfg['intermediate_size']} V{cfg['vocab_size']}")
+    if model_type == "deepseek_v32":
+        parts.append(f"index H{cfg['index_n_heads']}x{cfg['index_head_dim']} topk {cfg['index_topk']}")
     E = cfg["n_routed_experts"]
     if E == 0 or cfg["first_k_dense_replace"] >= cfg["num_hidden_layers"]:
         parts.append("dense")
@@ -242,6 +291,8 @@ def describe(model_type, cfg, storage):
         flags.append("attn_bias")
     if cfg.get("mlp_bias"):
         flags.append("mlp_bias")
+    if model_type == "deepseek_v32" and "rope_interleave" in cfg:
+        flags.append(f"rope_interleave key {str(cfg['rope_interleave']).lower()}")
     parts.append(" ".join(flags))
     return " | ".join(parts)
 
@@ -251,10 +302,12 @@ def describe(model_type, cfg, storage):
 
 
 def build_model(model_type, cfg):
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                              DeepseekV32Config, DeepseekV32ForCausalLM)
 
     classes = {"deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
-               "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}
+               "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
+               "deepseek_v32": (DeepseekV32Config, DeepseekV32ForCausalLM)}
     config_cls, model_cls = classes[model_type]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -312,9 +365,9 @@ def init_weights(model, rng, scales):
             continue
         if name.endswith("e_score_correction_bias"):
             values = rng.normal(0.0, scales["score_bias"], shape)
-        elif name.endswith(".bias"):
+        elif name.endswith(".bias"):  # attention biases, V3.2's indexer k_norm (a LayerNorm) bias
             values = rng.normal(0.0, scales["linear_bias"], shape)
-        elif tensor.dim() == 1:  # RMSNorm weights
+        elif tensor.dim() == 1:  # RMSNorm (and the k_norm LayerNorm) weights
             values = rng.normal(1.0, scales["norm_spread"], shape)
         elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
             values = rng.normal(0.0, scales["gain"] / math.sqrt(shape[-1]), shape)  # fused [E, out, in]
@@ -334,24 +387,37 @@ def weight_tensors(model):
     return weights
 
 
+def keeps_f32(name, storage):
+    """Whether a bf16 checkpoint stores this tensor in float32 (the correction bias, V3.2's weights_proj)."""
+    if name.endswith("e_score_correction_bias"):
+        return storage["bias_f32"]
+    return name.endswith("indexer.weights_proj.weight") and storage.get("proj_f32", False)
+
+
 @torch.no_grad()
-def round_to_bf16(model, keep_bias_f32):
+def round_to_bf16(model, storage):
     for name, tensor in weight_tensors(model):
-        if keep_bias_f32 and name.endswith("e_score_correction_bias"):
-            continue
-        tensor.copy_(tensor.to(torch.bfloat16).float())
+        if not keeps_f32(name, storage):
+            tensor.copy_(tensor.to(torch.bfloat16).float())
 
 
+@torch.no_grad()
 def save_checkpoint(model, out_dir, storage):
-    """save_pretrained in float32, or in bfloat16 (optionally keeping the correction bias float32)."""
+    """save_pretrained in float32, or in bfloat16 (optionally keeping the correction bias and
+    V3.2's weights_proj float32)."""
     to_save = model
     if storage["dtype"] == "bf16":
         to_save = copy.deepcopy(model).to(torch.bfloat16)
-        if storage["bias_f32"]:  # from the float32 model: the bf16 copy has already rounded it
-            originals = dict(model.named_modules())
-            for name, module in to_save.named_modules():
-                if hasattr(module, "e_score_correction_bias"):
-                    module.e_score_correction_bias = originals[name].e_score_correction_bias.clone()
+        originals = dict(weight_tensors(model))
+        for name, tensor in weight_tensors(to_save):
+            if keeps_f32(name, storage):  # from the float32 model: the bf16 copy has rounded it
+                module_name, attr = name.rsplit(".", 1)
+                module = to_save.get_submodule(module_name)
+                value = originals[name].detach().clone()
+                if isinstance(getattr(module, attr), torch.nn.Parameter):
+                    setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
+                else:
+                    setattr(module, attr, value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         to_save.save_pretrained(out_dir, safe_serialization=True)
@@ -397,21 +463,73 @@ def router_margin(router, logits):
     return min(float(m.min()) for m in margins)
 
 
-class RouterMonitor:
-    """Forward hooks on every router: the smallest decision gap seen since the last reset."""
+@torch.no_grad()
+def indexer_margin(indexer, hidden_states, q_resid, position_embeddings):
+    """Smallest top-k boundary gap of one V3.2 indexer call over its own tokens (a forward without
+    earlier cache entries), relative to the largest |score| the query sees, as numpy_reference's
+    indexer margin: 0 for a boundary between equal scores (relu's exact zeros), inf when no query
+    sees more than index_topk tokens. The scores are recomputed the way the indexer computes
+    them (float32)."""
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+
+    B, S, _ = hidden_states.shape
+    k = indexer.index_topk
+    if S <= k:
+        return math.inf
+    H, di, dr = indexer.n_heads, indexer.head_dim, indexer.qk_rope_head_dim
+    q = indexer.wq_b(q_resid).view(B, S, H, di)
+    q_rot, q_pass = torch.split(q, [dr, di - dr], dim=-1)
+    key = indexer.k_norm(indexer.wk(hidden_states)).unsqueeze(2)
+    k_rot, k_pass = torch.split(key, [dr, di - dr], dim=-1)
+    cos, sin = position_embeddings
+    q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+    q = torch.cat([q_rot, q_pass], dim=-1)
+    key = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+    dots = torch.relu(torch.matmul(q.float(), key.transpose(-1, -2).float().unsqueeze(1)) * indexer.softmax_scale)
+    weights = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float() * H ** -0.5
+    scores = torch.matmul(weights.unsqueeze(-2), dots).squeeze(-2)  # [B, S, S]
+    smallest = math.inf
+    for s in range(k, S):  # query s sees tokens 0..s
+        visible = scores[:, s, : s + 1].double()
+        ordered = visible.sort(dim=-1, descending=True).values
+        gap = ordered[:, k - 1] - ordered[:, k]
+        scale = visible.abs().max(dim=-1).values
+        relative = torch.where(gap > 0, gap / scale, torch.zeros_like(gap))
+        smallest = min(smallest, float(relative.min()))
+    return smallest
+
+
+class MarginMonitor:
+    """Forward hooks on every router and V3.2 indexer: the smallest routing gap and the smallest
+    relative indexer top-k gap seen since the last reset. Indexer calls of a decode step (one
+    query against cached keys) are not measured: the full forward over prompt + generated[:-1]
+    that hf_logits.run_prompt also runs holds the same queries over the same visible tokens."""
 
     def __init__(self, model):
-        self.smallest = math.inf
         self.handles = []
+        self.reset()
         for module in model.modules():
-            if type(module).__name__.endswith("TopkRouter"):
-                self.handles.append(module.register_forward_hook(self._record))
+            name = type(module).__name__
+            if name.endswith("TopkRouter"):
+                self.handles.append(module.register_forward_hook(self._record_router))
+            elif name.endswith("Indexer"):
+                self.handles.append(module.register_forward_hook(self._record_indexer, with_kwargs=True))
 
-    def _record(self, module, inputs, output):
-        self.smallest = min(self.smallest, router_margin(module, output[0]))
+    def _record_router(self, module, inputs, output):
+        self.routing = min(self.routing, router_margin(module, output[0]))
+
+    def _record_indexer(self, module, args, kwargs, output):
+        names = ("hidden_states", "q_resid", "position_embeddings", "attention_mask")
+        values = dict(zip(names, args), **{n: kwargs[n] for n in names if n in kwargs})
+        hidden_states, mask = values["hidden_states"], values["attention_mask"]
+        if mask.shape[-1] != hidden_states.shape[1]:  # decode step: keys from the cache
+            return
+        self.indexer = min(self.indexer, indexer_margin(module, hidden_states, values["q_resid"],
+                                                        values["position_embeddings"]))
 
     def reset(self):
-        self.smallest = math.inf
+        self.routing = math.inf
+        self.indexer = math.inf
 
     def close(self):
         for handle in self.handles:
@@ -462,8 +580,10 @@ class Trial:
 
     def __init__(self, seed, index):
         self.seed, self.index = seed, index
+        # the family from a generator of its own, so that the V2/V3 trials draw as they did before V3.2
+        v32 = bool(np.random.default_rng([seed, index, 32]).random() < V32_SHARE)
         rng = np.random.default_rng([seed, index])
-        self.model_type, self.cfg, self.storage, self.engine = sample_config(rng)
+        self.model_type, self.cfg, self.storage, self.engine = sample_config(rng, v32)
         self.num_prompts = int(rng.integers(1, 4))
         self.prompt_lengths = [int(rng.integers(1, 13)) for _ in range(self.num_prompts)]
 
@@ -487,7 +607,8 @@ def hf_reference(trial, model, model_dir, attempt):
     for name, tensor in saved.items():
         if not torch.equal(tensor, loaded[name].float()):
             raise RuntimeError(f"HF reload of {model_dir}: '{name}' differs from what was saved")
-    monitor = RouterMonitor(reference)
+    monitor = MarginMonitor(reference)
+    v32 = trial.model_type == "deepseek_v32"
     prompts, logits, tokens, margins = [], [], [], []
     redraws = 0
     try:
@@ -497,11 +618,15 @@ def hf_reference(trial, model, model_dir, attempt):
                 prompt = draw_prompt(trial, attempt, p, draw)
                 monitor.reset()
                 try:
-                    out, generated, _ = hf_logits.run_prompt(reference, prompt, MAX_NEW_TOKENS)
+                    out, generated, checks = hf_logits.run_prompt(reference, prompt, MAX_NEW_TOKENS)
                 except RuntimeError:  # generated token not the argmax of its row: an exact tie
                     continue
-                margin = (argmax_margin(out, len(prompt)), monitor.smallest)
-                if margin[0] >= ARGMAX_MARGIN and margin[1] >= ROUTING_MARGIN:
+                margin = (argmax_margin(out, len(prompt)), monitor.routing, monitor.indexer)
+                # V3.2: HF's cached decode must agree with its full forward, as make_fixtures
+                # requires (torch.topk breaks exact index-score ties differently in the two)
+                consistent = not v32 or checks["decode_vs_full_forward_rel_l2"] <= DECODE_TOLERANCE
+                if margin[0] >= ARGMAX_MARGIN and margin[1] >= ROUTING_MARGIN and margin[2] >= INDEXER_MARGIN \
+                        and consistent:
                     break
             else:
                 return None
@@ -552,7 +677,7 @@ def run_trial(trial, args, work_root):
         model = build_model(trial.model_type, trial.cfg)
         init_weights(model, rng, sample_scales(rng))
         if trial.storage["dtype"] == "bf16":
-            round_to_bf16(model, trial.storage["bias_f32"])
+            round_to_bf16(model, trial.storage)
         save_checkpoint(model, model_dir, trial.storage)
         reference = hf_reference(trial, model, model_dir, attempt)
         if reference is not None:
@@ -569,7 +694,8 @@ def run_trial(trial, args, work_root):
         np.save(os.path.join(trial_dir, f"hf_{p}.npy"), logits)
     with open(os.path.join(trial_dir, "hf.json"), "w") as f:
         json.dump({"prompts": prompts, "generated": hf_tokens, "max_new_tokens": MAX_NEW_TOKENS,
-                   "margins": [{"argmax": m[0], "routing": m[1]} for m in margins]}, f, indent=1)
+                   "margins": [{"argmax": m[0], "routing": m[1], "indexer": m[2]} for m in margins]},
+                  f, indent=1)
 
     engine = dict(trial.engine, **({"threads": args.threads} if args.threads else {}))
     cmd, ina_out, ina_tokens, text = run_ina(args.ina, model_dir, prompts, os.path.join(trial_dir, "ina"), engine)
@@ -601,8 +727,10 @@ def run_trial(trial, args, work_root):
                                      f"tokens HF {want} ina {got}")
     result["status"] = "fail" if failed else "pass"
     routing = min(m[1] for m in margins)
+    indexer = min(m[2] for m in margins)
     result["line"] = ("rel_l2 " + ", ".join(pieces) + f" (tol {tol:g}); HF margins: argmax "
-                      f"{min(m[0] for m in margins):.1e}" + (f", routing {routing:.1e}" if routing < math.inf else ""))
+                      f"{min(m[0] for m in margins):.1e}" + (f", routing {routing:.1e}" if routing < math.inf else "")
+                      + (f", indexer {indexer:.1e}" if indexer < math.inf else ""))
     if failed and not (trial.cfg["attention_bias"] or trial.cfg.get("mlp_bias")):
         try:
             result["details"] += numpy_diagnosis(model_dir, prompts, hf_out, ina_out)
@@ -639,6 +767,9 @@ def main():
     parser.add_argument("--threads", type=int, help="ina --threads (default: drawn per trial, 1-3)")
     parser.add_argument("--mlp-bias", action="store_true",
                         help="also draw V2's mlp_bias (HF honours it; outside the DeepSeek releases)")
+    parser.add_argument("--v32-rope-interleave", action="store_true",
+                        help="also write a rope_interleave key (true or false) into V3.2 configs, which "
+                             "HF's V3.2 keeps but ignores (its MLA rope is always interleaved)")
     args = parser.parse_args()
     if not os.access(args.ina, os.X_OK):
         parser.error(f"{args.ina} is not an executable")
@@ -657,6 +788,8 @@ def main():
         trial = Trial(args.seed, index)
         if args.mlp_bias and trial.model_type == "deepseek_v2":
             trial.cfg["mlp_bias"] = bool(np.random.default_rng([args.seed, index, 99]).random() < 0.5)
+        if args.v32_rope_interleave and trial.model_type == "deepseek_v32":
+            trial.cfg["rope_interleave"] = bool(np.random.default_rng([args.seed, index, 98]).random() < 0.5)
         summary = describe(trial.model_type, trial.cfg, trial.storage) + f" | page {trial.engine['page_size']}"
         try:
             result = run_trial(trial, args, work_root)
