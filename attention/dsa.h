@@ -36,7 +36,8 @@
  *    model (a parameter here). Inputs are already projected, normalized and rotated:
  *    q f32 [tokens, num_heads, head_dim], w f32 [tokens, num_heads] (weights_proj(x)
  *    already multiplied by num_heads^-0.5), keys in the paged index-key cache
- *    (ina_dsa_index_cache_t: one head_dim vector per token, f32 or bf16).
+ *    (ina_dsa_index_cache_t: one head_dim vector per token, f32, bf16 or FP8 with one
+ *    scale per token; see INA_DSA_KEY_FP8 below).
  *    Output: scores f32 [tokens, score_stride]; row s holds the scores of positions
  *    0 .. visible-1 and -INFINITY at every position from visible to score_stride - 1
  *    (the causal bound and the padding past kv_len alike). Every element is written.
@@ -64,7 +65,8 @@
  * Layouts are dense and row-major as written ([tokens, heads, dim] has stride dim
  * between heads); tokens = qo_indptr[batch]. Page ids must name pages of the cache
  * buffers (not checked). Errors: INA_ERR_INVALID_ARGUMENT for NULL pointers, bad sizes,
- * lengths or page counts, k < 1, a workspace too small or not planned for the call;
+ * lengths or page counts, k < 1, a workspace too small or not planned for the call, an
+ * FP8 index cache with scale_stride 0;
  * the reference's sparse MLA also refuses an index out of [-1, visible) or repeated in
  * a row (a kernel may not check: out-of-range indices are undefined behaviour there).
  * The message names the argument, request or token. On a failed plan *info is zeroed
@@ -99,31 +101,113 @@ typedef enum ina_dsa_backend {
 } ina_dsa_backend_t;
 
 typedef enum ina_dsa_key_format {
-  INA_DSA_KEY_F32 = 0,
-  INA_DSA_KEY_BF16 = 1,
+  INA_DSA_KEY_F32 = 0,  /* 4 * head_dim bytes per token */
+  INA_DSA_KEY_BF16 = 1, /* 2 * head_dim bytes per token */
+  INA_DSA_KEY_FP8 = 2,  /* head_dim e4m3 bytes + one f32 scale: head_dim + 4 bytes per token */
 } ina_dsa_key_format_t;
 
 /* The paged index-key cache: the key of slot s of page p starts at byte
  *   keys + p * page_stride + s * token_stride
  * and holds head_dim values of `format` (contiguous). A separate buffer and keys stored
- * inside the latent cache's pages are described alike. */
+ * inside the latent cache's pages are described alike.
+ *
+ * INA_DSA_KEY_FP8 (how DeepSeek's V3.2 release runs its indexer key cache): the key is
+ * head_dim float8 e4m3fn bytes (core/dtype.h) and the token has ONE f32 scale, at byte
+ *   keys + p * page_stride + scale_offset + s * scale_stride
+ * (any alignment), and the key's value d is  e4m3(byte d) * scale  (the exact product;
+ * the reference forms it in double). Two layouts, both head_dim + 4 bytes per token (132
+ * for V3.2's 128 dims):
+ *   inline (ina_dsa_index_cache_fp8_inline): [e4m3 x head_dim | f32 scale] per token,
+ *     scale_offset = head_dim, scale_stride = token_stride = head_dim + 4;
+ *   paged (ina_dsa_index_cache_fp8_paged, vLLM's indexer cache): a page is its
+ *     page_size keys, then their page_size scales: token_stride = head_dim,
+ *     scale_offset = page_size * head_dim, scale_stride = 4,
+ *     page_stride = page_size * (head_dim + 4).
+ * scale_offset and scale_stride are read only for FP8 (0 otherwise); an FP8 cache with
+ * scale_stride 0 (two slots sharing one scale, or a descriptor from
+ * ina_dsa_index_cache_dense) is refused by the score run.
+ *
+ * Quantization (ina_dsa_index_key_quantize_fp8, core's rule ina_fp8_quantize_blocks with
+ * the whole key as one block): amax = max_d |k_d|, scale = amax / 448 (f32 division),
+ * byte d = e4m3(k_d / scale), rounded to nearest even, saturating at 448. An all-zero
+ * key gets scale 1 and all-zero bytes (it dequantizes to exact zeros); a nonzero amax
+ * whose amax / 448 underflows gets the smallest subnormal scale, 2^-149. A key with a
+ * NaN or an infinity is refused. Error: when amax >= 2^-117 (scale a normal f32), each
+ * dequantized value is within (2^-4 + 2^-23) |k_d| + 2^-10 * scale of k_d: 2^-4 from
+ * e4m3's 3 mantissa bits (relative half-spacing), 2^-10 * scale from its subnormals
+ * (absolute half-spacing 2^-10 below 2^-6), 2^-23 from the f32 division. (DeepSeek's
+ * and vLLM's kernels may clamp amax or round the scale to a power of two; the score run
+ * reads whatever f32 scale is stored.) */
 typedef struct ina_dsa_index_cache {
   ina_dsa_key_format_t format;
   int32_t page_size;
   int32_t head_dim;
   const void *keys;
   int64_t page_stride, token_stride; /* bytes */
+  int64_t scale_offset, scale_stride; /* bytes; FP8 only (see above) */
 } ina_dsa_index_cache_t;
 
-/* One dense buffer of [num_pages][page_size][head_dim] keys. */
+/* Bytes of one token's key in `format` (FP8: with its scale). */
+static inline int64_t ina_dsa_index_key_bytes(ina_dsa_key_format_t format, int32_t head_dim) {
+  return format == INA_DSA_KEY_FP8 ? (int64_t)head_dim + 4
+                                   : (int64_t)head_dim * (format == INA_DSA_KEY_F32 ? 4 : 2);
+}
+
+/* One dense buffer of [num_pages][page_size][head_dim] f32 or bf16 keys. FP8 has no
+ * dense form: the result has scale_stride 0 and the score run refuses it (use the two
+ * helpers below). */
 static inline ina_dsa_index_cache_t ina_dsa_index_cache_dense(ina_dsa_key_format_t format,
                                                               const void *keys,
                                                               int32_t page_size,
                                                               int32_t head_dim) {
-  const int64_t token = (int64_t)head_dim * (format == INA_DSA_KEY_F32 ? 4 : 2);
-  ina_dsa_index_cache_t c = {format, page_size, head_dim, keys, token * page_size, token};
+  const int64_t token = format == INA_DSA_KEY_FP8 ? (int64_t)head_dim
+                                                  : ina_dsa_index_key_bytes(format, head_dim);
+  ina_dsa_index_cache_t c = {.format = format, .page_size = page_size, .head_dim = head_dim,
+                             .keys = keys, .page_stride = token * page_size,
+                             .token_stride = token, .scale_offset = 0, .scale_stride = 0};
   return c;
 }
+
+/* FP8 keys, one buffer of [num_pages][page_size][e4m3 x head_dim | f32 scale]. */
+static inline ina_dsa_index_cache_t ina_dsa_index_cache_fp8_inline(const void *keys,
+                                                                   int32_t page_size,
+                                                                   int32_t head_dim) {
+  const int64_t token = (int64_t)head_dim + 4;
+  ina_dsa_index_cache_t c = {.format = INA_DSA_KEY_FP8, .page_size = page_size,
+                             .head_dim = head_dim, .keys = keys,
+                             .page_stride = token * page_size, .token_stride = token,
+                             .scale_offset = head_dim, .scale_stride = token};
+  return c;
+}
+
+/* FP8 keys, one buffer of [num_pages][ page_size x (e4m3 x head_dim) | page_size x f32 ]
+ * (a page's scales after its keys, as vLLM stores the V3.2 indexer cache). */
+static inline ina_dsa_index_cache_t ina_dsa_index_cache_fp8_paged(const void *keys,
+                                                                  int32_t page_size,
+                                                                  int32_t head_dim) {
+  ina_dsa_index_cache_t c = {.format = INA_DSA_KEY_FP8, .page_size = page_size,
+                             .head_dim = head_dim, .keys = keys,
+                             .page_stride = ((int64_t)head_dim + 4) * page_size,
+                             .token_stride = head_dim,
+                             .scale_offset = (int64_t)head_dim * page_size, .scale_stride = 4};
+  return c;
+}
+
+/* Quantizes one key of head_dim f32 values to FP8 by the rule above: head_dim e4m3 bytes
+ * into q and the f32 scale into *scale (written with memcpy: any alignment). Refuses
+ * (INA_ERR_INVALID_ARGUMENT, nothing written) NULL pointers, head_dim < 1 and a
+ * non-finite value. Pure; thread-safe. */
+ina_status_t ina_dsa_index_key_quantize_fp8(const float *key, int32_t head_dim, uint8_t *q,
+                                            void *scale);
+
+/* Writes one token's key (head_dim f32 values) into slot `slot` of page `page` of the
+ * cache, converted to its format (bf16: round to nearest even; FP8: quantized as
+ * ina_dsa_index_key_quantize_fp8, key bytes and scale where the descriptor puts them).
+ * cache->keys must point to writable memory. Refuses an unknown format, an FP8 cache
+ * with scale_stride 0, a slot outside 0 .. page_size - 1, page < 0, a head_dim that is
+ * not the cache's, and (FP8) a non-finite value; nothing is written then. */
+ina_status_t ina_dsa_index_key_store(const ina_dsa_index_cache_t *cache, int64_t page,
+                                     int32_t slot, const float *key, int32_t head_dim);
 
 /* What every run needs from its plan (plain data, kept by the caller). */
 typedef struct ina_dsa_plan_info {

@@ -7,6 +7,11 @@
  * of max_kv_len entries for the run's duplicate check. Runs read lengths only from
  * there, as a GPU run reads them from its device workspace.
  *
+ * FP8 index keys: the e4m3 bytes convert to f32 exactly, each product q_d * e4m3_d
+ * (24 + 4 significant bits) is exact in double and the sum rounds as for f32 keys; the
+ * head's dot product is then multiplied by the token's scale once, in double (one more
+ * rounding of 2^-53, instead of one f32 rounding per dequantized value).
+ *
  * Numerics: dot products and sums in double, rounded to f32 once at the end, so the
  * reference's own error stays far below the f32 error model its tests allow for
  * kernels. The top-k keeps a k-entry heap in the output row itself and needs no scratch;
@@ -160,6 +165,62 @@ static void load_f32(const char *src, int bf16, int32_t from, int32_t n, float *
     memcpy(dst, src + 4 * (size_t)from, sizeof(float) * (size_t)n);
 }
 
+/* ---- FP8 index keys ------------------------------------------------------------------ */
+
+ina_status_t ina_dsa_index_key_quantize_fp8(const float *key, int32_t head_dim, uint8_t *q,
+                                            void *scale) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(key != NULL && q != NULL && scale != NULL, INA_ERR_INVALID_ARGUMENT,
+              "dsa fp8 key: %s is NULL", !key ? "key" : !q ? "q" : "scale");
+  INA_REQUIRE(head_dim >= 1, INA_ERR_INVALID_ARGUMENT, "dsa fp8 key: head_dim %d < 1", head_dim);
+  for (int32_t d = 0; d < head_dim; d++)
+    INA_REQUIRE(isfinite(key[d]), INA_ERR_INVALID_ARGUMENT,
+                "dsa fp8 key: value %d is %g (an FP8 key must be finite)", d, (double)key[d]);
+  /* core's rule: the whole key is one 1 x head_dim block. */
+  float s = 0;
+  INA_CHECK(ina_fp8_quantize_blocks(key, 1, head_dim, 1, head_dim, q, &s));
+  memcpy(scale, &s, sizeof s);
+fail:
+  return st;
+}
+
+ina_status_t ina_dsa_index_key_store(const ina_dsa_index_cache_t *cache, int64_t page,
+                                     int32_t slot, const float *key, int32_t head_dim) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(cache != NULL && key != NULL, INA_ERR_INVALID_ARGUMENT, "dsa key store: %s is NULL",
+              !cache ? "cache" : "key");
+  INA_REQUIRE(cache->keys != NULL, INA_ERR_INVALID_ARGUMENT, "dsa key store: cache.keys is NULL");
+  INA_REQUIRE(head_dim == cache->head_dim && head_dim >= 1, INA_ERR_INVALID_ARGUMENT,
+              "dsa key store: head_dim %d, the cache's is %d", head_dim, cache->head_dim);
+  INA_REQUIRE(page >= 0 && slot >= 0 && slot < cache->page_size, INA_ERR_INVALID_ARGUMENT,
+              "dsa key store: page %lld slot %d (page_size %d)", (long long)page, slot,
+              cache->page_size);
+  char *base = (char *)(uintptr_t)cache->keys + page * cache->page_stride;
+  char *dst = base + (int64_t)slot * cache->token_stride;
+  switch (cache->format) {
+  case INA_DSA_KEY_F32: memcpy(dst, key, sizeof(float) * (size_t)head_dim); break;
+  case INA_DSA_KEY_BF16:
+    for (int32_t d = 0; d < head_dim; d++) {
+      const uint16_t v = ina_f32_to_bf16(key[d]);
+      memcpy(dst + 2 * (size_t)d, &v, sizeof v);
+    }
+    break;
+  case INA_DSA_KEY_FP8:
+    INA_REQUIRE(cache->scale_stride != 0, INA_ERR_INVALID_ARGUMENT,
+                "dsa key store: an FP8 cache needs scale_stride != 0 (describe it with "
+                "ina_dsa_index_cache_fp8_inline or _fp8_paged)");
+    INA_CHECK(ina_dsa_index_key_quantize_fp8(
+        key, head_dim, (uint8_t *)dst,
+        base + cache->scale_offset + (int64_t)slot * cache->scale_stride));
+    break;
+  default:
+    INA_REQUIRE(0, INA_ERR_INVALID_ARGUMENT, "dsa key store: cache.format %d is not a key format",
+                (int)cache->format);
+  }
+fail:
+  return st;
+}
+
 /* ---- 1. index score ---------------------------------------------------------------- */
 
 ina_status_t ina_dsa_score_workspace_size(const ina_dsa_score_plan_params_t *p, size_t *bytes) {
@@ -215,7 +276,7 @@ static void score_items(void *ctx, int64_t begin, int64_t end, int worker) {
   const score_job_t *j = ctx;
   const ina_dsa_score_run_params_t *p = j->p;
   const int32_t H = j->info->num_heads, D = j->info->head_dim, ps = j->info->page_size;
-  const int bf16 = p->cache.format == INA_DSA_KEY_BF16;
+  const int bf16 = p->cache.format == INA_DSA_KEY_BF16, fp8 = p->cache.format == INA_DSA_KEY_FP8;
   float key[DSA_CHUNK];
   double dot[INA_DSA_MAX_INDEX_HEADS];
   for (int64_t s = begin; s < end; s++) {
@@ -224,18 +285,26 @@ static void score_items(void *ctx, int64_t begin, int64_t end, int worker) {
     float *row = p->scores + s * j->info->score_stride;
     for (int32_t t = 0; t < visible; t++) {
       const int64_t page = p->kv_indices[p->kv_indptr[b] + t / ps], slot = t % ps;
-      const char *k = (const char *)p->cache.keys + page * p->cache.page_stride +
-                      slot * p->cache.token_stride;
+      const char *base = (const char *)p->cache.keys + page * p->cache.page_stride;
+      const char *k = base + slot * p->cache.token_stride;
       for (int32_t h = 0; h < H; h++) dot[h] = 0;
       for (int32_t d0 = 0; d0 < D; d0 += DSA_CHUNK) {
         const int32_t n = D - d0 < DSA_CHUNK ? D - d0 : DSA_CHUNK;
-        load_f32(k, bf16, d0, n, key);
+        if (fp8)
+          ina_to_f32(k + d0, INA_DTYPE_FP8_E4M3, key, (size_t)n); /* exact */
+        else
+          load_f32(k, bf16, d0, n, key);
         for (int32_t h = 0; h < H; h++) {
           const float *qh = q + (int64_t)h * D + d0;
           double acc = 0;
           for (int32_t d = 0; d < n; d++) acc += (double)qh[d] * key[d];
           dot[h] += acc;
         }
+      }
+      if (fp8) { /* value = e4m3 * the token's scale */
+        float kscale;
+        memcpy(&kscale, base + p->cache.scale_offset + slot * p->cache.scale_stride, sizeof kscale);
+        for (int32_t h = 0; h < H; h++) dot[h] *= kscale;
       }
       /* Hugging Face's order: scale, relu, weight, sum over heads. */
       double score = 0;
@@ -260,9 +329,14 @@ ina_status_t ina_dsa_score_run(const ina_dsa_plan_info_t *info, const void *work
   const int32_t tokens = info->total_tokens;
   INA_REQUIRE(tokens == 0 || (p->q && p->weights && p->scores), INA_ERR_INVALID_ARGUMENT,
               "dsa score: %s is NULL", !p->q ? "q" : !p->weights ? "weights" : "scores");
-  INA_REQUIRE(p->cache.format == INA_DSA_KEY_F32 || p->cache.format == INA_DSA_KEY_BF16,
+  INA_REQUIRE(p->cache.format == INA_DSA_KEY_F32 || p->cache.format == INA_DSA_KEY_BF16 ||
+                  p->cache.format == INA_DSA_KEY_FP8,
               INA_ERR_INVALID_ARGUMENT, "dsa score: cache.format %d is not a key format",
               (int)p->cache.format);
+  INA_REQUIRE(p->cache.format != INA_DSA_KEY_FP8 || p->cache.scale_stride != 0,
+              INA_ERR_INVALID_ARGUMENT,
+              "dsa score: an FP8 index cache needs scale_stride != 0 (describe it with "
+              "ina_dsa_index_cache_fp8_inline or _fp8_paged, not _dense)");
   INA_REQUIRE(p->cache.page_size == info->page_size && p->cache.head_dim == info->head_dim,
               INA_ERR_INVALID_ARGUMENT,
               "dsa score: cache page_size %d / head_dim %d, planned %d / %d", p->cache.page_size,

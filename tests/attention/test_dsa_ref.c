@@ -31,7 +31,20 @@
  * err by a relative 2 Delta and the n-term weighted sum adds (n + 4) eps, giving
  *     |out_c - exact_c| <= (2 Delta + (n + 4) eps) max_t |latent_tc|,
  *     |lse - exact|     <= Delta + (n + 4) eps (1 + |lse|),
- * and twice these between the two implementations. */
+ * and twice these between the two implementations.
+ *
+ * FP8 index keys (e4m3 with one f32 scale per token, inline and paged layouts, written
+ * by ina_dsa_index_key_store). The quantizer bit for bit against amax / 448 written out
+ * here, and every value within the e4m3 model (2^-4 + 2^-23) |k| + 2^-10 scale. The
+ * score, over the shapes above with dims of their own, (a) against this test's double
+ * loop over the dequantized keys, read from the layout's byte offsets as the header
+ * words them: the products are exact in double on both sides, so only the sums' order,
+ * the one scale multiplication per head and the final f32 rounding differ:
+ * |got - exact^| <= 2^-24 |exact^| + 2 (D + H + 5) 2^-53 S^ + 2^-150;
+ * (b) against the exact score of the f32 keys before quantization, within (a) plus the
+ * e4m3 model propagated through the 1-Lipschitz relu. The top-k on those scores as
+ * above. The cache buffer holds e4m3 NaN bytes before the keys are stored, so a byte
+ * the store missed shows. */
 
 #include "tests/test_util.h"
 
@@ -883,6 +896,343 @@ static void test_errors(void) {
   ina_log_set_quiet_errors(0);
 }
 
+/* ---- FP8 index keys ------------------------------------------------------------------- */
+
+/* The e4m3 quantization error model of ina_dsa_index_key_quantize_fp8 (dsa.h): for a
+ * scale that is a normal f32, |e4m3 * scale - k_d| <= U8 |k_d| + 2^-10 scale. */
+#define U8 (0x1p-4 + 0x1p-23)
+#define SUB8 0x1p-10
+
+/* Where the test itself expects slot `slot` of page `page` (layout 0 inline, 1 paged),
+ * written from the layout's wording in dsa.h rather than from the descriptor. */
+static const uint8_t *fp8_key_at(const uint8_t *buf, int layout, int32_t page_size, int32_t D,
+                                 int64_t page, int32_t slot, float *scale) {
+  const uint8_t *p = buf + page * page_size * (int64_t)(D + 4), *k, *s;
+  if (layout == 0) {
+    k = p + (int64_t)slot * (D + 4);
+    s = k + D;
+  } else {
+    k = p + (int64_t)slot * D;
+    s = p + (int64_t)page_size * D + 4 * (int64_t)slot;
+  }
+  memcpy(scale, s, 4);
+  return k;
+}
+
+/* A key of D values whose magnitude, spread and zero pattern depend on `kind`. */
+static void fp8_make_key(test_rng_t *rng, int64_t kind, int32_t D, float *x) {
+  const float mag = ldexpf(1.0f, (int)test_rng_int(rng, -6, 6));
+  for (int32_t d = 0; d < D; d++) x[d] = kind == 0 ? 0.0f : mag * test_rng_normal(rng);
+  if (kind == 1) x[test_rng_int(rng, 0, D - 1)] *= 60.0f; /* an outlier: many e4m3 subnormals */
+  if (kind == 2)
+    for (int32_t d = 0; d < D; d += 3) x[d] = 0.0f; /* exact zeros among the values */
+}
+
+/* The quantizer: bytes and scale bit for bit against the rule written out here
+ * (scale = amax / 448, byte = e4m3(x / scale) saturating; an all-zero key scale 1), the
+ * error model on every value, the underflowing scale, refusals of non-finite keys. */
+static void test_fp8_quantize(test_rng_t *rng) {
+  static const int32_t dims[] = {1, 16, 30, 128, 200};
+  uint8_t q[256 + 8];
+  float x[256];
+  int bad_bytes = 0, bad_model = 0;
+  double worst = 0;
+  for (int rep = 0; rep < 400; rep++) {
+    const int32_t D = dims[rep % 5];
+    fp8_make_key(rng, rep % 7 == 0 ? 0 : test_rng_int(rng, 1, 3), D, x);
+    uint8_t sbuf[8];
+    memset(q, 0x7f, sizeof q);
+    CHECK_OK(ina_dsa_index_key_quantize_fp8(x, D, q, sbuf + 1)); /* unaligned scale */
+    float scale;
+    memcpy(&scale, sbuf + 1, 4);
+    float amax = 0;
+    for (int32_t d = 0; d < D; d++) amax = fmaxf(amax, fabsf(x[d]));
+    const float want_scale = amax == 0.0f ? 1.0f : amax / 448.0f;
+    if (memcmp(&scale, &want_scale, 4) != 0) bad_bytes++;
+    for (int32_t d = 0; d < D; d++) {
+      if (q[d] != ina_f32_to_fp8_e4m3(x[d] / want_scale, 1)) bad_bytes++;
+      const double err = fabs((double)ina_fp8_e4m3_to_f32(q[d]) * scale - x[d]);
+      const double allowed = U8 * fabs((double)x[d]) + SUB8 * scale;
+      if (!(err <= allowed)) bad_model++;
+      if (err / allowed > worst) worst = err / allowed;
+    }
+    if (q[D] != 0x7f) bad_bytes++; /* nothing past the key */
+    if (amax == 0.0f) {
+      int zero = scale == 1.0f;
+      for (int32_t d = 0; d < D; d++) zero &= q[d] == 0;
+      CHECKF(zero, "an all-zero key must quantize to scale 1 and zero bytes");
+    }
+  }
+  CHECKF(bad_bytes == 0, "fp8 quantizer: %d bytes or scales differ from amax / 448", bad_bytes);
+  CHECKF(bad_model == 0, "fp8 quantizer: %d values outside the e4m3 error model", bad_model);
+  /* amax / 448 underflows: the smallest subnormal scale, as core's rule. */
+  float tiny[4] = {0x1p-148f, 0.0f, -0x1p-149f, 0.0f}, s;
+  CHECK_OK(ina_dsa_index_key_quantize_fp8(tiny, 4, q, &s));
+  CHECK(s == 0x1p-149f);
+  ina_log_set_quiet_errors(1);
+  float badkey[3] = {1.0f, NAN, 2.0f};
+  memset(q, 0x55, 4);
+  s = 7.0f;
+  CHECK(refused(ina_dsa_index_key_quantize_fp8(badkey, 3, q, &s), INA_ERR_INVALID_ARGUMENT, "finite"));
+  badkey[1] = INFINITY;
+  CHECK(refused(ina_dsa_index_key_quantize_fp8(badkey, 3, q, &s), INA_ERR_INVALID_ARGUMENT, "finite"));
+  CHECK(q[0] == 0x55 && q[1] == 0x55 && s == 7.0f); /* nothing written */
+  CHECK(refused(ina_dsa_index_key_quantize_fp8(x, 0, q, &s), INA_ERR_INVALID_ARGUMENT, "head_dim"));
+  CHECK(refused(ina_dsa_index_key_quantize_fp8(x, 3, NULL, &s), INA_ERR_INVALID_ARGUMENT, "NULL"));
+  ina_log_set_quiet_errors(0);
+  printf("  fp8 quantizer: 400 keys, bit-exact to amax / 448, error / model <= %.3f\n", worst);
+}
+
+/* The score over an FP8 index cache (layout 0 inline, 1 paged), keys written by
+ * ina_dsa_index_key_store. Two checks of every visible score:
+ *  (a) against this test's own double loop over the dequantized keys e4m3_d * scale:
+ *      the products (q_d e4m3_d in the reference, which then multiplies the head's sum
+ *      by the scale; q_d e4m3_d scale here) are exact in double, so the two differ only
+ *      by the sums' order and the scale, softmax-scale and weight multiplications (at
+ *      most D + H + 4 roundings of 2^-53 each, relative to S^ = scale_sm sum_h |w_h|
+ *      sum_d |q_hd k^_d|, on either side) and the final f32 rounding (2^-24 |score|):
+ *          |got - exact^| <= 2^-24 |exact^| + 2 (D + H + 5) 2^-53 S^ + 2^-150
+ *      (2^-150: half of f32's subnormal spacing, for a score rounding into that range)
+ *  (b) against the exact score of the f32 keys before quantization: relu is
+ *      1-Lipschitz, so the key error model (U8 |x_d| + 2^-10 scale_t per value) gives
+ *          |got - exact_x| <= bound (a) + scale_sm sum_h |w_h| sum_d |q_hd| (U8 |x_d| + 2^-10 scale_t)
+ * Then the top-k on these scores, exactly against the sort of the scores it was given
+ * and against the exact order with near-ties within 2 bound (a). */
+static void run_fp8_shape(test_rng_t *rng, const shape_t *sh, int layout, ina_threadpool_t *pool,
+                          int index) {
+  step_t st;
+  make_step(rng, sh, &st);
+  const int32_t T = st.tokens, H = sh->H, D = sh->D, K = sh->topk, ps = sh->page_size;
+  const int64_t stride = st.max_kv + sh->score_pad;
+  const int64_t slots = (int64_t)st.num_pages * ps;
+  const size_t buf_bytes = (size_t)(slots * (D + 4));
+  uint8_t *buf = malloc(buf_bytes + 1);
+  memset(buf, 0x7f, buf_bytes); /* e4m3 NaN bytes, scales 3.4e38: a stray read shows */
+  const ina_dsa_index_cache_t cache = layout == 0 ? ina_dsa_index_cache_fp8_inline(buf, ps, D)
+                                                  : ina_dsa_index_cache_fp8_paged(buf, ps, D);
+  float *x = malloc(sizeof(float) * (size_t)(slots * D));     /* the f32 keys */
+  double *kq = malloc(sizeof(double) * (size_t)(slots * D));  /* dequantized, by this test */
+  float *kscale = malloc(sizeof(float) * (size_t)slots);
+  for (int64_t sl = 0; sl < slots; sl++) {
+    fp8_make_key(rng, sl % 11 == 4 ? 0 : test_rng_int(rng, 1, 3), D, x + sl * D);
+    CHECK_OK(ina_dsa_index_key_store(&cache, sl / ps, (int32_t)(sl % ps), x + sl * D, D));
+  }
+  for (int64_t sl = 0; sl < slots; sl++) {
+    const uint8_t *k = fp8_key_at(buf, layout, ps, D, sl / ps, (int32_t)(sl % ps), &kscale[sl]);
+    for (int32_t d = 0; d < D; d++) kq[sl * D + d] = (double)ina_fp8_e4m3_to_f32(k[d]) * kscale[sl];
+  }
+  float *q = malloc(sizeof(float) * ((size_t)T * H * D + 1));
+  float *w = malloc(sizeof(float) * ((size_t)T * H + 1));
+  for (int64_t i = 0; i < (int64_t)T * H * D; i++) q[i] = test_rng_normal(rng);
+  for (int64_t i = 0; i < (int64_t)T * H; i++) w[i] = test_rng_normal(rng) / sqrtf((float)H);
+  const float scale = 1.0f / sqrtf((float)D);
+
+  ina_dsa_score_plan_params_t sp = INA_DSA_SCORE_PLAN_PARAMS_INIT;
+  sp.batch = sh->batch;
+  sp.qo_indptr = st.qo_indptr;
+  sp.kv_len = sh->kv_len;
+  sp.num_heads = H;
+  sp.head_dim = D;
+  sp.page_size = ps;
+  sp.score_stride = sh->score_pad ? (int32_t)stride : 0;
+  size_t ws_bytes = 0;
+  CHECK_OK(ina_dsa_score_workspace_size(&sp, &ws_bytes));
+  void *ws = malloc(ws_bytes);
+  ina_dsa_plan_info_t info;
+  CHECK_OK(ina_dsa_score_plan(&sp, ws, ws_bytes, &info));
+  float *scores = malloc(sizeof(float) * ((size_t)T * stride + 1));
+  test_poison_f32(scores, (size_t)T * stride);
+  ina_dsa_score_run_params_t rp = INA_DSA_SCORE_RUN_PARAMS_INIT;
+  rp.q = q;
+  rp.weights = w;
+  rp.cache = cache;
+  rp.kv_indptr = st.kv_indptr;
+  rp.kv_indices = st.kv_indices;
+  rp.softmax_scale = scale;
+  rp.scores = scores;
+  CHECK_OK(ina_dsa_score_run(&info, ws, &rp, pool, NULL));
+
+  double *ref = malloc(sizeof(double) * ((size_t)T * stride + 1));
+  double *bound = malloc(sizeof(double) * ((size_t)T * stride + 1));
+  int bad_a = 0, bad_b = 0, bad_pad = 0;
+  double worst_a = 0, worst_b = 0;
+  for (int32_t s = 0; s < T; s++) {
+    const int32_t b = st.request[s];
+    int row_a = 0, row_b = 0;
+    for (int32_t t = 0; t <= st.pos[s]; t++) {
+      const int64_t sl = slot_of(sh, &st, b, t);
+      const double *kh = kq + sl * D;
+      const float *xk = x + sl * D;
+      double e_q = 0, e_x = 0, mag = 0, qerr = 0;
+      for (int32_t h = 0; h < H; h++) {
+        const float *qh = q + ((int64_t)s * H + h) * D;
+        double dq = 0, dx = 0, absdot = 0, kerr = 0;
+        for (int32_t d = 0; d < D; d++) {
+          dq += (double)qh[d] * kh[d];
+          dx += (double)qh[d] * xk[d];
+          absdot += fabs((double)qh[d] * kh[d]);
+          kerr += fabs((double)qh[d]) * (U8 * fabs((double)xk[d]) + SUB8 * kscale[sl]);
+        }
+        const double wh = w[s * H + h], a = dq * scale, c = dx * scale;
+        e_q += wh * (a > 0 ? a : 0);
+        e_x += wh * (c > 0 ? c : 0);
+        mag += fabs(wh) * scale * absdot;
+        qerr += fabs(wh) * scale * kerr;
+      }
+      const double got = scores[s * stride + t];
+      const double ba = 0x1p-24 * fabs(e_q) + 2.0 * (D + H + 5) * 0x1p-53 * mag + 0x1p-150;
+      const double bb = ba + qerr;
+      ref[s * stride + t] = e_q;
+      bound[s * stride + t] = ba;
+      const double ea = fabs(got - e_q), eb = fabs(got - e_x);
+      if (!(ea <= ba)) {
+        if (bad_a + row_a < 3)
+          fprintf(stderr, "  fp8 score: token %d pos %d: %.9g, dequantized keys give %.9g +- %.3g\n",
+                  s, t, got, e_q, ba);
+        row_a = 1;
+      }
+      if (!(eb <= bb)) {
+        if (bad_b + row_b < 3)
+          fprintf(stderr, "  fp8 score: token %d pos %d: %.9g, the f32 keys give %.9g +- %.3g\n", s,
+                  t, got, e_x, bb);
+        row_b = 1;
+      }
+      if (ba > 0 && ea / ba > worst_a) worst_a = ea / ba;
+      if (bb > 0 && eb / bb > worst_b) worst_b = eb / bb;
+    }
+    for (int32_t t = st.pos[s] + 1; t < stride; t++)
+      if (!(isinf(scores[s * stride + t]) && scores[s * stride + t] < 0)) bad_pad++;
+    bad_a += row_a;
+    bad_b += row_b;
+  }
+  CHECKF(bad_a == 0, "fp8 shape %d: %d of %d score rows off the dequantized keys' score", index,
+         bad_a, T);
+  CHECKF(bad_b == 0, "fp8 shape %d: %d of %d score rows outside the e4m3 error model", index,
+         bad_b, T);
+  CHECKF(bad_pad == 0, "fp8 shape %d: %d scores past the causal bound are not -inf", index, bad_pad);
+
+  ina_dsa_topk_plan_params_t tp = INA_DSA_TOPK_PLAN_PARAMS_INIT;
+  tp.batch = sh->batch;
+  tp.qo_indptr = st.qo_indptr;
+  tp.kv_len = sh->kv_len;
+  tp.topk = K;
+  tp.score_stride = (int32_t)stride;
+  size_t tws_bytes = 0;
+  CHECK_OK(ina_dsa_topk_workspace_size(&tp, &tws_bytes));
+  void *tws = malloc(tws_bytes);
+  ina_dsa_plan_info_t tinfo;
+  CHECK_OK(ina_dsa_topk_plan(&tp, tws, tws_bytes, &tinfo));
+  int32_t *idx = malloc(sizeof(int32_t) * ((size_t)T * K + 1));
+  for (int64_t i = 0; i < (int64_t)T * K; i++) idx[i] = INDEX_POISON;
+  ina_dsa_topk_run_params_t kp = INA_DSA_TOPK_RUN_PARAMS_INIT;
+  kp.scores = scores;
+  kp.indices = idx;
+  CHECK_OK(ina_dsa_topk_run(&tinfo, tws, &kp, pool, NULL));
+  sort_key_t *skeys = malloc(sizeof(sort_key_t) * (size_t)(st.max_kv + 1));
+  int bad = check_topk_exact(sh, &st, scores, stride, idx, skeys, "fp8 topk (given scores)");
+  CHECKF(bad == 0, "fp8 shape %d: %d of %d top-k rows differ from the sort of their scores", index,
+         bad, T);
+  int64_t near_ties = 0;
+  bad = check_topk_vs_exact(sh, &st, ref, bound, stride, idx, skeys, &near_ties);
+  CHECKF(bad == 0, "fp8 shape %d: %d of %d top-k rows differ from the exact order beyond near-ties",
+         index, bad, T);
+
+  printf("  fp8 shape %2d: %s batch %d tokens %4d max_kv %3d page %2d | H %2d D %3d k %4d: "
+         "err/bound (a) dequantized <= %.3f, (b) e4m3 model <= %.3f, near-ties %lld\n",
+         index, layout == 0 ? "inline" : "paged ", sh->batch, T, st.max_kv, ps, H, D, K, worst_a,
+         worst_b, (long long)near_ties);
+  free(skeys);
+  free(idx);
+  free(tws);
+  free(ref);
+  free(bound);
+  free(scores);
+  free(ws);
+  free(q);
+  free(w);
+  free(kscale);
+  free(kq);
+  free(x);
+  free(buf);
+  free_step(&st);
+}
+
+/* The FP8 descriptors and the refusals around them. */
+static void test_fp8_layouts(void) {
+  /* The helpers' fields, written out: V3.2's 128 dims, 132 bytes per token. */
+  uint8_t buf[4 * 132];
+  const ina_dsa_index_cache_t in = ina_dsa_index_cache_fp8_inline(buf, 4, 128);
+  CHECK(in.format == INA_DSA_KEY_FP8 && in.token_stride == 132 && in.page_stride == 4 * 132 &&
+        in.scale_offset == 128 && in.scale_stride == 132);
+  const ina_dsa_index_cache_t pg = ina_dsa_index_cache_fp8_paged(buf, 4, 128);
+  CHECK(pg.format == INA_DSA_KEY_FP8 && pg.token_stride == 128 && pg.page_stride == 4 * 132 &&
+        pg.scale_offset == 4 * 128 && pg.scale_stride == 4);
+  CHECK(ina_dsa_index_key_bytes(INA_DSA_KEY_FP8, 128) == 132 &&
+        ina_dsa_index_key_bytes(INA_DSA_KEY_BF16, 128) == 256 &&
+        ina_dsa_index_key_bytes(INA_DSA_KEY_F32, 128) == 512);
+  const ina_dsa_index_cache_t dn = ina_dsa_index_cache_dense(INA_DSA_KEY_BF16, buf, 4, 64);
+  CHECK(dn.token_stride == 128 && dn.page_stride == 512 && dn.scale_stride == 0);
+
+  ina_log_set_quiet_errors(1);
+  const int32_t qo[] = {0, 1}, kv[] = {3}, kv_indptr[] = {0, 1}, kv_indices[] = {0};
+  char ws[1024];
+  ina_dsa_plan_info_t info;
+  ina_dsa_score_plan_params_t sp = INA_DSA_SCORE_PLAN_PARAMS_INIT;
+  sp.batch = 1;
+  sp.qo_indptr = qo;
+  sp.kv_len = kv;
+  sp.num_heads = 2;
+  sp.head_dim = 128;
+  sp.page_size = 4;
+  CHECK_OK(ina_dsa_score_plan(&sp, ws, sizeof ws, &info));
+  float q[2 * 128] = {0}, w[2] = {1, 1}, out[3], key[128] = {0};
+  ina_dsa_score_run_params_t sr = INA_DSA_SCORE_RUN_PARAMS_INIT;
+  sr.q = q;
+  sr.weights = w;
+  sr.kv_indptr = kv_indptr;
+  sr.kv_indices = kv_indices;
+  sr.softmax_scale = 0.125f;
+  sr.scores = out;
+  sr.cache = ina_dsa_index_cache_dense(INA_DSA_KEY_FP8, buf, 4, 128);
+  CHECK(refused(ina_dsa_score_run(&info, ws, &sr, NULL, NULL), INA_ERR_INVALID_ARGUMENT, "scale_stride"));
+  CHECK(refused(ina_dsa_index_key_store(&sr.cache, 0, 0, key, 128), INA_ERR_INVALID_ARGUMENT, "scale_stride"));
+  sr.cache = in;
+  sr.cache.format = (ina_dsa_key_format_t)3;
+  CHECK(refused(ina_dsa_score_run(&info, ws, &sr, NULL, NULL), INA_ERR_INVALID_ARGUMENT, "format"));
+  CHECK(refused(ina_dsa_index_key_store(&sr.cache, 0, 0, key, 128), INA_ERR_INVALID_ARGUMENT, "format"));
+  CHECK(refused(ina_dsa_index_key_store(&in, 0, 4, key, 128), INA_ERR_INVALID_ARGUMENT, "slot"));
+  CHECK(refused(ina_dsa_index_key_store(&in, -1, 0, key, 128), INA_ERR_INVALID_ARGUMENT, "page"));
+  CHECK(refused(ina_dsa_index_key_store(&in, 0, 0, key, 64), INA_ERR_INVALID_ARGUMENT, "head_dim"));
+  ina_log_set_quiet_errors(0);
+  /* All-zero keys in both layouts: scale 1, scores exactly 0. */
+  for (int layout = 0; layout < 2; layout++) {
+    memset(buf, 0x7f, sizeof buf);
+    sr.cache = layout == 0 ? in : pg;
+    for (int32_t slot = 0; slot < 4; slot++) CHECK_OK(ina_dsa_index_key_store(&sr.cache, 0, slot, key, 128));
+    for (int32_t i = 0; i < 2 * 128; i++) q[i] = 1.0f;
+    test_poison_f32(out, 3);
+    CHECK_OK(ina_dsa_score_run(&info, ws, &sr, NULL, NULL));
+    CHECK(out[0] == 0.0f && out[1] == 0.0f && out[2] == 0.0f);
+    for (int32_t slot = 0; slot < 4; slot++) {
+      float s;
+      fp8_key_at(buf, layout, 4, 128, 0, slot, &s);
+      CHECK(s == 1.0f);
+    }
+  }
+}
+
+/* FP8 shape i: the shapes of make_shape (ragged, skewed, page sizes 1 / 16 / 64, k below
+ * and above the context, prefill and decode) with FP8 keys and dims of their own (130
+ * and 200 span two of the reference's 128-value chunks, 30 leaves the inline scales
+ * unaligned). */
+static void make_fp8_shape(test_rng_t *rng, int i, shape_t *sh) {
+  static const int32_t dims[] = {128, 64, 30, 200, 16, 130};
+  make_shape(rng, i, sh);
+  sh->key_format = INA_DSA_KEY_FP8;
+  sh->D = dims[i % 6];
+  if (sh->H == 64 && i % 3 != 0 && sh->D > 64) sh->D = 64; /* keep the brute force quick */
+}
+
 int main(void) {
   test_rng_t rng = {test_seed(NAME)};
   ina_threadpool_t *pool = NULL;
@@ -893,6 +1243,14 @@ int main(void) {
     shape_t sh;
     make_shape(&rng, i, &sh);
     run_shape(&rng, &sh, i % 2 ? pool : NULL, i);
+  }
+  test_fp8_quantize(&rng);
+  test_fp8_layouts();
+  const int fp8_shapes = 36;
+  for (int i = 0; i < fp8_shapes; i++) {
+    shape_t sh;
+    make_fp8_shape(&rng, i, &sh);
+    run_fp8_shape(&rng, &sh, i % 4 < 2 ? 0 : 1, i % 2 ? pool : NULL, i);
   }
   ina_threadpool_destroy(pool);
   return test_finish(NAME);
