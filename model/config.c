@@ -103,6 +103,33 @@ fail:
   return st;
 }
 
+/* transformers' V3.2 decides each layer's MLP by mlp_layer_types ("dense" / "sparse",
+ * one per layer), derived from first_k_dense_replace when absent. ina's layers are a dense
+ * prefix and MoE after it: a list of that shape sets first_k_dense_replace, any other
+ * is refused, naming the layer. */
+static ina_status_t parse_mlp_layer_types(const json_t *root, const char *path, ina_model_config_t *c) {
+  ina_status_t st = INA_OK;
+  const json_t *types = json_object_get(root, "mlp_layer_types");
+  if (!types || json_is_null(types)) return INA_OK;
+  INA_REQUIRE(json_is_array(types) && (int64_t)json_array_size(types) == c->num_layers, INA_ERR_FORMAT,
+              "%s: mlp_layer_types must be a list of num_hidden_layers (%d) strings", path, c->num_layers);
+  int32_t dense = 0;
+  for (int32_t l = 0; l < c->num_layers; l++) {
+    const char *t = json_string_value(json_array_get(types, (size_t)l));
+    INA_REQUIRE(t && (strcmp(t, "dense") == 0 || strcmp(t, "sparse") == 0), INA_ERR_FORMAT,
+                "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", path, (int)l);
+    const int is_dense = strcmp(t, "dense") == 0;
+    INA_REQUIRE(!is_dense || dense == l, INA_ERR_UNSUPPORTED,
+                "%s: mlp_layer_types[%d] is \"dense\" after a \"sparse\" layer; only dense layers "
+                "first, then MoE layers, are supported",
+                path, (int)l);
+    dense += is_dense;
+  }
+  c->first_k_dense_replace = dense;
+fail:
+  return st;
+}
+
 static ina_status_t parse_rope(const json_t *root, const char *where, ina_model_config_t *c) {
   ina_status_t st = INA_OK;
   const char *rope_key = "rope_parameters";
@@ -282,10 +309,13 @@ ina_status_t ina_model_config_from_json(const json_t *root, const char *where,
   INA_REQUIRE(strcmp(act, "silu") == 0, INA_ERR_UNSUPPORTED,
               "%s: hidden_act '%s' is not supported (silu)", path, act);
   {
+    /* V2 and V3.2 always interleave MLA's rope (transformers' V3.2 keeps the key in its
+     * configs but never reads it); V3 reads rope_interleave. */
     int interleave = 1;
     INA_CHECK(ina_json_get_bool_opt(root, "rope_interleave", path, 1, &interleave));
-    c->rope_layout = (c->arch == INA_ARCH_DEEPSEEK_V2 || interleave) ? INA_ROPE_PAIRS : INA_ROPE_HALVES;
+    c->rope_layout = (c->arch == INA_ARCH_DEEPSEEK_V2 || sparse || interleave) ? INA_ROPE_PAIRS : INA_ROPE_HALVES;
   }
+  if (sparse) INA_CHECK(parse_mlp_layer_types(root, path, c));
   if (sparse) { /* transformers' defaults: DeepSeek-V3.2's release */
     INA_CHECK(get_i32_opt(root, "index_topk", path, 2048, &c->index_topk));
     INA_CHECK(get_i32_opt(root, "index_n_heads", path, 64, &c->index_n_heads));

@@ -12,8 +12,9 @@ mscale_all_dim / beta / truncate / attention_factor keys; V3 interleaved or
 half-split rope; tied embeddings; attention biases; any rms_norm_eps,
 rope_theta, routed_scaling_factor, norm_topk_prob; ina's KV page size and
 thread count vary too). V3.2 trials are V3 ones with q LoRA always (HF's
-V3.2 requires it: its indexer reads the q latent), no rope_interleave key
-(its MLA rope is always interleaved) and a lightning indexer of 1-5 heads
+V3.2 requires it: its indexer reads the q latent), a rope_interleave key
+true, false or absent (its MLA rope is always interleaved: HF's V3.2 never
+reads the key, and ina must not either) and a lightning indexer of 1-5 heads
 (1 rarely: see sample_indexer) of index_head_dim from qk_rope_head_dim to
 qk_rope_head_dim + 40, odd sizes included, with an index_topk of 1-10 in 4
 trials of 5, below most sequences so that the selection matters, otherwise
@@ -169,8 +170,8 @@ def sample_routing(rng, v3, experts):
 
 def sample_config(rng, v32=False):
     """Returns (model_type, config kwargs, storage options, ina options); v32: a DeepSeek-V3.2
-    configuration (V3 with q LoRA, which its indexer reads, and no rope_interleave key, since
-    its MLA rope is always interleaved)."""
+    configuration (V3 with q LoRA, which its indexer reads; main adds the rope_interleave key
+    that HF's V3.2 ignores)."""
     v3 = bool(rng.random() < 0.5) or v32
     heads = int(rng.integers(1, 8))
     if v3:
@@ -767,9 +768,6 @@ def main():
     parser.add_argument("--threads", type=int, help="ina --threads (default: drawn per trial, 1-3)")
     parser.add_argument("--mlp-bias", action="store_true",
                         help="also draw V2's mlp_bias (HF honours it; outside the DeepSeek releases)")
-    parser.add_argument("--v32-rope-interleave", action="store_true",
-                        help="also write a rope_interleave key (true or false) into V3.2 configs, which "
-                             "HF's V3.2 keeps but ignores (its MLA rope is always interleaved)")
     args = parser.parse_args()
     if not os.access(args.ina, os.X_OK):
         parser.error(f"{args.ina} is not an executable")
@@ -788,8 +786,11 @@ def main():
         trial = Trial(args.seed, index)
         if args.mlp_bias and trial.model_type == "deepseek_v2":
             trial.cfg["mlp_bias"] = bool(np.random.default_rng([args.seed, index, 99]).random() < 0.5)
-        if args.v32_rope_interleave and trial.model_type == "deepseek_v32":
-            trial.cfg["rope_interleave"] = bool(np.random.default_rng([args.seed, index, 98]).random() < 0.5)
+        if trial.model_type == "deepseek_v32":
+            # A rope_interleave key that HF's V3.2 ignores: true, false, or none.
+            choice = int(np.random.default_rng([args.seed, index, 98]).integers(0, 3))
+            if choice < 2:
+                trial.cfg["rope_interleave"] = bool(choice)
         summary = describe(trial.model_type, trial.cfg, trial.storage) + f" | page {trial.engine['page_size']}"
         try:
             result = run_trial(trial, args, work_root)

@@ -445,7 +445,24 @@ static void test_v32(void) {
   /* V3 never has one, whatever keys it carries. */
   CHECK_OK(ina_model_config_load(write_config("{" V3_BASE ", \"index_topk\": 5}"), &c));
   CHECK(!ina_cfg_has_indexer(&c));
+  /* MLA's rope is interleaved whatever rope_interleave says (transformers' V3.2 never
+   * reads the key); V3 reads it. */
+  CHECK_OK(ina_model_config_load(write_config("{" V32_BASE ", \"rope_interleave\": false}"), &c));
+  CHECK(c.rope_layout == INA_ROPE_PAIRS);
+  CHECK_OK(ina_model_config_load(write_config("{" V3_BASE ", \"rope_interleave\": false}"), &c));
+  CHECK(c.rope_layout == INA_ROPE_HALVES);
+  /* mlp_layer_types decides the dense layers, over first_k_dense_replace. */
+  CHECK_OK(ina_model_config_load(write_config("{" V32_BASE ", \"mlp_layer_types\": [\"sparse\", \"sparse\"]}"), &c));
+  CHECK(c.first_k_dense_replace == 0);
+  CHECK_OK(ina_model_config_load(write_config("{" V32_BASE ", \"mlp_layer_types\": [\"dense\", \"dense\"]}"), &c));
+  CHECK(c.first_k_dense_replace == 2);
+  CHECK_OK(ina_model_config_load(write_config("{" V32_BASE ", \"mlp_layer_types\": null}"), &c));
+  CHECK(c.first_k_dense_replace == 1);
   ina_log_set_quiet_errors(1);
+  expect_error("{" V32_BASE ", \"mlp_layer_types\": [\"sparse\", \"dense\"]}", INA_ERR_UNSUPPORTED,
+               "mlp_layer_types[1]");
+  expect_error("{" V32_BASE ", \"mlp_layer_types\": [\"dense\"]}", INA_ERR_FORMAT, "mlp_layer_types");
+  expect_error("{" V32_BASE ", \"mlp_layer_types\": [\"dense\", \"moe\"]}", INA_ERR_FORMAT, "mlp_layer_types[1]");
   expect_error("{" V32_BASE ", \"index_topk\": 0}", INA_ERR_FORMAT, "index_topk");
   expect_error("{" V32_BASE ", \"index_n_heads\": 0}", INA_ERR_FORMAT, "index_n_heads");
   expect_error("{" V32_BASE ", \"index_head_dim\": 2}", INA_ERR_FORMAT, "index_head_dim");
