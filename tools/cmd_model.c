@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "attention/dsa.h"
 #include "core/log.h"
 #include "model/model.h"
 #include "tools/cli.h"
@@ -113,8 +114,8 @@ static int model_info(int argc, char **argv) {
      * indexer's key (bf16, or e4m3 with one fp32 scale per token). */
     const int64_t latent = k->kv_lora_rank, rope = k->qk_rope_head_dim;
     const int64_t bf16 = 2 * (latent + rope), fp8 = latent + 4 * ((latent + 127) / 128) + 2 * rope;
-    const int64_t key_bf16 = ina_cfg_has_indexer(k) ? 2 * (int64_t)k->index_head_dim : 0;
-    const int64_t key_fp8 = ina_cfg_has_indexer(k) ? (int64_t)k->index_head_dim + 4 : 0;
+    const int64_t key_bf16 = ina_cfg_has_indexer(k) ? ina_dsa_index_key_bytes(INA_DSA_KEY_BF16, k->index_head_dim) : 0;
+    const int64_t key_fp8 = ina_cfg_has_indexer(k) ? ina_dsa_index_key_bytes(INA_DSA_KEY_FP8, k->index_head_dim) : 0;
     if (ina_cfg_has_indexer(k))
       printf("DSA indexer: %d heads x %d, top %d tokens per query\n", k->index_n_heads, k->index_head_dim,
              k->index_topk);
