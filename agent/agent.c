@@ -45,12 +45,6 @@ static struct timespec deadline_after_ms(int64_t ms) {
   return ts;
 }
 
-agent_generation_t *agent_find_generation_locked(ina_agent_t *agent, const char *request_id) {
-  for (agent_generation_t *g = agent->generations; g; g = g->next)
-    if (strcmp(g->request_id, request_id) == 0) return g;
-  return NULL;
-}
-
 /* ---- warm-up ------------------------------------------------------------------------ */
 
 static void warmup_done(const ina_request_event_t *event, void *user_data) {

@@ -132,8 +132,20 @@ ina_status_t agent_register_inference_service(ina_agent_t *agent);
 ina_status_t agent_register_placement_service(ina_agent_t *agent, const char *admin_token,
                                               int allow_unauthenticated);
 
+/* The registry of generations in flight (generations.c). */
 /* Lock held: the generation with this request id, or NULL. */
 agent_generation_t *agent_find_generation_locked(ina_agent_t *agent, const char *request_id);
+/* Under the agent lock that drain takes to change state, so that a generation is either
+ * refused here or seen by the drain, already in the scheduler: refuses while not serving
+ * or a rank is silent (UNAVAILABLE), for a request id in flight (ALREADY_EXISTS) or a
+ * full queue (RESOURCE_EXHAUSTED); else submits r (INVALID_ARGUMENT with the scheduler's
+ * message when it refuses) and lists g. (Taking the scheduler's lock inside the agent
+ * lock is safe: the scheduler never holds its lock while calling back.) INA_RPC_OK: r's
+ * callback owns g from now on and calls agent_registry_remove at its final event. */
+ina_rpc_code_t agent_submit_generation(ina_agent_t *agent, agent_generation_t *g, const ina_request_t *r,
+                                       char *msg);
+/* Takes the lock: unlists g (wakes drain). */
+void agent_registry_remove(ina_agent_t *agent, agent_generation_t *g);
 
 /* Registers the metrics, starts sampling `scheduler`, `engine`'s expert counters and the
  * heartbeat's ages (NULL: none; all three must outlive the sampling) and serves /metrics

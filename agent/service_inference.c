@@ -77,15 +77,6 @@ static void generation_free(agent_generation_t *g) {
   free(g);
 }
 
-static void registry_remove_locked(ina_agent_t *agent, agent_generation_t *g) {
-  if (g->prev) g->prev->next = g->next;
-  else agent->generations = g->next;
-  if (g->next) g->next->prev = g->prev;
-  g->prev = g->next = NULL;
-  agent->num_generations--;
-  pthread_cond_broadcast(&agent->changed);
-}
-
 /* The scheduler's callback, on its driver thread. */
 static void on_event(const ina_request_event_t *event, void *user_data) {
   agent_generation_t *g = user_data;
@@ -105,9 +96,7 @@ static void on_event(const ina_request_event_t *event, void *user_data) {
   send_response(g, event);
   ina_agent_t *agent = g->agent;
   agent_metrics_request_finished(agent->metrics, event);
-  pthread_mutex_lock(&agent->lock);
-  registry_remove_locked(agent, g);
-  pthread_mutex_unlock(&agent->lock);
+  agent_registry_remove(agent, g);
   ina_rpc_writer_finish(g->writer, INA_RPC_OK, NULL);
   generation_free(g);
 }
@@ -179,25 +168,8 @@ static agent_generation_t *generation_new(ina_agent_t *agent, ina_rpc_writer_t *
   return g;
 }
 
-/* Lock held: 1 when max_queued_requests wait for admission, with the refusal in msg.
- * (The scheduler's lock inside the agent's is safe, see submit.) */
-static int queue_full_locked(ina_agent_t *agent, char *msg) {
-  if (agent->max_queued_requests <= 0) return 0;
-  ina_scheduler_stats_t stats;
-  ina_scheduler_stats(agent->scheduler, &stats);
-  if (stats.waiting < agent->max_queued_requests) return 0;
-  ina_rpc_error(msg, INA_RPC_RESOURCE_EXHAUSTED,
-                "the queue is full: %d requests wait for admission (the agent's limit, "
-                "--max-queued-requests %d); retry later",
-                (int)stats.waiting, (int)agent->max_queued_requests);
-  return 1;
-}
-
-/* Lists g in the registry and submits the checked request, both under the agent lock
- * that drain takes to change state: a generation is either refused here or seen by the
- * drain, already in the scheduler. (Taking the scheduler's lock inside the agent lock
- * is safe: the scheduler never holds its lock while calling back.) INA_RPC_OK: the
- * callback owns g from now on. */
+/* Submits the checked request (agent_submit_generation lists g in the registry).
+ * INA_RPC_OK: the callback owns g from now on. */
 static ina_rpc_code_t submit(ina_agent_t *agent, agent_generation_t *g,
                              const Ina__V1__GenerateRequest *req, char *msg) {
   ina_rpc_code_t code = INA_RPC_OK;
@@ -227,28 +199,7 @@ static ina_rpc_code_t submit(ina_agent_t *agent, agent_generation_t *g,
   r.callback = on_event;
   r.user_data = g;
 
-  pthread_mutex_lock(&agent->lock);
-  char silent[INA_RPC_MESSAGE_MAX];
-  if (agent->state != AGENT_SERVING) {
-    code = ina_rpc_error(msg, INA_RPC_UNAVAILABLE, "the agent is %s",
-                         agent->state == AGENT_STARTING ? "warming up" : "not serving");
-  } else if (agent_silent_locked(agent, silent, sizeof silent)) {
-    code = ina_rpc_error(msg, INA_RPC_UNAVAILABLE, "not serving: %s", silent);
-  } else if (agent_find_generation_locked(agent, g->request_id)) {
-    code = ina_rpc_error(msg, INA_RPC_ALREADY_EXISTS, "request_id: '%s' is already in flight (queued or running)",
-                         g->request_id);
-  } else if (queue_full_locked(agent, msg)) {
-    code = INA_RPC_RESOURCE_EXHAUSTED;
-  } else if (ina_scheduler_submit(agent->scheduler, &r) != INA_OK) {
-    code = ina_rpc_error(msg, INA_RPC_INVALID_ARGUMENT, "%s", ina_last_error());
-  } else {
-    /* Its callback cannot finish it before this: it needs the lock to leave the list. */
-    g->next = agent->generations;
-    if (g->next) g->next->prev = g;
-    agent->generations = g;
-    agent->num_generations++;
-  }
-  pthread_mutex_unlock(&agent->lock);
+  code = agent_submit_generation(agent, g, &r, msg);
 done:
   free(prompt);
   free(stop_ids);
