@@ -146,6 +146,9 @@ ina_rpc_code_t agent_submit_generation(ina_agent_t *agent, agent_generation_t *g
                                        char *msg);
 /* Takes the lock: unlists g (wakes drain). */
 void agent_registry_remove(ina_agent_t *agent, agent_generation_t *g);
+/* "HOST:PORT" (HOST may be "[v6]") into host (brackets removed) and port 0..65535; `what`
+ * names the option in messages ("metrics listen address"). */
+ina_status_t agent_parse_listen(const char *what, const char *text, char *host, size_t host_size, int *port);
 
 /* Registers the metrics, starts sampling `scheduler`, `engine`'s expert counters and the
  * heartbeat's ages (NULL: none; all three must outlive the sampling) and serves /metrics

@@ -79,32 +79,6 @@ struct agent_metrics {
 
 /* ---- address ------------------------------------------------------------------------ */
 
-/* "HOST:PORT" (HOST may be "[v6]") into host (brackets removed) and port 0..65535. */
-static ina_status_t parse_listen(const char *text, char *host, size_t host_size, int *port) {
-  ina_status_t st = INA_OK;
-  const char *colon = strrchr(text, ':');
-  INA_REQUIRE(colon && colon != text, INA_ERR_INVALID_ARGUMENT,
-              "metrics listen address '%s': expected HOST:PORT", text);
-  const char *h = text;
-  size_t hlen = (size_t)(colon - text);
-  if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']') {
-    h++;
-    hlen -= 2;
-  }
-  INA_REQUIRE(hlen > 0 && hlen < host_size, INA_ERR_INVALID_ARGUMENT,
-              "metrics listen address '%s': bad host", text);
-  memcpy(host, h, hlen);
-  host[hlen] = '\0';
-  char *end = NULL;
-  errno = 0;
-  long p = strtol(colon + 1, &end, 10);
-  INA_REQUIRE(colon[1] && !*end && errno == 0 && p >= 0 && p <= 65535, INA_ERR_INVALID_ARGUMENT,
-              "metrics listen address '%s': port '%s' is not in 0..65535", text, colon + 1);
-  *port = (int)p;
-fail:
-  return st;
-}
-
 /* ---- registration ------------------------------------------------------------------- */
 
 /* One counter per (MoE layer, expert) when the engine counts them. */
@@ -283,7 +257,7 @@ ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, ina_engine_t *engin
   char host[256];
   int port = 0;
   *out = NULL;
-  INA_CHECK(parse_listen(listen, host, sizeof host, &port));
+  INA_CHECK(agent_parse_listen("metrics listen address", listen, host, sizeof host, &port));
   m = calloc(1, sizeof *m);
   INA_CHECK_ALLOC(m);
   m->scheduler = scheduler;

@@ -1,9 +1,12 @@
-/* The registry of generations in flight, shared by the services that start them (gRPC
- * Generate, the HTTP API): admission under the agent lock, against the state, a silent
- * rank, a duplicate request id and a full queue, then the scheduler's submit; and the
- * removal at a generation's final event. */
+/* What the agent's services share beyond agent.c: the registry of generations in flight,
+ * used by the services that start them (gRPC Generate, the HTTP API): admission under the
+ * agent lock, against the state, a silent rank, a duplicate request id and a full queue,
+ * then the scheduler's submit; the removal at a generation's final event; and the
+ * listeners' HOST:PORT addresses. */
 #define INA_LOG_SUBSYS "agent"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/check.h"
@@ -66,4 +69,29 @@ ina_rpc_code_t agent_submit_generation(ina_agent_t *agent, agent_generation_t *g
   }
   pthread_mutex_unlock(&agent->lock);
   return code;
+}
+
+ina_status_t agent_parse_listen(const char *what, const char *text, char *host, size_t host_size, int *port) {
+  ina_status_t st = INA_OK;
+  const char *colon = strrchr(text, ':');
+  INA_REQUIRE(colon && colon != text, INA_ERR_INVALID_ARGUMENT,
+              "%s '%s': expected HOST:PORT", what, text);
+  const char *h = text;
+  size_t hlen = (size_t)(colon - text);
+  if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']') {
+    h++;
+    hlen -= 2;
+  }
+  INA_REQUIRE(hlen > 0 && hlen < host_size, INA_ERR_INVALID_ARGUMENT,
+              "%s '%s': bad host", what, text);
+  memcpy(host, h, hlen);
+  host[hlen] = '\0';
+  char *end = NULL;
+  errno = 0;
+  long p = strtol(colon + 1, &end, 10);
+  INA_REQUIRE(colon[1] && !*end && errno == 0 && p >= 0 && p <= 65535, INA_ERR_INVALID_ARGUMENT,
+              "%s '%s': port '%s' is not in 0..65535", what, text, colon + 1);
+  *port = (int)p;
+fail:
+  return st;
 }
