@@ -17,7 +17,10 @@
  *   fuzz_npy             a fixture's logits, arrays as ina_npy_write writes them, and
  *                        the forms NumPy also writes (version 2.0, no trailing comma);
  *   fuzz_placement_json  placements as `ina place --show --out` writes them;
- *   fuzz_metrics_http    request lines, one for each answer.
+ *   fuzz_metrics_http    request lines, one for each answer;
+ *   fuzz_openai_request  bodies of /v1/completions and /v1/chat/completions as clients
+ *                        send them: each prompt and content form, every field read in
+ *                        its accepted forms, and bodies one rule away from valid.
  *
  * Usage: make_file_seeds FIXTURES_DIR OUT_DIR. Writes OUT_DIR/TARGET/NAME; exits 1 on any
  * failure. */
@@ -424,6 +427,53 @@ static void metrics_seeds(void) {
     write_bytes("fuzz_metrics_http", lines[i][0], lines[i][1], strlen(lines[i][1]));
 }
 
+/* ---- OpenAI API request bodies -------------------------------------------------------- */
+
+static void openai_seeds(void) {
+  static const char *const bodies[][2] = {
+      {"completion_minimal", "{\"model\":\"m\",\"prompt\":\"Hello\"}"},
+      {"completion_every_field",
+       "{\"model\":\"deepseek-ai/DeepSeek-V3\",\"prompt\":[\"a\",\"\",\"\\u00e9\\ud83d\\ude00\"],"
+       "\"max_tokens\":300,\"temperature\":0.7,\"top_p\":0.95,\"top_k\":40,\"seed\":-1,"
+       "\"stop\":[\"\\n\",\"END\"],\"stop_token_ids\":[1,129279],\"stream\":true,"
+       "\"stream_options\":{\"include_usage\":true},\"logprobs\":5,\"n\":1,\"echo\":false,"
+       "\"ignore_eos\":true,\"user\":\"u\",\"presence_penalty\":0,\"frequency_penalty\":0.0,"
+       "\"best_of\":1,\"response_format\":{\"type\":\"text\"},\"logit_bias\":{},\"suffix\":\"\"}"},
+      {"completion_token_ids", "{\"model\":\"m\",\"prompt\":[0,15,129279],\"max_tokens\":16.0}"},
+      {"completion_id_lists", "{\"model\":\"m\",\"prompt\":[[1],[2,3,4]],\"stop\":\"x\",\"logprobs\":0}"},
+      {"completion_nulls", "{\"model\":\"m\",\"prompt\":\"\",\"max_tokens\":null,\"stop\":null,\"seed\":null,"
+                           "\"logprobs\":null,\"unknown\":[1,{\"a\":\"\\u0000\"}]}"},
+      {"completion_id_out_of_range", "{\"model\":\"m\",\"prompt\":[1,129280]}"},
+      {"completion_mixed_prompt", "{\"model\":\"m\",\"prompt\":[\"a\",[1]]}"},
+      {"completion_stream_options_alone", "{\"model\":\"m\",\"prompt\":\"p\",\"stream_options\":{}}"},
+      {"completion_echo", "{\"model\":\"m\",\"prompt\":\"p\",\"echo\":true,\"n\":2}"},
+      {"chat_minimal", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}"},
+      {"chat_every_field",
+       "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+       "{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"d1\"},{\"type\":\"text\",\"text\":\"d2\"}]},"
+       "{\"role\":\"user\",\"content\":\"q\",\"name\":\"bob\"},{\"role\":\"assistant\",\"content\":null},"
+       "{\"role\":\"assistant\",\"content\":\"a\",\"tool_calls\":[]}],\"max_tokens\":10,"
+       "\"max_completion_tokens\":20,\"logprobs\":true,\"top_logprobs\":3,\"temperature\":2,\"top_p\":1,"
+       "\"top_k\":-1,\"seed\":9223372036854775807,\"stop\":[\"a\",\"b\",\"c\",\"d\"],"
+       "\"chat_template_kwargs\":{\"thinking\":true},\"add_generation_prompt\":false,\"stream\":true,"
+       "\"stream_options\":{\"include_usage\":false},\"tools\":[],\"ignore_eos\":false}"},
+      {"chat_enable_thinking", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[]}],"
+                               "\"chat_template_kwargs\":{\"enable_thinking\":false}}"},
+      {"chat_image_part", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+                          "\"image_url\":{\"url\":\"https://x/y.png\"}}]}]}"},
+      {"chat_top_logprobs_alone", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+                                  "\"top_logprobs\":2}"},
+      {"chat_tool_role", "{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"r\"}],"
+                         "\"tools\":[{\"type\":\"function\"}]}"},
+      {"chat_nul_content", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}"},
+      {"duplicate_key", "{\"model\":\"m\",\"model\":\"n\",\"prompt\":\"p\"}"},
+      {"trailing_garbage", "{\"model\":\"m\",\"prompt\":\"p\"} x"},
+      {"not_an_object", "[{\"model\":\"m\"}]"},
+  };
+  for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++)
+    write_bytes("fuzz_openai_request", bodies[i][0], bodies[i][1], strlen(bodies[i][1]));
+}
+
 /* ---- main ----------------------------------------------------------------------------- */
 
 static int by_name(const void *a, const void *b) {
@@ -463,6 +513,7 @@ int main(int argc, char **argv) {
   npy_seeds(fixtures, (const char *const *)names, n);
   placement_seeds();
   metrics_seeds();
+  openai_seeds();
   for (size_t i = 0; i < n; i++) free(names[i]);
   return 0;
 }
