@@ -14,7 +14,7 @@
  * Message (int64 words, broadcast from rank 0 after its length):
  *   magic, kind (STEP, STOP or CONTROL), new requests, cancellations, then
  *   - STEP: per new request: id, prompt, max_new_tokens, sampling parameters, stop ids,
- *     ignore_eos; per cancellation: id;
+ *     ignore_eos, logprobs; per cancellation: id;
  *   - CONTROL (no requests, no cancellations): the command's bytes.
  * Byte strings and id arrays are a length word then the data. */
 #define INA_LOG_SUBSYS "scheduler"
@@ -217,6 +217,7 @@ static ina_status_t encode_step(const ina_scheduler_t *s, words_t *b) {
     INA_CHECK(put_bytes(b, &r->sampling, sizeof r->sampling));
     INA_CHECK(put_ids(b, r->stop_ids, r->num_stop_ids));
     INA_CHECK(put(b, r->ignore_eos));
+    INA_CHECK(put(b, r->logprobs)); /* decides whether the step computes full logits */
   }
   for (int32_t i = 0; i < s->num_step_cancelled; i++)
     INA_CHECK(put_bytes(b, s->step_cancelled[i]->id, strlen(s->step_cancelled[i]->id)));
@@ -270,7 +271,7 @@ static ina_status_t take_request(ina_scheduler_t *s, reader_t *rd) {
   ina_status_t st = INA_OK;
   char id[1024];
   int32_t *prompt = NULL, *stops = NULL, prompt_len = 0, num_stops = 0;
-  int64_t max_new = 0, ignore_eos = 0;
+  int64_t max_new = 0, ignore_eos = 0, logprobs = -1;
   size_t sampling_len = 0;
   ina_request_t q = INA_REQUEST_INIT;
   uint8_t sampling[sizeof q.sampling + 1];
@@ -283,6 +284,7 @@ static ina_status_t take_request(ina_scheduler_t *s, reader_t *rd) {
               sizeof q.sampling);
   INA_CHECK(get_ids(rd, &stops, &num_stops));
   INA_CHECK(get(rd, 0, 1, &ignore_eos));
+  INA_CHECK(get(rd, -1, INA_REQUEST_MAX_LOGPROBS, &logprobs));
   q.id = id;
   q.prompt = prompt;
   q.prompt_len = prompt_len;
@@ -291,6 +293,7 @@ static ina_status_t take_request(ina_scheduler_t *s, reader_t *rd) {
   q.stop_ids = stops;
   q.num_stop_ids = num_stops;
   q.ignore_eos = (int)ignore_eos;
+  q.logprobs = (int32_t)logprobs;
   INA_CHECK(sched_enqueue(s, &q));
 fail:
   free(prompt);

@@ -38,6 +38,9 @@ static ina_status_t validate(const ina_scheduler_t *s, const ina_request_t *q) {
   INA_REQUIRE(q->num_stop_ids >= 0 && (q->num_stop_ids == 0 || q->stop_ids != NULL), INA_ERR_INVALID_ARGUMENT,
               "request '%s': num_stop_ids %d without stop_ids", id, q->num_stop_ids);
   INA_CHECK(check_ids(id, "stop_ids", q->stop_ids, q->num_stop_ids, s->vocab));
+  if (q->struct_size >= offsetof(ina_request_t, logprobs) + sizeof(int32_t))
+    INA_REQUIRE(q->logprobs >= -1 && q->logprobs <= INA_REQUEST_MAX_LOGPROBS, INA_ERR_INVALID_ARGUMENT,
+                "request '%s': logprobs %d is out of range -1..%d", id, q->logprobs, INA_REQUEST_MAX_LOGPROBS);
   if (ina_sampling_params_validate(&q->sampling) != INA_OK) {
     char reason[256];
     snprintf(reason, sizeof reason, "%s", ina_last_error());
@@ -69,6 +72,7 @@ ina_status_t sched_request_create(const ina_scheduler_t *s, const ina_request_t 
   r->eos = q->ignore_eos ? -1 : s->eos;
   r->sampling = q->sampling;
   r->ignore_eos = q->ignore_eos != 0;
+  r->logprobs = q->struct_size >= offsetof(ina_request_t, logprobs) + sizeof(int32_t) ? q->logprobs : -1;
   r->seq = (ina_kv_seq_t)INA_KV_SEQ_INIT;
   r->callback = q->callback;
   r->user_data = q->user_data;

@@ -155,7 +155,8 @@ static void cancel_at_destroy(ina_scheduler_t *s, sched_request_t *r) {
   r->status = INA_OK;
   r->error[0] = '\0';
   ina_kv_seq_release(s->pool, &r->seq);
-  sched_deliver(r, -1, r->num_generated, sched_now());
+  const sched_event_t final = {.req = r, .token = -1, .num_generated = r->num_generated};
+  sched_deliver(r, &final, sched_now());
   sched_request_free(s->pool, r);
 }
 

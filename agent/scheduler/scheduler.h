@@ -139,6 +139,13 @@ typedef struct ina_request_event {
   ina_status_t status;         /* final event: INA_OK unless finish is INA_FINISH_ERROR */
   const char *error;           /* final event of an error: the message; else "" */
   const ina_request_metrics_t *metrics; /* final event only; NULL otherwise */
+  /* Token events of a request with logprobs >= 0: the token's log probability and the
+   * num_top most likely tokens (most likely first, ties by lower id) with theirs; else
+   * logprob NAN and num_top 0. */
+  float logprob;
+  int32_t num_top;
+  const int32_t *top_ids;
+  const float *top_logprobs;
 } ina_request_event_t;
 
 /* Every accepted request gets its token events in order, then exactly one final event
@@ -158,10 +165,16 @@ typedef struct ina_request {
   int ignore_eos;     /* 1: the model's eos id does not end generation */
   ina_request_callback_t callback; /* may be NULL (nothing is delivered) */
   void *user_data;
+  /* Version 2. Log probabilities in each token event: -1 none (default); 0..
+   * INA_REQUEST_MAX_LOGPROBS the sampled token's and that many most likely alternatives'
+   * (log-softmax of the model's logits, before temperature and top-k / top-p, as vLLM
+   * reports them). A step with such a request computes full logits even when greedy. */
+  int32_t logprobs;
 } ina_request_t;
 
 #define INA_REQUEST_INIT \
-  {sizeof(ina_request_t), 1, NULL, NULL, 0, 16, INA_SAMPLING_PARAMS_INIT, NULL, 0, 0, NULL, NULL}
+  {sizeof(ina_request_t), 2, NULL, NULL, 0, 16, INA_SAMPLING_PARAMS_INIT, NULL, 0, 0, NULL, NULL, -1}
+#define INA_REQUEST_MAX_LOGPROBS 20
 
 typedef struct ina_scheduler_stats {
   int32_t waiting;            /* accepted, not running (preempted ones included) */

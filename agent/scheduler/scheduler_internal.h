@@ -39,6 +39,7 @@ typedef struct sched_request {
   int32_t eos;            /* -1 when ignored */
   ina_sampling_params_t sampling; /* as submitted (replicas rebuild the request from it) */
   int ignore_eos;
+  int32_t logprobs;       /* ina_request_t.logprobs */
   ina_sampler_t *sampler; /* keeps its draw counter across preemptions */
   ina_kv_seq_t seq;
   ina_request_callback_t callback;
@@ -85,6 +86,11 @@ typedef struct sched_event {
   sched_request_t *req;
   int32_t token;         /* -1 for the final event */
   int32_t num_generated;
+  /* Requests with logprobs >= 0 (see ina_request_event_t). */
+  float logprob;
+  int32_t num_top;
+  int32_t top_ids[INA_REQUEST_MAX_LOGPROBS];
+  float top_logprobs[INA_REQUEST_MAX_LOGPROBS];
 } sched_event_t;
 
 struct ina_scheduler {
@@ -210,7 +216,8 @@ void sched_queue_remove_at(sched_queue_t *q, int32_t i);
 
 /* Make room for `extra` more events and finished requests in this step. */
 ina_status_t sched_events_reserve(ina_scheduler_t *s, int32_t extra);
-void sched_emit_token(ina_scheduler_t *s, sched_request_t *r, int32_t token);
+/* logits: the request's row when it asked for logprobs, else NULL. */
+void sched_emit_token(ina_scheduler_t *s, sched_request_t *r, int32_t token, const float *logits, int32_t vocab);
 /* Finish a request: its pages go back to the pool now, its final event is queued. The
  * caller removes it from the queue or running list that held it. */
 void sched_finish(ina_scheduler_t *s, sched_request_t *r, ina_finish_reason_t reason, ina_status_t status,
@@ -218,7 +225,7 @@ void sched_finish(ina_scheduler_t *s, sched_request_t *r, ina_finish_reason_t re
 /* Unlink this step's finished requests from the live list (caller holds mu). */
 void sched_unlink_finished_locked(ina_scheduler_t *s);
 /* Call r's callback with a token event (token >= 0) or its final event (token < 0). */
-void sched_deliver(sched_request_t *r, int32_t token, int32_t num_generated, double now);
+void sched_deliver(sched_request_t *r, const sched_event_t *e, double now);
 /* Deliver the queued events in order (no lock held), then free the finished requests. */
 void sched_deliver_events(ina_scheduler_t *s);
 

@@ -262,7 +262,7 @@ static void after_forward(ina_scheduler_t *s, double now) {
     }
     const ina_finish_reason_t reason = sched_request_add_token(r, token, now);
     s->counters.generated_tokens++;
-    sched_emit_token(s, r, token);
+    sched_emit_token(s, r, token, s->batch_greedy ? NULL : s->logits + (int64_t)k * s->vocab, s->vocab);
     if (reason != INA_FINISH_NONE) sched_finish(s, r, reason, INA_OK, NULL);
   }
 }
@@ -288,7 +288,8 @@ static ina_status_t run_batch(ina_scheduler_t *s) {
    * request of the step is greedy, the engine returns the tokens instead of the logits
    * (a GPU then copies 4 bytes a row instead of the vocabulary's f32 logits). */
   s->batch_greedy = 1;
-  for (int32_t k = 0; k < s->batch_size; k++) s->batch_greedy &= s->batch_reqs[k]->sampling.temperature == 0.0f;
+  for (int32_t k = 0; k < s->batch_size; k++)
+    s->batch_greedy &= s->batch_reqs[k]->sampling.temperature == 0.0f && s->batch_reqs[k]->logprobs < 0;
   if (s->batch_greedy)
     INA_CHECK(ina_engine_forward_greedy(s->engine, &batch, s->greedy_tokens));
   else
