@@ -316,6 +316,12 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
                                   &agent->metrics));
 
   INA_CHECK(start_server(agent, options));
+  if (options->struct_size >= offsetof(ina_agent_options_t, chat_format) + sizeof(const char *) &&
+      options->http_listen && options->http_listen[0]) {
+    const agent_http_options_t ho = {options->http_listen, options->api_key, options->served_model_name,
+                                     options->chat_format, options->tls_cert_file, options->tls_key_file};
+    INA_CHECK(agent_http_start(agent, &ho, &agent->http));
+  }
   INA_CHECK(agent_liveness_start(agent));
   INA_CHECK(submit_warmup(agent, options->warmup_tokens > 0 ? options->warmup_tokens : 4));
   INA_LOG_I(INA_LOG_SUBSYS, "model %s on %s, listening on port %d, warming up", agent->model_name,
@@ -330,6 +336,8 @@ fail:
 int ina_agent_port(const ina_agent_t *agent) {
   return agent && agent->server ? ina_rpc_server_port(agent->server) : 0;
 }
+
+int ina_agent_http_port(const ina_agent_t *agent) { return agent ? agent_http_port(agent->http) : 0; }
 
 int ina_agent_metrics_port(const ina_agent_t *agent) {
   return agent ? agent_metrics_port(agent->metrics) : 0;
@@ -429,6 +437,10 @@ static void drain(ina_agent_t *agent, int64_t grace_ms) {
               (int)left, (int)in_flight, agent_now_seconds() - t0);
     cancel_generations(agent);
   }
+  /* Every generation is over: the HTTP streams have their last events; closing the
+   * connections ends what is left. */
+  agent_http_stop(agent->http);
+  agent->http = NULL;
   /* Finished streams may still be sending their final response and status. */
   double flush_end = agent_now_seconds() + FLUSH_MS / 1000.0;
   while (ina_rpc_server_active_calls(agent->server) > 0 && agent_now_seconds() < flush_end) {
@@ -473,6 +485,8 @@ void ina_agent_destroy(ina_agent_t *agent) {
       agent->server = NULL;
     }
   }
+  agent_http_stop(agent->http); /* drain stopped it, unless create failed before serving */
+  agent->http = NULL;
   ina_health_destroy(agent->health);
   /* The sampler reads the scheduler; the counters stay, for final events its destroy
    * may still deliver. */

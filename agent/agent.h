@@ -133,12 +133,22 @@ typedef struct ina_agent_options {
   /* Version 8. Micro-batches of each step under the dispatch exchange (the engine option
    * of the same name): 1 (default), or 2 for two-batch overlap. Every rank the same. */
   int32_t micro_batches;
+  /* Version 9. The OpenAI-compatible HTTP API on this rank (the serving one): "HOST:PORT"
+   * as metrics_listen (port 0: a free one, ina_agent_http_port); NULL or "": off. It uses
+   * tls_cert_file / tls_key_file as gRPC does. api_key (NULL or "": none) must come as
+   * "Authorization: Bearer KEY" on the /v1 paths. served_model_name names the model in requests
+   * and /v1/models (NULL: `model`); chat_format picks the chat format by name (NULL:
+   * recognized from the checkpoint's chat template). */
+  const char *http_listen;
+  const char *api_key;
+  const char *served_model_name;
+  const char *chat_format;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 8, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+  {sizeof(ina_agent_options_t), 9, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
    0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,      \
-   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0, 1024, NULL, 3.0, 0, 1}
+   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0, 1024, NULL, 3.0, 0, 1, NULL, NULL, NULL, NULL}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 
@@ -148,6 +158,9 @@ int ina_agent_port(const ina_agent_t *agent);
 /* The port /metrics is served on (the kernel's choice for port 0); 0 when metrics are
  * off (options.metrics_listen NULL) or agent is NULL. */
 int ina_agent_metrics_port(const ina_agent_t *agent);
+
+/* The port of the HTTP API (the kernel's choice for port 0); 0 when it is off. */
+int ina_agent_http_port(const ina_agent_t *agent);
 
 /* Blocks until the warm-up generation has finished: INA_OK once serving; the warm-up's
  * error when it failed; INA_ERR_IO when a stop was requested first or timeout_ms

@@ -51,6 +51,8 @@ typedef struct agent_generation {
  * update functions take NULL (metrics off) and do nothing then; they use only the
  * registry's atomics, so they may run on the token path. */
 typedef struct agent_metrics agent_metrics_t;
+/* The OpenAI-compatible HTTP API (service_http.c); NULL when off. */
+typedef struct agent_http agent_http_t;
 
 struct ina_agent {
   ina_model_t *model;
@@ -59,6 +61,7 @@ struct ina_agent {
   ina_rpc_server_t *server;
   ina_health_t *health;
   agent_metrics_t *metrics; /* NULL: metrics off; set before the gRPC server starts */
+  agent_http_t *http;       /* NULL: no HTTP API */
 
   char *model_name;
   const char *weight_dtype; /* static string */
@@ -112,6 +115,23 @@ struct ina_agent {
   int liveness_started;
   atomic_int liveness_stop;
 };
+
+/* The OpenAI-compatible HTTP API (service_http.c). */
+typedef struct agent_http_options {
+  const char *listen;        /* "HOST:PORT" */
+  const char *api_key;       /* NULL or "": no key needed */
+  const char *served_name;   /* the model's name in requests and /v1/models; NULL: --model */
+  const char *chat_format;   /* NULL: recognized from the checkpoint's chat template */
+  const char *tls_cert_file, *tls_key_file; /* both NULL: plain HTTP */
+} agent_http_options_t;
+/* Loads the model's tokenizer (a checkpoint's tokenizer.json, or a built-in model's own;
+ * without one the text endpoints answer 400 saying why) and starts serving. A failure
+ * sets *out = NULL. */
+ina_status_t agent_http_start(ina_agent_t *agent, const agent_http_options_t *options, agent_http_t **out);
+int agent_http_port(const agent_http_t *h);
+/* Closes every connection (handlers waiting see their clients gone) and frees. Call once
+ * the generations are over (drain); NULL is a no-op. */
+void agent_http_stop(agent_http_t *h);
 
 /* Monotonic clock in seconds. */
 double agent_now_seconds(void);

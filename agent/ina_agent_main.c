@@ -34,6 +34,16 @@ static void usage(FILE *f) {
           "  --listen HOST:PORT   gRPC listen address (default 127.0.0.1:0, a free port)\n"
           "  --metrics-listen HOST:PORT  serve Prometheus /metrics there (default: off;\n"
           "                       port 0: a free port)\n"
+          "  --http-listen HOST:PORT  serve the OpenAI-compatible HTTP API there (POST\n"
+          "                       /v1/completions, /v1/chat/completions, GET /v1/models,\n"
+          "                       /health; default: off; port 0: a free port; TLS with\n"
+          "                       --tls-cert/--tls-key as gRPC)\n"
+          "  --api-key-file F     the HTTP API requires 'Authorization: Bearer KEY', KEY the\n"
+          "                       first line of F (default: no key)\n"
+          "  --served-model-name N  the model's name in HTTP requests and /v1/models\n"
+          "                       (default: --model)\n"
+          "  --chat-format NAME   the chat format of /v1/chat/completions (default: recognized\n"
+          "                       from the checkpoint's chat template)\n"
           "  --device D           cpu, cuda (device 0) or cuda:N; default cuda when a CUDA\n"
           "                       device is present, else cpu\n"
           "  --page-size N        KV cache page size in tokens (default 16)\n"
@@ -152,17 +162,17 @@ static int install_signal_handlers(void) {
 
 /* The first line of `path` (without its line end) into buf; 1 with a message when the
  * file cannot be read, or the line is empty or longer than buf. */
-static int read_token_file(const char *path, char *buf, size_t size) {
+static int read_token_file(const char *option, const char *path, char *buf, size_t size) {
   FILE *f = fopen(path, "r");
   if (!f) {
-    fprintf(stderr, "ina-agent: --admin-token-file '%s': %s\n", path, strerror(errno));
+    fprintf(stderr, "ina-agent: %s '%s': %s\n", option, path, strerror(errno));
     return 1;
   }
   const int got = fgets(buf, (int)size, f) != NULL;
   fclose(f);
   const size_t n = got ? strcspn(buf, "\r\n") : 0;
   if (n == 0 || n == size - 1) {
-    fprintf(stderr, "ina-agent: --admin-token-file '%s': %s\n", path,
+    fprintf(stderr, "ina-agent: %s '%s': %s\n", option, path,
             n == 0 ? "the first line is empty" : "the token is too long");
     return 1;
   }
@@ -351,7 +361,8 @@ static void *watch_ranks(void *arg) {
 int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
          O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_OPEN_ADMIN, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP,
-         O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT, O_EXCHANGE, O_TBO };
+         O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT, O_EXCHANGE, O_TBO, O_HTTP, O_API_KEY_FILE, O_SERVED,
+         O_CHAT_FORMAT };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -367,9 +378,11 @@ int main(int argc, char **argv) {
       {"heartbeat-timeout", required_argument, 0, O_HB_TIMEOUT},
       {"ep-exchange", required_argument, 0, O_EXCHANGE},
       {"two-batch-overlap", no_argument, 0, O_TBO},
+      {"http-listen", required_argument, 0, O_HTTP},  {"api-key-file", required_argument, 0, O_API_KEY_FILE},
+      {"served-model-name", required_argument, 0, O_SERVED}, {"chat-format", required_argument, 0, O_CHAT_FORMAT},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
-  static char token[512];
+  static char token[512], api_key[512];
   long long v = 0, tp_size = 1, dp_size = 0;
   int c;
   int32_t ep = INA_PARALLEL_EP_NONE;
@@ -399,7 +412,7 @@ int main(int argc, char **argv) {
     case O_KEY: o.tls_key_file = optarg; break;
     case O_TOKEN: o.admin_token = optarg; break;
     case O_TOKEN_FILE:
-      if (read_token_file(optarg, token, sizeof token)) return 2;
+      if (read_token_file("--admin-token-file", optarg, token, sizeof token)) return 2;
       o.admin_token = token;
       break;
     case O_OPEN_ADMIN: o.allow_unauthenticated_admin = 1; break;
@@ -415,6 +428,13 @@ int main(int argc, char **argv) {
       }
       break;
     case O_TBO: o.micro_batches = 2; break;
+    case O_HTTP: o.http_listen = optarg; break;
+    case O_API_KEY_FILE:
+      if (read_token_file("--api-key-file", optarg, api_key, sizeof api_key)) return 2;
+      o.api_key = api_key;
+      break;
+    case O_SERVED: o.served_model_name = optarg; break;
+    case O_CHAT_FORMAT: o.chat_format = optarg; break;
     case O_HB_TIMEOUT: if (parse_seconds("--heartbeat-timeout", optarg, &o.heartbeat_timeout_s)) return 2; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
@@ -519,6 +539,7 @@ int main(int argc, char **argv) {
   print_address("listening on", o.listen_address, ina_agent_port(agent));
   if (o.metrics_listen && o.metrics_listen[0])
     print_address("metrics on", o.metrics_listen, ina_agent_metrics_port(agent));
+  if (o.http_listen && o.http_listen[0]) print_address("HTTP API on", o.http_listen, ina_agent_http_port(agent));
   ina_status_t st = ina_agent_wait_serving(agent, -1);
   if (st == INA_OK) {
     printf("ina-agent: serving\n");

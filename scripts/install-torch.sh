@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Python packages of the golden tests' reference side (tests/golden/:
 # check_random_configs.py, make_fixtures.py, hf_logits.py) from PyPI, at the versions the
-# fixtures were made with: torch, transformers, safetensors and numpy. PyPI's Linux torch
+# fixtures were made with: torch, transformers, safetensors and numpy; and the official
+# `openai` client that tests/agent/e2e/test_agent_openai.py drives the HTTP API with. PyPI's Linux torch
 # wheel brings NVIDIA's CUDA libraries along (about 4 GB installed); the tests run it on
 # the CPU.
 #
@@ -10,7 +11,7 @@
 # fails, and then pip's output.
 set -euo pipefail
 python=${1:-python3}
-pins=(torch==2.15.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6)
+pins=(torch==2.15.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 openai==3.57.0)
 
 # 0 when every pin is installed at its version and imports.
 have_pins() {
