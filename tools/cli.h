@@ -16,6 +16,8 @@ int cli_parse_weight_dtype(const char *option, const char *text, ina_dtype_t *ou
 
 int cmd_generate(int argc, char **argv);
 int cmd_model(int argc, char **argv);
+/* ina tokenize / ina detokenize (cmd_tokenize.c); argv[0] names which. */
+int cmd_tokenize(int argc, char **argv);
 /* Clients of a running agent (cmd_client.c): ina info, ina health, ina generate --server. */
 int cmd_info(int argc, char **argv);
 int cmd_health(int argc, char **argv);

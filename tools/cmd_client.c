@@ -17,6 +17,7 @@
 #include "agent/rpc/rpc_client.h"
 #include "agent/rpc/rpc_pb.h"
 #include "tools/cli.h"
+#include "tools/cli_tokenizer.h"
 #include "tools/client_connection.h"
 
 /* The deadlines of the three commands, for their --timeout-ms help. */
@@ -194,12 +195,16 @@ done:
 
 static void generate_usage(FILE *f) {
   fprintf(f,
-          "usage: ina generate --server HOST:PORT --prompt-ids 1,2,3 [options]\n"
+          "usage: ina generate --server HOST:PORT --prompt-ids 1,2,3|--prompt TEXT [options]\n"
           "\n"
           "Sends each prompt to the agent's ina.v1.Inference/Generate in turn and prints its\n"
-          "token ids as they arrive (\"prompt I: a,b,c\"), then how it finished.\n"
+          "token ids as they arrive (\"prompt I: a,b,c\"), with --prompt their text (\"text I:\n"
+          "...\"), then how it finished.\n"
           "\n"
           "  --prompt-ids IDS     comma-separated token ids; repeat for several prompts\n"
+          "  --prompt TEXT        a prompt as text (repeatable; mixes with --prompt-ids)\n"
+          "  --tokenizer M        the tokenizer of --prompt: a checkpoint directory or a built-in\n"
+          "                       model (default: the model the agent names in GetNodeInfo)\n"
           "  --max-new-tokens N   tokens to generate per prompt (default 16)\n"
           "  --temperature T      0 = greedy (default 0)\n"
           "  --top-k K            keep the K most likely tokens (0 = off, default)\n"
@@ -224,6 +229,8 @@ static const char *finish_name(Ina__V1__FinishReason f) {
 
 typedef struct stream_printer {
   uint32_t printed;   /* tokens printed so far */
+  int32_t *ids;       /* every token id, for the text line; NULL when not kept */
+  uint32_t num_ids, cap_ids;
   int finished;       /* the final response arrived */
   int bad;            /* a message did not decode */
   Ina__V1__FinishReason finish;
@@ -239,7 +246,17 @@ static int print_tokens(void *ctx, const uint8_t *bytes, size_t size) {
     p->bad = 1;
     return 1; /* cancel the call */
   }
-  for (size_t i = 0; i < r->n_token_ids; i++) printf("%s%u", p->printed++ ? "," : " ", r->token_ids[i]);
+  for (size_t i = 0; i < r->n_token_ids; i++) {
+    printf("%s%u", p->printed++ ? "," : " ", r->token_ids[i]);
+    if (p->num_ids == p->cap_ids) {
+      const uint32_t cap = p->cap_ids ? 2 * p->cap_ids : 64;
+      int32_t *grown = realloc(p->ids, cap * sizeof *grown);
+      if (!grown) continue;
+      p->ids = grown;
+      p->cap_ids = cap;
+    }
+    p->ids[p->num_ids++] = (int32_t)r->token_ids[i];
+  }
   fflush(stdout);
   if (r->finish_reason != INA__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED) {
     p->finished = 1;
@@ -260,7 +277,7 @@ static int print_tokens(void *ctx, const uint8_t *bytes, size_t size) {
 /* Streams one prompt; returns 0 when it finished normally (or was cancelled by the
  * agent), 1 otherwise. */
 static int generate_one(ina_rpc_client_t *client, Ina__V1__GenerateRequest *req, int index,
-                        int64_t deadline) {
+                        int64_t deadline, const ina_tokenizer_t *tok) {
   uint8_t *bytes = NULL;
   size_t size = 0;
   stream_printer_t p;
@@ -276,6 +293,12 @@ static int generate_one(ina_rpc_client_t *client, Ina__V1__GenerateRequest *req,
                                           print_tokens, &p, &status);
   free(bytes);
   printf("\n");
+  if (st == INA_OK && tok) {
+    char label[32];
+    snprintf(label, sizeof label, "text %d: ", index);
+    cli_print_text("ina generate", tok, label, p.ids, (int32_t)p.num_ids);
+  }
+  free(p.ids);
   if (st != INA_OK) {
     if (p.bad) fprintf(stderr, "ina generate: a response is not an ina.v1.GenerateResponse\n");
     return client_call_failed("generate", "Generate", &status);
@@ -290,8 +313,31 @@ static int generate_one(ina_rpc_client_t *client, Ina__V1__GenerateRequest *req,
   return p.finish == INA__V1__FINISH_REASON__FINISH_REASON_ERROR;
 }
 
+/* The name of the model the agent serves (GetNodeInfo), malloc'ed; NULL with a message. */
+static char *served_model(ina_rpc_client_t *client, const client_connection_t *conn) {
+  Ina__V1__GetNodeInfoRequest req = INA__V1__GET_NODE_INFO_REQUEST__INIT;
+  uint8_t *bytes = NULL, *resp = NULL;
+  size_t size = 0, resp_size = 0;
+  ina_rpc_status_t status;
+  char *name = NULL;
+  if (ina_rpc_pack(&req.base, &bytes, &size) == INA_OK &&
+      ina_rpc_client_unary(client, "/ina.v1.Node/GetNodeInfo", bytes, size, client_connection_deadline(conn, 0), &resp,
+                           &resp_size, &status) == INA_OK) {
+    Ina__V1__NodeInfo *info = ina__v1__node_info__unpack(NULL, resp_size, resp);
+    if (info && info->model && info->model->name) name = strdup(info->model->name);
+    if (info) ina__v1__node_info__free_unpacked(info, NULL);
+  } else {
+    client_call_failed("generate", "GetNodeInfo", &status);
+  }
+  free(bytes);
+  free(resp);
+  if (!name) fprintf(stderr, "ina generate: the agent does not name its model; give --tokenizer\n");
+  return name;
+}
+
 int cmd_generate_remote(int argc, char **argv) {
-  enum { O_PROMPT = 256, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_STOP, O_INTERVAL, O_ID };
+  enum { O_PROMPT = 256, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_STOP, O_INTERVAL, O_ID, O_TEXT,
+         O_TOKENIZER };
   static const struct option opts[] = {
       CLIENT_CONNECTION_OPTIONS,
       {"prompt-ids", required_argument, 0, O_PROMPT}, {"max-new-tokens", required_argument, 0, O_MAXNEW},
@@ -299,10 +345,15 @@ int cmd_generate_remote(int argc, char **argv) {
       {"top-p", required_argument, 0, O_TOPP},        {"seed", required_argument, 0, O_SEED},
       {"ignore-eos", no_argument, 0, O_EOS},          {"stop-ids", required_argument, 0, O_STOP},
       {"stream-interval", required_argument, 0, O_INTERVAL}, {"request-id", required_argument, 0, O_ID},
+      {"prompt", required_argument, 0, O_TEXT},       {"tokenizer", required_argument, 0, O_TOKENIZER},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   client_connection_t conn = CLIENT_CONNECTION_INIT;
   char **prompts = NULL;
-  int num_prompts = 0, rc = 2, c, r;
+  int *is_text = NULL;
+  int num_prompts = 0, num_texts = 0, rc = 2, c, r;
+  const char *tokenizer_spec = NULL;
+  char *served = NULL;
+  ina_tokenizer_t *tok = NULL;
   int64_t max_new = 16, top_k = 0, seed = 0, interval = 0;
   double temperature = 0, top_p = 1;
   int ignore_eos = 0;
@@ -314,13 +365,19 @@ int cmd_generate_remote(int argc, char **argv) {
     if ((r = client_connection_option(&conn, c, optarg)) == 1) continue;
     if (r < 0) goto done;
     switch (c) {
-    case O_PROMPT: {
+    case O_PROMPT:
+    case O_TEXT: {
       char **np = realloc(prompts, (size_t)(num_prompts + 1) * sizeof *np);
-      if (!np) goto done;
-      prompts = np;
+      if (np) prompts = np;
+      int *nt = realloc(is_text, (size_t)(num_prompts + 1) * sizeof *nt);
+      if (nt) is_text = nt;
+      if (!np || !nt) goto done;
+      is_text[num_prompts] = c == O_TEXT;
+      num_texts += c == O_TEXT;
       prompts[num_prompts++] = optarg;
       break;
     }
+    case O_TOKENIZER: tokenizer_spec = optarg; break;
     case O_MAXNEW: if (cli_parse_int("--max-new-tokens", optarg, 1, UINT32_MAX, &max_new)) goto done; break;
     case O_TEMP: if (cli_parse_float("--temperature", optarg, 0, 100, &temperature)) goto done; break;
     case O_TOPK: if (cli_parse_int("--top-k", optarg, 0, UINT32_MAX, &top_k)) goto done; break;
@@ -343,16 +400,22 @@ int cmd_generate_remote(int argc, char **argv) {
     goto done;
   }
   if (num_prompts == 0) {
-    fprintf(stderr, "ina generate: at least one --prompt-ids is required\n\n");
+    fprintf(stderr, "ina generate: at least one --prompt-ids or --prompt is required\n\n");
     generate_usage(stderr);
     goto done;
   }
   rc = 1;
   client = client_connect("generate", &conn);
   if (!client) goto done;
+  if (num_texts > 0) {
+    if (!tokenizer_spec && !(tokenizer_spec = served = served_model(client, &conn))) goto done;
+    if (cli_tokenizer_open("ina generate", tokenizer_spec, &tok)) goto done;
+  }
   for (int i = 0; i < num_prompts && rc == 1; i++) {
     int32_t *ids = NULL, n = 0;
-    if (cli_parse_ids("--prompt-ids", prompts[i], &ids, &n)) break;
+    if (is_text[i] ? cli_tokenize_prompt("ina generate", tok, prompts[i], &ids, &n)
+                   : cli_parse_ids("--prompt-ids", prompts[i], &ids, &n))
+      break;
     uint32_t *uids = malloc((size_t)n * sizeof *uids);
     uint32_t *ustop = malloc((size_t)(num_stop + 1) * sizeof *ustop);
     int failed = 1;
@@ -378,7 +441,7 @@ int cmd_generate_remote(int argc, char **argv) {
       req.n_stop_token_ids = (size_t)num_stop;
       req.ignore_eos = ignore_eos;
       req.stream_interval = (uint32_t)interval;
-      failed = generate_one(client, &req, i, client_connection_deadline(&conn, -1));
+      failed = generate_one(client, &req, i, client_connection_deadline(&conn, -1), tok);
     }
     free(ids);
     free(uids);
@@ -388,7 +451,10 @@ int cmd_generate_remote(int argc, char **argv) {
   }
 done:
   ina_rpc_client_destroy(client);
+  ina_tokenizer_destroy(tok);
+  free(served);
   free(prompts);
+  free(is_text);
   free(stop);
   return rc;
 }

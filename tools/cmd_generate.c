@@ -11,19 +11,23 @@
 #include "model/model.h"
 #include "model/parallel_job.h"
 #include "tools/cli.h"
+#include "tools/cli_tokenizer.h"
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ina generate --model DIR|tiny|random:NAME --prompt-ids 1,2,3 [options]\n"
+          "usage: ina generate --model DIR|tiny|random:NAME --prompt-ids 1,2,3|--prompt TEXT [options]\n"
           "\n"
           "Runs the prompts as one batch (prefill, then batched decode) and prints the device\n"
-          "that ran, each prompt's generated token ids, then prefill and decode tokens/s.\n"
+          "that ran, each prompt's generated token ids (and, with --prompt, their text), then\n"
+          "prefill and decode tokens/s.\n"
           "\n"
           "  --model M            checkpoint directory (config.json + *.safetensors), a built-in\n"
           "                       model with seeded random weights (tiny, random:tiny,\n"
           "                       random:v2-lite, random:v3-layers, random:v3.2-*); on a GPU, random weights\n"
           "                       are generated in device memory\n"
           "  --prompt-ids IDS     comma-separated token ids; repeat for a batch of prompts\n"
+          "  --prompt TEXT        a prompt as text, tokenized by the model's tokenizer (BOS as\n"
+          "                       the checkpoint asks); repeatable, mixes with --prompt-ids\n"
           "  --max-new-tokens N   tokens to generate per prompt (default 16)\n"
           "  --temperature T      0 = greedy (default 0)\n"
           "  --top-k K            keep the K most likely tokens (0 = off, default)\n"
@@ -139,7 +143,8 @@ static int job_shard(const ina_parallel_job_t *job, const char *spec, ina_shard_
 int cmd_generate(int argc, char **argv) {
   if (wants_server(argc, argv)) return cmd_generate_remote(argc, argv);
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
-         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP, O_ADP, O_EXCHANGE, O_TBO };
+         O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP, O_ADP, O_EXCHANGE, O_TBO,
+         O_TEXT };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -153,10 +158,16 @@ int cmd_generate(int argc, char **argv) {
       {"attention-dp", no_argument, 0, O_ADP},
       {"ep-exchange", required_argument, 0, O_EXCHANGE},
       {"two-batch-overlap", no_argument, 0, O_TBO},
+      {"prompt", required_argument, 0, O_TEXT},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
   prompts_t prompts = {NULL, NULL, 0};
+  /* --prompt texts, tokenized once the model is known; NULL for --prompt-ids slots. */
+  const char **texts = calloc((size_t)argc + 1, sizeof *texts);
+  int32_t num_texts = 0;
+  ina_tokenizer_t *tok = NULL;
+  if (!texts) return 1;
   int64_t max_new = 16, top_k = 0, seed = 0, page_size = 16, threads = 0;
   double temperature = 0, top_p = 1;
   int ignore_eos = 0, rc = 1;
@@ -177,6 +188,13 @@ int cmd_generate(int argc, char **argv) {
     switch (c) {
     case O_MODEL: model_spec = optarg; break;
     case O_PROMPT: if (add_prompt(&prompts, optarg)) goto done; break;
+    case O_TEXT: {
+      /* A placeholder id, replaced below by the text's ids. */
+      if (add_prompt(&prompts, "0")) goto done;
+      texts[prompts.count - 1] = optarg;
+      num_texts++;
+      break;
+    }
     case O_MAXNEW: if (cli_parse_int("--max-new-tokens", optarg, 0, 1 << 20, &max_new)) goto done; break;
     case O_TEMP: if (cli_parse_float("--temperature", optarg, 0, 1e6, &temperature)) goto done; break;
     case O_TOPK: if (cli_parse_int("--top-k", optarg, 0, INT32_MAX, &top_k)) goto done; break;
@@ -230,7 +248,7 @@ int cmd_generate(int argc, char **argv) {
     goto done;
   }
   if (!model_spec || prompts.count == 0) {
-    fprintf(stderr, "ina generate: --model and at least one --prompt-ids are required\n\n");
+    fprintf(stderr, "ina generate: --model and at least one --prompt-ids or --prompt are required\n\n");
     usage(stderr);
     rc = 2;
     goto done;
@@ -239,6 +257,15 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "ina generate: --dp needs --ep (the groups share the MoE layers)\n");
     rc = 2;
     goto done;
+  }
+  if (num_texts > 0) {
+    if (cli_tokenizer_open("ina generate", model_spec, &tok)) goto done;
+    for (int32_t i = 0; i < prompts.count; i++) {
+      if (!texts[i]) continue;
+      free(prompts.ids[i]);
+      prompts.ids[i] = NULL;
+      if (cli_tokenize_prompt("ina generate", tok, texts[i], &prompts.ids[i], &prompts.lens[i])) goto done;
+    }
   }
   const int multi_rank = use_ep || tp_size > 1;
   if (multi_rank) {
@@ -322,6 +349,11 @@ int cmd_generate(int argc, char **argv) {
     printf("prompt %d:", i);
     for (int32_t k = 0; k < reqs[i].num_generated; k++) printf("%s%d", k ? "," : " ", reqs[i].output[k]);
     printf("\n");
+    if (tok) {
+      char label[32];
+      snprintf(label, sizeof label, "text %d: ", (int)i);
+      if (cli_print_text("ina generate", tok, label, reqs[i].output, reqs[i].num_generated)) goto done;
+    }
     if (dump) {
       char path[4096];
       int64_t shape[2] = {reqs[i].prompt_len + reqs[i].num_generated - 1, cfg->vocab_size};
@@ -367,6 +399,8 @@ done:
   for (int32_t i = 0; i < prompts.count; i++) free(prompts.ids[i]);
   free(prompts.ids);
   free(prompts.lens);
+  free(texts);
+  ina_tokenizer_destroy(tok);
   ina_engine_destroy(engine);
   ina_model_destroy(model);
   ina_parallel_job_end(&job);

@@ -13,10 +13,13 @@ static void usage(FILE *f) {
           "usage: ina <command> [options]\n"
           "\n"
           "commands:\n"
-          "  generate     generate token ids from a model (checkpoint dir, tiny, random:NAME)\n"
+          "  generate     generate from a model (checkpoint dir, tiny, random:NAME), from token\n"
+          "               ids or text\n"
           "  model init   write a built-in configuration with seeded random weights as a\n"
           "               Hugging Face checkpoint\n"
           "  model info   print a model's configuration and size\n"
+          "  tokenize     text to token ids with a model's tokenizer\n"
+          "  detokenize   token ids to text\n"
           "  info         describe a running ina-agent (--server HOST:PORT)\n"
           "  health       ask a running ina-agent whether it serves (--server HOST:PORT)\n"
           "  load         a running ina-agent's queues, KV pages, throughput and per-expert\n"
@@ -43,6 +46,7 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 1, argv + 1);
   if (strcmp(argv[1], "model") == 0) return cmd_model(argc - 1, argv + 1);
+  if (strcmp(argv[1], "tokenize") == 0 || strcmp(argv[1], "detokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
   if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 1, argv + 1);
   if (strcmp(argv[1], "health") == 0) return cmd_health(argc - 1, argv + 1);
   if (strcmp(argv[1], "load") == 0) return cmd_load(argc - 1, argv + 1);
