@@ -4,7 +4,8 @@
 # rank on the GPU when there is one). Shows the node, streams two generations through the
 # gRPC API, shows the load they put on each expert, rebalances the experts from that load
 # (replicas of the hot ones, weights moved between the ranks; the CPU ranks only),
-# generates again with the new placement, and stops the agent cleanly.
+# generates again with the new placement, sends text through the OpenAI-compatible HTTP
+# API (a completion and a streamed chat), and stops the agent cleanly.
 #
 # usage: scripts/run-demo.sh [--model tiny|v3.2-tiny] [BUILD_DIR]
 #   --model     the built-in model to serve (default tiny). v3.2-tiny is DeepSeek-V3.2
@@ -103,12 +104,12 @@ echo "demo-$RANDOM$RANDOM" >"$token"
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 if [ "$model" = tiny ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "demo: one ina-agent rank on the GPU serving $model"
-  "$build/agent/ina-agent" --model "$model" --admin-token-file "$token" >"$log" 2>&1 &
+  "$build/agent/ina-agent" --model "$model" --admin-token-file "$token" --http-listen 127.0.0.1:0 >"$log" 2>&1 &
   gpu=1
 else
   echo "demo: two ina-agent ranks on the CPU serving $model, each holding half of the routed experts"
   mpirun --oversubscribe -np 2 "$build/agent/ina-agent" --ep --device cpu --model "$model" \
-    --admin-token-file "$token" >"$log" 2>&1 &
+    --admin-token-file "$token" --http-listen 127.0.0.1:0 >"$log" 2>&1 &
   gpu=0
 fi
 launcher=$!
@@ -134,6 +135,22 @@ fi
 step "ina generate" "$ina" generate --server "$server" "${prompts[@]}"
 streamed "ina generate" 24
 before=$(grep "^prompt " "$work/out")
+# Text in and out: a prompt as text over gRPC (the client tokenizes it with the model's
+# tokenizer), then the OpenAI-compatible HTTP API, whole and streamed.
+step "ina generate --prompt" "$ina" generate --server "$server" --prompt "The expert placement" --max-new-tokens 12 \
+  --ignore-eos
+grep -q "^text 0: " "$work/out" || fail "ina generate --prompt printed no text"
+http=127.0.0.1:$(grep -o "HTTP API on 127.0.0.1:[0-9]*" "$log" | grep -o "[0-9]*$")
+echo "demo: POST http://$http/v1/completions"
+step "POST /v1/completions" curl -sS --fail-with-body "http://$http/v1/completions" -H "Content-Type: application/json" \
+  -d "{\"model\": \"$model\", \"prompt\": \"The expert placement\", \"max_tokens\": 12, \"temperature\": 0, \"ignore_eos\": true}"
+echo
+python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["choices"][0]["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 12, r' \
+  "$work/out" || fail "/v1/completions did not answer 12 tokens with finish_reason length"
+echo "demo: POST http://$http/v1/chat/completions, streamed"
+step "POST /v1/chat/completions" curl -sS -N --fail-with-body "http://$http/v1/chat/completions" -H "Content-Type: application/json" \
+  -d "{\"model\": \"$model\", \"messages\": [{\"role\": \"user\", \"content\": \"Where do the experts live?\"}], \"max_tokens\": 8, \"temperature\": 0, \"stream\": true}"
+tail -n 1 "$work/out" | grep -q "^data: \[DONE\]$" || grep -q "^data: \[DONE\]" "$work/out" || fail "the chat stream did not end with data: [DONE]"
 if [ "$gpu" = 0 ]; then
   step "ina load" "$ina" load --server "$server" --experts
   echo "demo: rebalancing the experts from that load (5 slots per rank: room for replicas)"
