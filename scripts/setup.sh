@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 shift || true
 
-packages="cmake make gcc pkg-config libjansson-dev libopenmpi-dev openmpi-bin libucx-dev libprotobuf-c-dev protobuf-c-compiler libgrpc-dev libmicrohttpd-dev python3-grpcio python3-protobuf protobuf-compiler clang libclang-rt-14-dev libpcre2-dev libutf8proc-dev"
+packages="cmake make gcc pkg-config libjansson-dev libopenmpi-dev openmpi-bin libucx-dev libprotobuf-c-dev protobuf-c-compiler libgrpc-dev libmicrohttpd-dev python3-grpcio python3-protobuf protobuf-compiler clang libclang-rt-14-dev libpcre2-dev libutf8proc-dev curl openssl"
 missing=""
 for p in $packages; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
