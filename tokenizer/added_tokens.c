@@ -183,7 +183,6 @@ fail:
   return st;
 }
 
-ina_status_t tk_added_parse(const json_t *list, const char *origin, ina_tokenizer_t *tok);
 ina_status_t tk_added_parse(const json_t *list, const char *origin, ina_tokenizer_t *tok) {
   ina_status_t st = INA_OK;
   INA_CHECK(tk_strmap_init(&tok->added_map, 16));
@@ -246,7 +245,6 @@ fail:
 }
 
 /* Builds both tries (after the normalizer is known) and the special flags per id. */
-ina_status_t tk_added_finish(ina_tokenizer_t *tok);
 ina_status_t tk_added_finish(ina_tokenizer_t *tok) {
   ina_status_t st = INA_OK;
   const size_t n = tok->num_added;

@@ -11,8 +11,6 @@
 #include "core/check.h"
 #include "tokenizer/internal.h"
 
-ina_status_t tk_parse_pattern(const json_t *j, const char *origin, const char *path, tk_regex_t *re);
-
 /* ---- parsing ----------------------------------------------------------------------- */
 
 static ina_status_t add_step(tk_decoder_t *d, tk_dec_kind_t kind, tk_dec_step_t **out) {

@@ -3,6 +3,7 @@
  * BPE per piece, post-processor. Batches run over the thread pool, one text per task
  * with its own scratch, so that the tokenizer itself is only read. */
 #define INA_LOG_SUBSYS "tokenizer"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,6 +162,10 @@ ina_status_t ina_tokenizer_encode_batch(const ina_tokenizer_t *tok, const char *
     if (st == INA_OK) {
       st = status[i];
       ina_error(INA_LOG_SUBSYS, "ina_tokenizer_encode_batch: texts[%zu] failed: %s", i, ina_status_string(st));
+    } else {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", ina_last_error());
+      ina_error(INA_LOG_SUBSYS, "ina_tokenizer_encode_batch: texts[%zu]: %s", i, msg);
     }
     goto fail;
   }

@@ -186,6 +186,8 @@ typedef struct tk_pretokenizer {
 } tk_pretokenizer_t;
 
 ina_status_t tk_pretokenizer_parse(const json_t *j, const char *origin, const char *path, tk_pretokenizer_t *out);
+/* A SplitPattern, {"Regex": "..."} or {"String": "..."} (Split and Replace use them). */
+ina_status_t tk_parse_pattern(const json_t *j, const char *origin, const char *path, tk_regex_t *re);
 /* Runs the steps over the text pieces of *p (added tokens pass through); *p is replaced. */
 ina_status_t tk_pretokenize(const tk_pretokenizer_t *pt, tk_scratch_t *sc, tk_pieces_t *p, tk_pieces_t *tmp);
 void tk_pretokenizer_free(tk_pretokenizer_t *pt);
@@ -254,6 +256,11 @@ typedef struct tk_trie {
 ina_status_t tk_trie_build(tk_trie_t *t, const char *const *contents, const size_t *lens, const int32_t *tokens,
                            size_t n);
 void tk_trie_free(tk_trie_t *t);
+
+/* Reads added_tokens (after the model: the ids depend on its vocabulary), then, once the
+ * normalizer is known, builds the tries and the special flags. */
+ina_status_t tk_added_parse(const json_t *list, const char *origin, ina_tokenizer_t *tok);
+ina_status_t tk_added_finish(ina_tokenizer_t *tok);
 
 /* Splits the text pieces of in by the tokens of trie (their flags in added[]), appending
  * to out: `AddedVocabulary::find_matches` with its lstrip / rstrip / single_word rules. */

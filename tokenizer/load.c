@@ -11,9 +11,6 @@
 #include "core/check.h"
 #include "tokenizer/internal.h"
 
-ina_status_t tk_added_parse(const json_t *list, const char *origin, ina_tokenizer_t *tok);
-ina_status_t tk_added_finish(ina_tokenizer_t *tok);
-
 static const char *const kTopKeys[] = {"version",       "truncation",   "padding",        "added_tokens", "normalizer",
                                        "pre_tokenizer", "model",        "post_processor", "decoder",      NULL};
 

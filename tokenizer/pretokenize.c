@@ -91,7 +91,6 @@ fail:
 }
 
 /* {"Regex": "..."} or {"String": "..."}, as `tokenizers` writes a SplitPattern. */
-ina_status_t tk_parse_pattern(const json_t *j, const char *origin, const char *path, tk_regex_t *re);
 ina_status_t tk_parse_pattern(const json_t *j, const char *origin, const char *path, tk_regex_t *re) {
   ina_status_t st = INA_OK;
   char where[TK_PATH_MAX + 64];

@@ -200,8 +200,13 @@ static ina_status_t match_at(const tk_regex_t *re, tk_matcher_t *m, const char *
       *me = ov[1];
       return INA_OK;
     }
-    INA_REQUIRE(rc == PCRE2_ERROR_JIT_STACKLIMIT && stack <= (64u << 20), INA_ERR_INTERNAL,
-                "regex match failed with PCRE2 error %d on a %zu-byte piece", rc, n);
+    if (rc != PCRE2_ERROR_JIT_STACKLIMIT || stack > (64u << 20)) {
+      /* A pattern that backtracks without end meets PCRE2's match limit here. */
+      PCRE2_UCHAR msg[128];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      INA_REQUIRE(0, INA_ERR_INTERNAL, "regex match failed on a %zu-byte piece: %s (PCRE2 error %d)", n,
+                  (const char *)msg, rc);
+    }
     if (m->jit_stack) pcre2_jit_stack_free(m->jit_stack);
     m->jit_stack = pcre2_jit_stack_create(32 * 1024, stack, NULL);
     INA_CHECK_ALLOC(m->jit_stack);

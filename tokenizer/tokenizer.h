@@ -20,6 +20,14 @@
  * Invalid UTF-8 in the input text is encoded as the `tokenizers` library does for Rust
  * strings made with from_utf8_lossy: each maximal invalid subsequence becomes U+FFFD.
  *
+ * Where ina and `tokenizers` part (tests/tokenizer/check_hf_tokenizers.py measures the
+ * rest equal): regex classes and normalization follow PCRE2's and utf8proc's Unicode
+ * tables, so characters newer than those may split or normalize differently; an
+ * unk_token missing from the vocabulary is refused at load (`tokenizers` fails at the
+ * first unknown character); out-of-range ids are refused by decode (`tokenizers` drops
+ * them). Oniguruma's regex syntax is read as `tokenizers` reads it: \s, \w, \uHHHH and
+ * script properties are rewritten to PCRE2's spelling of the same sets.
+ *
  * Ownership: the caller owns every buffer it passes; outputs the library allocates are
  * malloc'ed and freed by the caller with free(). A failed constructor sets *out = NULL;
  * destroying NULL is a no-op. Thread safety: a loaded tokenizer is immutable; encode,
@@ -53,7 +61,8 @@ ina_status_t ina_tokenizer_builtin(const char *model_name, ina_tokenizer_t **out
 void ina_tokenizer_destroy(ina_tokenizer_t *tok);
 
 /* Number of ids (the model vocabulary and the added tokens): every id encode returns is
- * below it. */
+ * below it. It is the largest id + 1; an id below it without a token (a gap in the
+ * vocabulary) has id_to_token NULL and is refused by decode. */
 int32_t ina_tokenizer_vocab_size(const ina_tokenizer_t *tok);
 /* BOS / EOS ids from tokenizer_config.json (or the built-in's), -1 when there is none. */
 int32_t ina_tokenizer_bos_id(const ina_tokenizer_t *tok);
@@ -61,7 +70,9 @@ int32_t ina_tokenizer_eos_id(const ina_tokenizer_t *tok);
 /* The id of a token's exact string (added tokens included), -1 when there is none. */
 int32_t ina_tokenizer_token_to_id(const ina_tokenizer_t *tok, const char *token);
 /* The token string of an id (as stored in the vocabulary, e.g. ByteLevel's "Ġ"), NULL
- * when out of range. Owned by the tokenizer. */
+ * when out of range or unused. An added token with normalized=true gives its normalized
+ * content, as `tokenizers` does (token_to_id takes the content as written). Owned by the
+ * tokenizer. */
 const char *ina_tokenizer_id_to_token(const ina_tokenizer_t *tok, int32_t id);
 /* 1 when id is a special added token (decode skips them when asked). */
 int ina_tokenizer_is_special(const ina_tokenizer_t *tok, int32_t id);
@@ -75,7 +86,9 @@ const char *ina_tokenizer_chat_template(const ina_tokenizer_t *tok);
 ina_status_t ina_tokenizer_encode(const ina_tokenizer_t *tok, const char *text, size_t len, int add_special,
                                   int32_t **ids, size_t *num_ids);
 /* Several texts at once over the pool (NULL: the caller's thread): ids[i], num_ids[i] as
- * ina_tokenizer_encode gives them. On failure every output is freed and set to NULL / 0. */
+ * ina_tokenizer_encode gives them. On failure every output is freed and set to NULL / 0,
+ * and the message (ina_last_error on the calling thread) names the first failed text.
+ * The pool runs one parallel_for at a time: callers sharing a pool serialize. */
 ina_status_t ina_tokenizer_encode_batch(const ina_tokenizer_t *tok, const char *const *texts, const size_t *lens,
                                         size_t count, int add_special, ina_threadpool_t *pool, int32_t **ids,
                                         size_t *num_ids);
@@ -94,8 +107,10 @@ ina_status_t ina_tokenizer_decode(const ina_tokenizer_t *tok, const int32_t *ids
 typedef struct ina_detokenizer ina_detokenizer_t;
 ina_status_t ina_detokenizer_create(const ina_tokenizer_t *tok, int skip_special, ina_detokenizer_t **out);
 void ina_detokenizer_destroy(ina_detokenizer_t *d);
-/* Appends the newly completed text to *text (malloc'ed, NUL-terminated; "" when the id
- * completes nothing yet). */
+/* The newly completed text in *text (malloc'ed, NUL-terminated; "" when the id completes
+ * nothing yet). An id out of range: INA_ERR_INVALID_ARGUMENT, the stream unchanged.
+ * Each push costs the token's length for a ByteLevel decoder (DeepSeek's) or none;
+ * other decoder chains decode the ids so far again (a cost that grows with the length). */
 ina_status_t ina_detokenizer_push(ina_detokenizer_t *d, int32_t id, char **text, size_t *len);
 /* What is left at the end (held bytes of an unfinished character, as U+FFFD). */
 ina_status_t ina_detokenizer_flush(ina_detokenizer_t *d, char **text, size_t *len);

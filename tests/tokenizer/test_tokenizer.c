@@ -4,7 +4,7 @@
  * tokens (lstrip, rstrip, single_word, normalized), byte_fallback and unk, the
  * post-processor and tokenizer_config.json, the decoders; the refusals of unknown
  * components and malformed files with the place in their messages; outputs reset on
- * failure; encode_batch equal to encode; the streaming detokenizer equal to decode on
+ * failure (a regex that meets PCRE2's match limit included); encode_batch equal to encode; the streaming detokenizer equal to decode on
  * random id sequences (ids that split multi-byte characters included) in its three
  * modes. */
 #include "tests/test_util.h"
@@ -581,6 +581,35 @@ static void test_poisoned_outputs(void) {
   ina_tokenizer_destroy(t);
 }
 
+/* A pattern that backtracks without end fails on PCRE2's match limit, with a message;
+ * in a batch the message names the text, and every output is reset. */
+static void test_match_limit(void) {
+  ina_tokenizer_t *t = load((parts_t){.pre = "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a|aa)+$\"},"
+                                            "\"behavior\":\"Isolated\",\"invert\":false}",
+                                      .model = "{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"c\":1},\"merges\":[]}"});
+  if (!t) return;
+  char bad[64];
+  memset(bad, 'a', 40);
+  bad[40] = 'c';
+  int32_t *ids = (int32_t *)(uintptr_t)1;
+  size_t n = 5;
+  ina_log_set_quiet_errors(1);
+  CHECK(ina_tokenizer_encode(t, bad, 41, 0, &ids, &n) == INA_ERR_INTERNAL && ids == NULL && n == 0);
+  CHECKF(strstr(ina_last_error(), "match limit") && strstr(ina_last_error(), "PCRE2 error"), "%s", ina_last_error());
+  const char *texts[3] = {"ac", bad, "c"};
+  const size_t lens[3] = {2, 41, 1};
+  int32_t *bids[3] = {NULL, NULL, NULL};
+  size_t bn[3] = {1, 1, 1};
+  ina_threadpool_t *pool = NULL;
+  CHECK_OK(ina_threadpool_create(2, &pool));
+  CHECK(ina_tokenizer_encode_batch(t, texts, lens, 3, 0, pool, bids, bn) == INA_ERR_INTERNAL);
+  ina_log_set_quiet_errors(0);
+  CHECKF(strstr(ina_last_error(), "texts[1]: regex match failed") != NULL, "%s", ina_last_error());
+  for (int i = 0; i < 3; i++) CHECK(bids[i] == NULL && bn[i] == 0);
+  ina_threadpool_destroy(pool);
+  ina_tokenizer_destroy(t);
+}
+
 /* ---- the built-in tokenizer, batches, invalid UTF-8 ----------------------------------- */
 
 static void test_builtin(void) {
@@ -772,6 +801,7 @@ int main(void) {
   test_load_dir();
   test_errors();
   test_poisoned_outputs();
+  test_match_limit();
   test_builtin();
   test_batch_and_invalid_utf8(&rng);
   test_streaming(&rng);
