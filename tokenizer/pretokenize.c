@@ -32,18 +32,18 @@ const uint16_t tk_byte_to_cp[256] = {
     240, 241, 242, 243, 244, 245, 246, 247, 248, 249, 250, 251, 252, 253, 254, 255,
 };
 
+/* The bytes of the code points 256..323, in order: the bytes tk_byte_to_cp does not keep. */
+static const uint8_t kCpToByte[68] = {
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+    17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 127,
+    128, 129, 130, 131, 132, 133, 134, 135, 136, 137, 138, 139, 140, 141, 142, 143, 144,
+    145, 146, 147, 148, 149, 150, 151, 152, 153, 154, 155, 156, 157, 158, 159, 160, 173,
+};
+
 int tk_cp_to_byte(uint32_t cp) {
   if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255)) return (int)cp;
   if (cp < 256 || cp > 323) return -1;
-  /* The code points from 256 on were given to the other bytes in increasing order. */
-  static int16_t inverse[68];
-  static int ready = 0; /* benign: every thread writes the same values */
-  if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
-    for (int b = 0; b < 256; b++)
-      if (tk_byte_to_cp[b] >= 256) inverse[tk_byte_to_cp[b] - 256] = (int16_t)b;
-    __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
-  }
-  return inverse[cp - 256];
+  return kCpToByte[cp - 256];
 }
 
 /* The regex ByteLevel splits with when use_regex is set (GPT-2's). */
