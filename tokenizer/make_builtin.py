@@ -11,14 +11,20 @@ post-processor. Ids 0 and 1 are the special tokens BOS and EOS, 2..257 the 256 b
 symbols, the rest merges. The trainer is deterministic for a given input, so running the
 script on the same documents writes the same file; the committed JSON is what the
 library embeds (tokenizer/embed.cmake), so later edits of the documents change nothing
-until the script is run again.
+until the script is run again (which changes the built-in models' token ids).
 
-Usage: python3 tokenizer/make_builtin.py [--check]   (from the repository root)
+The committed file was trained on the documents as of commit 6ed1fb3:
+  python3 tokenizer/make_builtin.py --check --at 6ed1fb3
+trains on them again (read from git) and compares.
+
+Usage: python3 tokenizer/make_builtin.py [--check] [--at COMMIT]   (from the repository root)
 --check: train again and fail when the result differs from the committed file.
+--at COMMIT: read README.md and docs/*.md as they are in COMMIT instead of the work tree.
 """
 import glob
 import json
 import os
+import subprocess
 import sys
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -47,7 +53,16 @@ def training_files(root):
     return [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
 
 
-def build(root):
+def git_texts(root, rev):
+    def show(path):
+        return subprocess.run(["git", "-C", root, "show", f"{rev}:{path}"], check=True, capture_output=True).stdout
+    names = subprocess.run(["git", "-C", root, "ls-tree", "--name-only", rev, "docs/"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    paths = ["README.md"] + sorted(n for n in names if n.endswith(".md"))
+    return [show(p).decode("utf-8") for p in paths]
+
+
+def build(root, rev=None):
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.normalizer = None
     tok.pre_tokenizer = deepseek_v3_pre_tokenizer()
@@ -56,10 +71,13 @@ def build(root):
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=1, show_progress=False,
                                   special_tokens=[BOS, EOS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    texts = []
-    for path in training_files(root):
-        with open(path, encoding="utf-8") as f:
-            texts.append(f.read())
+    if rev:
+        texts = git_texts(root, rev)
+    else:
+        texts = []
+        for path in training_files(root):
+            with open(path, encoding="utf-8") as f:
+                texts.append(f.read())
     tok.train_from_iterator(texts, trainer=trainer)
     if tok.get_vocab_size() != VOCAB_SIZE:
         sys.exit(f"make_builtin: trained {tok.get_vocab_size()} ids, not {VOCAB_SIZE}: more text is needed")
@@ -87,8 +105,10 @@ def build(root):
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = os.path.join(root, "tokenizer", "builtin_tiny.json")
-    text = build(root)
-    if "--check" in sys.argv[1:]:
+    args = sys.argv[1:]
+    rev = args[args.index("--at") + 1] if "--at" in args and args.index("--at") + 1 < len(args) else None
+    text = build(root, rev)
+    if "--check" in args:
         with open(out, encoding="utf-8") as f:
             if f.read() != text:
                 sys.exit(f"make_builtin: {out} differs from a fresh training")
