@@ -25,7 +25,9 @@ Starts `ina-agent --model tiny --device cpu --http-listen 127.0.0.1:0 --api-key-
     beyond the context;
   * draining: after SIGTERM a running stream goes on to its end while new requests get
     503, then the agent exits 0; an agent that admits one request and queues one answers
-    429 beyond that; with --tls-cert / --tls-key the API answers over HTTPS only.
+    429 beyond that; with --tls-cert / --tls-key the API answers over HTTPS only;
+  * a checkpoint whose chat template is no DeepSeek format answers chat with a 400 that
+    says so while completions keep working.
 
 Exit status: 0 pass, 1 fail, 77 skip (no `openai` module for this python3; `pip install
 openai`, or scripts/install-torch.sh, which installs the tests' Python packages).
@@ -72,12 +74,12 @@ class Checks:
         return self.check(got == want, f"{what}: got {got!r}, expected {want!r}")
 
 
-def start_agent(agent, work, extra=()):
+def start_agent(agent, work, extra=(), model="tiny"):
     key_file = os.path.join(work, "key")
     with open(key_file, "w") as f:
         f.write(API_KEY + "\n")
     log = open(os.path.join(work, "agent.log"), "w+")
-    cmd = [agent, "--model", "tiny", "--device", "cpu", "--threads", "2", "--http-listen", "127.0.0.1:0",
+    cmd = [agent, "--model", model, "--device", "cpu", "--threads", "2", "--http-listen", "127.0.0.1:0",
            "--api-key-file", key_file, "--metrics-listen", "127.0.0.1:0", "--max-tokens", "8192", *extra]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + START_TIMEOUT_S
@@ -130,6 +132,42 @@ def stream_text(client, **kw):
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     return text, finish, chunks
+
+
+def check_unknown_template(agent, ina, c):
+    """A checkpoint whose chat template is no DeepSeek format: chat answers 400 saying so,
+    completions keep working. The checkpoint is tiny's (ina model init) with the built-in
+    tokenizer's files and a ChatML template."""
+    work = tempfile.mkdtemp(prefix="ina_openai_tmpl_")
+    model = os.path.join(work, "model")
+    subprocess.run([ina, "model", "init", "--config", "tiny", "--out", model], check=True, capture_output=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    tok_dir = os.path.join(here, "..", "..", "..", "tokenizer")
+    with open(os.path.join(tok_dir, "builtin_tiny.json")) as f, open(os.path.join(model, "tokenizer.json"), "w") as g:
+        g.write(f.read())
+    with open(os.path.join(tok_dir, "builtin_tiny_config.json")) as f:
+        config = json.load(f)
+    config["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with open(os.path.join(model, "tokenizer_config.json"), "w") as g:
+        json.dump(config, g)
+    proc, log, port, _ = start_agent(agent, work, [], model=model)
+    try:
+        name = model
+        status, body = raw(port, "POST", "/v1/chat/completions",
+                           {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        c.equal(status, 400, "an unknown chat template: chat status")
+        c.check("DeepSeek" in json.dumps(body) and "chat-format" in json.dumps(body),
+                f"an unknown chat template: the message says so: {body}")
+        status, body = raw(port, "POST", "/v1/completions", {"model": name, "prompt": "Hi", "max_tokens": 4})
+        c.equal(status, 200, "an unknown chat template: completions still work")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            c.equal(proc.wait(timeout=30), 0, "the template agent's exit status")
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            c.check(False, "the template agent did not stop")
 
 
 def check_queue_full(agent, c):
@@ -201,6 +239,7 @@ def check_tls(agent, c):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--agent", required=True)
+    ap.add_argument("--ina", required=True)
     args = ap.parse_args()
     c = Checks()
     work = tempfile.mkdtemp(prefix="ina_openai_")
@@ -313,6 +352,7 @@ def main():
 
         # A disconnect mid-stream cancels the request.
         cancelled_before = metric(metrics_port, 'ina_requests_total{reason="cancelled"}')
+        pages_before = metric(metrics_port, "ina_kv_pages_used")
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         conn.request("POST", "/v1/completions",
                      body=json.dumps({"model": "tiny", "prompt": "long", "max_tokens": 4000, "temperature": 0,
@@ -327,6 +367,15 @@ def main():
         while time.time() < deadline and metric(metrics_port, "ina_running_requests") > 0:
             time.sleep(0.1)
         c.equal(metric(metrics_port, "ina_running_requests"), 0.0, "after the disconnect: nothing runs")
+        # Its prompt fills no whole page, so nothing of it stays in the prefix cache; the
+        # pages in use are at most those before it (it may have pushed cached pages out).
+        deadline = time.time() + 5
+        while time.time() < deadline and metric(metrics_port, "ina_kv_pages_used") > pages_before:
+            time.sleep(0.1)
+        pages_after = metric(metrics_port, "ina_kv_pages_used")
+        c.check(pages_after <= pages_before,
+                f"after the disconnect: its pages are back ({pages_after:.0f} used, {pages_before:.0f} before; the "
+                "prefix cache may have given some up to it)")
         c.check(metric(metrics_port, 'ina_requests_total{reason="cancelled"}') > cancelled_before,
                 "after the disconnect: a request was cancelled")
 
@@ -394,6 +443,7 @@ def main():
             print("agent log (last lines):\n" + "".join(log.readlines()[-30:]))
     check_queue_full(args.agent, c)
     check_tls(args.agent, c)
+    check_unknown_template(args.agent, args.ina, c)
     print(f"test_agent_openai: {c.passed} checks passed, {len(c.failed)} failed")
     return 1 if c.failed else 0
 
