@@ -103,6 +103,16 @@ def start_agent(agent, work, extra=(), model="tiny"):
     return proc, log, http_port, metrics_port
 
 
+def stop_agent(proc, c, what):
+    """SIGTERM, and the agent must exit 0 within 30 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        c.equal(proc.wait(timeout=30), 0, f"{what}'s exit status")
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        c.check(False, f"{what} did not stop")
+
+
 def raw(port, method, path, body=None, headers=None):
     """(status, parsed JSON or text) of one request, without the client."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -162,12 +172,7 @@ def check_unknown_template(agent, ina, c):
         status, body = raw(port, "POST", "/v1/completions", {"model": name, "prompt": "Hi", "max_tokens": 4})
         c.equal(status, 200, "an unknown chat template: completions still work")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            c.equal(proc.wait(timeout=30), 0, "the template agent's exit status")
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            c.check(False, "the template agent did not stop")
+        stop_agent(proc, c, "the template agent")
 
 
 def check_queue_full(agent, c):
@@ -196,12 +201,7 @@ def check_queue_full(agent, c):
     finally:
         for conn in conns:
             conn.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            c.equal(proc.wait(timeout=30), 0, "the queue agent's exit status")
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            c.check(False, "the queue agent did not stop")
+        stop_agent(proc, c, "the queue agent")
 
 
 def check_tls(agent, c):
@@ -228,12 +228,7 @@ def check_tls(agent, c):
         except (http.client.HTTPException, OSError):
             c.check(True, "TLS: plain HTTP is refused")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            c.equal(proc.wait(timeout=30), 0, "the TLS agent's exit status")
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            c.check(False, "the TLS agent did not stop")
+        stop_agent(proc, c, "the TLS agent")
 
 
 def main():
