@@ -106,13 +106,14 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   ina_http_request_t *req = cls;
   for (;;) {
     const ssize_t n = req->stream->read(req->stream_ctx, buf, max);
-    if (n > 0) return n;
     if (n == INA_HTTP_STREAM_END) {
       req->stream_ended = 1;
       return MHD_CONTENT_READER_END_OF_STREAM;
     }
-    /* Nothing yet (read waited a little): is anybody still listening? */
+    /* Is anybody still listening? Asked with data too: a client that shut its side down
+     * may leave the kernel's buffers taking bytes for a long time before a send fails. */
     if (ina_http_request_client_gone(req)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (n > 0) return n;
   }
 }
 

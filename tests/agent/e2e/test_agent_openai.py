@@ -356,7 +356,8 @@ def main():
         resp = conn.getresponse()
         c.equal(resp.status, 200, "long stream: status")
         resp.read1(200)  # the first events
-        conn.sock.shutdown(2)
+        conn.sock.shutdown(2)  # the server sees the connection end, though no send has failed yet
+        resp.close()
         conn.close()
         deadline = time.time() + 20
         while time.time() < deadline and metric(metrics_port, "ina_running_requests") > 0:
