@@ -58,31 +58,37 @@ fail:
  * matches when every required statement occurs in that text, no forbidden one does, and
  * every literal that carries a DeepSeek marker is one the format's template has. */
 
-typedef struct canon {
-  char *text;
+/* A growable NUL-terminated string; once out of memory it takes nothing more. */
+typedef struct buf {
+  char *p;
   size_t len, cap;
-  char **lits; /* literals (quoted strings, and non-blank text outside tags) */
-  size_t nlits, caplits;
   int oom;
-} canon_t;
+} buf_t;
 
-static void canon_put(canon_t *c, const char *s, size_t n) {
-  if (c->oom) return;
-  if (c->len + n + 1 > c->cap) {
-    size_t cap = c->cap ? c->cap : 256;
-    while (cap < c->len + n + 1) cap *= 2;
-    char *p = realloc(c->text, cap);
+static void put(buf_t *b, const char *s, size_t n) {
+  if (b->oom) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *p = realloc(b->p, cap);
     if (!p) {
-      c->oom = 1;
+      b->oom = 1;
       return;
     }
-    c->text = p;
-    c->cap = cap;
+    b->p = p;
+    b->cap = cap;
   }
-  memcpy(c->text + c->len, s, n);
-  c->len += n;
-  c->text[c->len] = '\0';
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
 }
+
+typedef struct canon {
+  buf_t text;
+  char **lits; /* literals (quoted strings, and non-blank text outside tags) */
+  size_t nlits, caplits;
+  int oom;     /* the literals' allocation failed */
+} canon_t;
 
 static void canon_lit(canon_t *c, const char *s, size_t n) {
   if (c->oom) return;
@@ -109,14 +115,14 @@ static void canon_lit(canon_t *c, const char *s, size_t n) {
 static void canon_free(canon_t *c) {
   for (size_t i = 0; i < c->nlits; i++) free(c->lits[i]);
   free(c->lits);
-  free(c->text);
+  free(c->text.p);
 }
 
 static int is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; }
 
 static void canonicalize(const char *t, canon_t *c) {
   size_t n = strlen(t), i = 0;
-  canon_put(c, "", 0);
+  put(&c->text, "", 0);
   while (i < n) {
     if (t[i] == '{' && i + 1 < n && t[i + 1] == '#') {
       const char *e = strstr(t + i + 2, "#}");
@@ -125,7 +131,7 @@ static void canonicalize(const char *t, canon_t *c) {
     }
     if (t[i] == '{' && i + 1 < n && (t[i + 1] == '{' || t[i + 1] == '%')) {
       char close0 = t[i + 1] == '{' ? '}' : '%';
-      canon_put(c, t + i, 2);
+      put(&c->text, t + i, 2);
       i += 2;
       if (i < n && (t[i] == '-' || t[i] == '+')) i++;
       while (i < n) {
@@ -135,7 +141,7 @@ static void canonicalize(const char *t, canon_t *c) {
           while (j < n && t[j] != ch) j += (t[j] == '\\' && j + 1 < n) ? 2 : 1;
           if (j >= n) j = n - 1;
           canon_lit(c, t + i + 1, j - i - 1);
-          canon_put(c, t + i, j - i + 1);
+          put(&c->text, t + i, j - i + 1);
           i = j + 1;
           continue;
         }
@@ -144,11 +150,11 @@ static void canonicalize(const char *t, canon_t *c) {
           continue;
         }
         if (ch == close0 && i + 1 < n && t[i + 1] == '}') {
-          canon_put(c, t + i, 2);
+          put(&c->text, t + i, 2);
           i += 2;
           break;
         }
-        if (!is_ws(ch)) canon_put(c, &t[i], 1);
+        if (!is_ws(ch)) put(&c->text, &t[i], 1);
         i++;
       }
       continue;
@@ -159,7 +165,7 @@ static void canonicalize(const char *t, canon_t *c) {
     for (size_t k = i; k < j; k++)
       if (!is_ws(t[k])) blank = 0;
     if (!blank) {
-      canon_put(c, t + i, j - i);
+      put(&c->text, t + i, j - i);
       canon_lit(c, t + i, j - i);
     }
     i = j;
@@ -267,9 +273,9 @@ static const format_rule_t k_rules[] = {
 
 static int rule_matches(const format_rule_t *r, const canon_t *c) {
   for (const char *const *q = r->required; *q; q++)
-    if (!strstr(c->text, *q)) return 0;
+    if (!strstr(c->text.p, *q)) return 0;
   for (const char *const *q = r->forbidden; *q; q++)
-    if (strstr(c->text, *q)) return 0;
+    if (strstr(c->text.p, *q)) return 0;
   for (size_t i = 0; i < c->nlits; i++) {
     if (!is_marker_literal(c->lits[i])) continue;
     int known = 0;
@@ -288,7 +294,7 @@ ina_status_t ina_chat_format_recognize(const char *template_text, ina_chat_forma
               "--chat-format NAME picks one of the known DeepSeek formats (%s)",
               ina_chat_format_names());
   canonicalize(template_text, &c);
-  INA_CHECK_ALLOC(!c.oom ? c.text : NULL);
+  INA_CHECK_ALLOC(!c.oom && !c.text.oom ? c.text.p : NULL);
   int found = -1;
   for (size_t r = 0; r < sizeof(k_rules) / sizeof(k_rules[0]); r++) {
     if (rule_matches(&k_rules[r], &c)) {
@@ -297,7 +303,7 @@ ina_status_t ina_chat_format_recognize(const char *template_text, ina_chat_forma
       found = (int)k_rules[r].format;
     }
   }
-  int deepseekish = strstr(c.text, USER_TAG) != NULL || strstr(c.text, "'User: '") != NULL;
+  int deepseekish = strstr(c.text.p, USER_TAG) != NULL || strstr(c.text.p, "'User: '") != NULL;
   INA_REQUIRE(found >= 0, INA_ERR_UNSUPPORTED,
               "the checkpoint's chat template is not one of the known DeepSeek formats (%s)%s; "
               "--chat-format NAME picks one",
@@ -311,30 +317,6 @@ fail:
 
 /* ---------------------------------------------------------------------------------------
  * Rendering. */
-
-typedef struct buf {
-  char *p;
-  size_t len, cap;
-  int oom;
-} buf_t;
-
-static void put(buf_t *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-      b->oom = 1;
-      return;
-    }
-    b->p = p;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = '\0';
-}
 
 static void puts_(buf_t *b, const char *s) { put(b, s, strlen(s)); }
 
