@@ -2,9 +2,7 @@
 #define INA_LOG_SUBSYS "http"
 #include "agent/http/http_server.h"
 
-#include <arpa/inet.h>
 #include <microhttpd.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -13,6 +11,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "agent/http/listen_address.h"
 #include "agent/rpc/pem_file.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -243,28 +242,14 @@ ina_status_t ina_http_server_start(const ina_http_server_options_t *options, ina
   INA_REQUIRE_VERSIONED(options, sizeof(ina_http_server_options_t), "ina_http_server_options_t",
                         "INA_HTTP_SERVER_OPTIONS_INIT");
   const char *address = options->address ? options->address : DEFAULT_ADDRESS;
-  INA_REQUIRE(options->port >= 0 && options->port <= 65535, INA_ERR_INVALID_ARGUMENT,
-              "http server: port %d is out of range 0..65535", options->port);
   INA_REQUIRE(!options->tls_cert_file == !options->tls_key_file, INA_ERR_INVALID_ARGUMENT,
               "http server: TLS needs both a certificate and a key file");
 
   struct sockaddr_storage sa;
-  memset(&sa, 0, sizeof sa);
+  int ipv6 = 0;
+  INA_CHECK(ina_listen_sockaddr("http server", address, options->port, &sa, &ipv6));
   unsigned int flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
-                       MHD_USE_ERROR_LOG;
-  struct sockaddr_in *v4 = (struct sockaddr_in *)&sa;
-  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&sa;
-  if (inet_pton(AF_INET, address, &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons((uint16_t)options->port);
-  } else if (inet_pton(AF_INET6, address, &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons((uint16_t)options->port);
-    flags |= MHD_USE_IPv6;
-  } else {
-    INA_REQUIRE(0, INA_ERR_INVALID_ARGUMENT, "http server: address '%s' is not a numeric IPv4 or IPv6 address",
-                address);
-  }
+                       MHD_USE_ERROR_LOG | (ipv6 ? MHD_USE_IPv6 : 0);
   srv = calloc(1, sizeof *srv);
   INA_CHECK_ALLOC(srv);
   srv->handler = handler;

@@ -2,9 +2,7 @@
 #define INA_LOG_SUBSYS "metrics_http"
 #include "agent/metrics/metrics_http.h"
 
-#include <arpa/inet.h>
 #include <microhttpd.h>
-#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -12,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "agent/http/listen_address.h"
 #include "core/check.h"
 
 #define DEFAULT_ADDRESS "127.0.0.1"
@@ -148,28 +147,14 @@ ina_status_t ina_metrics_http_start(ina_metrics_t *reg, const ina_metrics_http_o
                                      sizeof(int),
                         "ina_metrics_http_options_t", "INA_METRICS_HTTP_OPTIONS_INIT");
   const char *address = options->address ? options->address : DEFAULT_ADDRESS;
-  INA_REQUIRE(options->port >= 0 && options->port <= 65535, INA_ERR_INVALID_ARGUMENT,
-              "metrics http: port %d is out of range 0..65535", options->port);
   unsigned timeout_s = options->connection_timeout_s > 0 ? (unsigned)options->connection_timeout_s
                                                           : DEFAULT_CONNECTION_TIMEOUT_S;
 
   struct sockaddr_storage sa;
-  memset(&sa, 0, sizeof sa);
+  int ipv6 = 0;
+  INA_CHECK(ina_listen_sockaddr("metrics http", address, options->port, &sa, &ipv6));
   unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC |
-                       MHD_USE_ERROR_LOG;
-  struct sockaddr_in *v4 = (struct sockaddr_in *)&sa;
-  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&sa;
-  if (inet_pton(AF_INET, address, &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons((uint16_t)options->port);
-  } else if (inet_pton(AF_INET6, address, &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons((uint16_t)options->port);
-    flags |= MHD_USE_IPv6;
-  } else {
-    INA_REQUIRE(0, INA_ERR_INVALID_ARGUMENT,
-                "metrics http: address '%s' is not a numeric IPv4 or IPv6 address", address);
-  }
+                       MHD_USE_ERROR_LOG | (ipv6 ? MHD_USE_IPv6 : 0);
 
   srv = calloc(1, sizeof *srv);
   INA_CHECK_ALLOC(srv);
