@@ -291,3 +291,7 @@ ina_status_t ina_sampler_probs(ina_sampler_t *s, const float *logits, float *pro
 fail:
   return st;
 }
+
+void ina_sampler_skip(ina_sampler_t *s, uint64_t n) {
+  if (s) s->draws += n;
+}

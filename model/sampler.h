@@ -76,6 +76,10 @@ void ina_sampler_destroy(ina_sampler_t *s);
  * failed one leaves it and sets *token = -1. Greedy fails only when every logit is NaN. */
 ina_status_t ina_sampler_sample(ina_sampler_t *s, const float *logits, int32_t *token);
 
+/* Advances the draw counter by n, as n ina_sampler_sample calls would: a request whose
+ * first tokens were sampled elsewhere with the same params (prefill/decode
+ * disaggregation) goes on with the draw that comes next. NULL is a no-op. */
+void ina_sampler_skip(ina_sampler_t *s, uint64_t n);
 /* The distribution ina_sampler_sample draws from, written to probs [vocab] (0 for every
  * filtered token; one-hot at the argmax when greedy). Does not advance the counter. */
 ina_status_t ina_sampler_probs(ina_sampler_t *s, const float *logits, float *probs);

@@ -77,6 +77,10 @@ void sched_emit_token(ina_scheduler_t *s, sched_request_t *r, int32_t token, con
 
 void sched_finish(ina_scheduler_t *s, sched_request_t *r, ina_finish_reason_t reason, ina_status_t status,
                   const char *error) {
+  if (r->importing) { /* its pages stay with the transfer that holds them (kv_handoff.c) */
+    r->importing = 0;
+    s->num_importing--;
+  }
   r->finish = reason;
   r->status = status;
   snprintf(r->error, sizeof r->error, "%s", error ? error : "");

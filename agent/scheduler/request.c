@@ -41,6 +41,15 @@ static ina_status_t validate(const ina_scheduler_t *s, const ina_request_t *q) {
   if (q->struct_size >= offsetof(ina_request_t, logprobs) + sizeof(int32_t))
     INA_REQUIRE(q->logprobs >= -1 && q->logprobs <= INA_REQUEST_MAX_LOGPROBS, INA_ERR_INVALID_ARGUMENT,
                 "request '%s': logprobs %d is out of range -1..%d", id, q->logprobs, INA_REQUEST_MAX_LOGPROBS);
+  if (q->struct_size >= offsetof(ina_request_t, kv_user_data) + sizeof(void *)) {
+    INA_REQUIRE(!(q->kv_export && q->kv_import), INA_ERR_INVALID_ARGUMENT,
+                "request '%s': kv_export and kv_import are exclusive", id);
+    INA_REQUIRE(!(q->kv_export || q->kv_import) || s->replica_role != SCHED_REPLICA_FOLLOWER, INA_ERR_UNSUPPORTED,
+                "request '%s': a follower takes no KV hand-off", id);
+    INA_REQUIRE(!q->kv_import || s->replica_role == SCHED_REPLICA_NONE, INA_ERR_UNSUPPORTED,
+                "request '%s': kv_import needs a scheduler of one rank (imported entries would reach rank 0's "
+                "cache only)", id);
+  }
   if (ina_sampling_params_validate(&q->sampling) != INA_OK) {
     char reason[256];
     snprintf(reason, sizeof reason, "%s", ina_last_error());
@@ -74,6 +83,11 @@ ina_status_t sched_request_create(const ina_scheduler_t *s, const ina_request_t 
   r->ignore_eos = q->ignore_eos != 0;
   r->logprobs = q->struct_size >= offsetof(ina_request_t, logprobs) + sizeof(int32_t) ? q->logprobs : -1;
   r->seq = (ina_kv_seq_t)INA_KV_SEQ_INIT;
+  if (q->struct_size >= offsetof(ina_request_t, kv_user_data) + sizeof(void *)) {
+    r->kv_export = q->kv_export;
+    r->kv_import = q->kv_import;
+    r->kv_user_data = q->kv_user_data;
+  }
   r->callback = q->callback;
   r->user_data = q->user_data;
   r->status = INA_OK;

@@ -41,6 +41,8 @@ void sched_publish_locked(ina_scheduler_t *s) {
   o->kv_pages_free = ina_page_pool_free_pages(s->pool);
   o->kv_pages_used = o->kv_pages_total - o->kv_pages_free;
   o->prefix_cache_pages = ina_prefix_cache_num_pages(s->cache);
+  o->kv_pages_lent = s->kv_lent;
+  o->importing = s->num_importing;
 }
 
 ina_status_t ina_scheduler_create(ina_engine_t *engine, const ina_scheduler_config_t *config, ina_scheduler_t **out) {
@@ -186,6 +188,7 @@ void ina_scheduler_destroy(ina_scheduler_t *s) {
     cancel_at_destroy(s, incoming);
     incoming = next;
   }
+  sched_kv_free(s);
   ina_prefix_cache_destroy(s->cache);
   sched_queue_release(&s->waiting);
   pthread_cond_destroy(&s->control_done);

@@ -152,9 +152,37 @@ typedef struct ina_request_event {
  * (finish != INA_FINISH_NONE), after which the scheduler forgets it. */
 typedef void (*ina_request_callback_t)(const ina_request_event_t *event, void *user_data);
 
+/* KV hand-off between a prefill scheduler and a decode scheduler (prefill/decode
+ * disaggregation): the pages of one request, lent to whoever moves their entries.
+ *
+ * Token t of the request lives in pages[t / page_size], slot t % page_size, of the
+ * scheduler's pool (kvcache/page_pool.h). The callee of an ina_kv_pages_fn owns one
+ * reference on each listed page and must give every one back with
+ * ina_scheduler_release_pages, from any thread, once it is done with the entries: until
+ * then the pages stay out of the pool, whatever becomes of the request (finished,
+ * cancelled, preempted), so nothing else writes there while a transfer reads or writes
+ * them. */
+typedef struct ina_kv_pages {
+  const char *request_id;
+  const int32_t *pages;  /* [num_pages], valid during the call only (the references are the callee's) */
+  int32_t num_pages;
+  int32_t page_size;
+  /* Export: the tokens [0, num_tokens) whose entries are computed and final. Import: the
+   * prompt's length; its entries are to be written. */
+  int64_t num_tokens;
+  /* Import: tokens [0, first_token) are already in place (shared from the prefix cache);
+   * only [first_token, num_tokens) must be written. Export: 0. */
+  int64_t first_token;
+} ina_kv_pages_t;
+
+/* Runs on the driver thread inside a step with no scheduler lock held: it must not block
+ * or drive the scheduler (submit, cancel, ina_scheduler_import_done and
+ * ina_scheduler_release_pages are allowed). */
+typedef void (*ina_kv_pages_fn)(const ina_kv_pages_t *kv, void *user_data);
+
 typedef struct ina_request {
   size_t struct_size; /* sizeof(ina_request_t), set by the INIT macro */
-  uint32_t version;   /* 1 */
+  uint32_t version;   /* 3 */
   const char *id;     /* non-empty, unique among the scheduler's unfinished requests */
   const int32_t *prompt;
   int32_t prompt_len; /* >= 1, ids in [0, vocab) */
@@ -170,10 +198,27 @@ typedef struct ina_request {
    * (log-softmax of the model's logits, before temperature and top-k / top-p, as vLLM
    * reports them). A step with such a request computes full logits even when greedy. */
   int32_t logprobs;
+  /* Version 3, the hand-off (see ina_kv_pages_t); at most one of the two, and neither
+   * under replication (INA_ERR_UNSUPPORTED there).
+   * kv_export (prefill side): after each step that computed prompt tokens of this
+   * request, the pages holding every token computed so far. After a preemption the
+   * count starts again from the prefix the request keeps; entries once reported are
+   * recomputed equal (the engine is deterministic), so a callee sends only what it has
+   * not sent yet.
+   * kv_import (decode side): the request's prompt is not computed here. At admission
+   * (when pages for the whole prompt are free) the scheduler shares what the prefix
+   * cache holds of it, takes pages for the rest and hands them to kv_import; the request
+   * then waits, in no batch and never preempted, until ina_scheduler_import_done says
+   * the entries are written (its first token arrives with them: decoding goes on from
+   * there) or failed (it finishes with the error). */
+  ina_kv_pages_fn kv_export;
+  ina_kv_pages_fn kv_import;
+  void *kv_user_data; /* passed to either */
 } ina_request_t;
 
-#define INA_REQUEST_INIT \
-  {sizeof(ina_request_t), 2, NULL, NULL, 0, 16, INA_SAMPLING_PARAMS_INIT, NULL, 0, 0, NULL, NULL, -1}
+#define INA_REQUEST_INIT                                                                                 \
+  {sizeof(ina_request_t), 3, NULL, NULL, 0, 16, INA_SAMPLING_PARAMS_INIT, NULL, 0, 0, NULL, NULL, -1, NULL, \
+   NULL, NULL}
 #define INA_REQUEST_MAX_LOGPROBS 20
 
 typedef struct ina_scheduler_stats {
@@ -195,6 +240,10 @@ typedef struct ina_scheduler_stats {
   double busy_seconds;        /* wall time spent in steps that ran a forward */
   double generated_tokens_per_second; /* generated_tokens / busy_seconds */
   double tokens_per_second;   /* (prefill + decode tokens) / busy_seconds */
+  /* The hand-off (ina_kv_pages_t): page references lent to kv_export / kv_import callees
+   * and not yet given back, and requests waiting for their imported entries. */
+  int32_t kv_pages_lent;
+  int32_t importing;
 } ina_scheduler_stats_t;
 
 /* config may be NULL (defaults). The pool must have no pages in use by others. */
@@ -240,6 +289,33 @@ void ina_scheduler_stats(ina_scheduler_t *scheduler, ina_scheduler_stats_t *out)
 /* Drop every prefix cache entry (their unused pages return to the pool). Driver thread
  * only: not while the run loop runs (INA_ERR_INVALID_ARGUMENT). */
 ina_status_t ina_scheduler_flush_prefix_cache(ina_scheduler_t *scheduler);
+
+/* The outcome of a kv_import request's transfer (ina_scheduler_import_done). */
+typedef struct ina_kv_import_result {
+  ina_status_t status;  /* INA_OK: entries [first_token, num_tokens) are written */
+  const char *error;    /* status != INA_OK: why (copied); NULL for none */
+  /* INA_OK: the request's first generated token, sampled where the prompt ran (with the
+   * request's sampling params and seed: the decode side's sampler skips that draw), and,
+   * for a request with logprobs >= 0, its log probabilities as in ina_request_event_t. */
+  int32_t token;
+  float logprob;
+  int32_t num_top;
+  const int32_t *top_ids;
+  const float *top_logprobs;
+} ina_kv_import_result_t;
+
+/* A kv_import request's entries are in place (or will never be): at the next step it
+ * decodes on from its first token, or finishes with the error. Any thread, once per
+ * import; INA_ERR_NOT_FOUND when no unfinished request has this id or it is not waiting
+ * for an import (a cancelled one, say); INA_ERR_INVALID_ARGUMENT for a token outside the
+ * vocabulary. */
+ina_status_t ina_scheduler_import_done(ina_scheduler_t *scheduler, const char *request_id,
+                                       const ina_kv_import_result_t *result);
+
+/* Give back page references a kv_export / kv_import callee held (ina_kv_pages_t). Any
+ * thread; the driver drops them at its next step (the run loop is woken for it) or at
+ * destroy. Pages not lent are a caller bug, logged by the pool. */
+ina_status_t ina_scheduler_release_pages(ina_scheduler_t *scheduler, const int32_t *pages, int32_t count);
 
 /* The largest control command, in bytes. */
 #define INA_SCHEDULER_CONTROL_MAX_BYTES ((size_t)64 << 20)

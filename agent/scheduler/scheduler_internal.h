@@ -45,6 +45,12 @@ typedef struct sched_request {
   ina_request_callback_t callback;
   void *user_data;
 
+  /* The hand-off (kv_handoff.c; ina_request_t v3). importing (driver): admitted, pages
+   * lent to kv_import, waiting for ina_scheduler_import_done. */
+  ina_kv_pages_fn kv_export, kv_import;
+  void *kv_user_data;
+  int importing;
+
   /* This step's plan (driver). */
   int32_t step_tokens;    /* new tokens in this step's batch, 0 when not scheduled */
   int32_t step_pages;     /* pool pages they take */
@@ -59,6 +65,15 @@ typedef struct sched_request {
 
   /* Shared, under mu. */
   int cancel_requested;
+  /* The hand-off: import_lent once kv_import has the pages; then
+   * ina_scheduler_import_done's result, until the driver applies it. */
+  int import_lent, import_ready;
+  ina_status_t import_status;
+  char import_error[256];
+  int32_t import_token, import_num_top;
+  float import_logprob;
+  int32_t import_top_ids[INA_REQUEST_MAX_LOGPROBS];
+  float import_top_logprobs[INA_REQUEST_MAX_LOGPROBS];
   struct sched_request *live_prev, *live_next;
   struct sched_request *incoming_next;
 } sched_request_t;
@@ -141,8 +156,14 @@ struct ina_scheduler {
   int64_t *rx_words;
   size_t rx_capacity;
 
+  int32_t kv_lent;               /* page references lent to the hand-off, not yet dropped */
+  int32_t num_importing;         /* running requests with importing set */
+
   /* Shared, under mu. */
   pthread_mutex_t mu;
+  int32_t *released_pages;       /* ina_scheduler_release_pages: references to drop */
+  int32_t num_released, released_capacity;
+  int32_t pending_imports;       /* import results set since the driver last looked (at least) */
   pthread_cond_t wake;           /* the run loop sleeps here while there is no work */
   sched_request_t *incoming_head, *incoming_tail;
   int32_t num_incoming;
@@ -228,6 +249,19 @@ void sched_unlink_finished_locked(ina_scheduler_t *s);
 void sched_deliver(sched_request_t *r, const sched_event_t *e, double now);
 /* Deliver the queued events in order (no lock held), then free the finished requests. */
 void sched_deliver_events(ina_scheduler_t *s);
+
+/* ---- kv_handoff.c ------------------------------------------------------------------- */
+
+/* Lend r's pages holding tokens [0, num_tokens) to a hand-off callee: a reference on each
+ * (driver). */
+void sched_kv_lend(ina_scheduler_t *s, sched_request_t *r, ina_kv_pages_fn fn, int64_t num_tokens,
+                   int64_t first_token);
+/* Driver, at take-in (caller holds mu): drop the references given back, then apply the
+ * import results that arrived (a token event and perhaps a final event each; events for
+ * pending_imports more requests must be reserved). */
+void sched_kv_take_in_locked(ina_scheduler_t *s, double now);
+/* Destroy: drop the references given back and free the list. */
+void sched_kv_free(ina_scheduler_t *s);
 
 /* ---- step.c ------------------------------------------------------------------------- */
 

@@ -92,8 +92,10 @@ static int make_room(ina_scheduler_t *s, const sched_request_t *r, int32_t pages
     const int32_t shortfall = pages - available_pages(s, stripe);
     if (shortfall <= 0) return 1;
     if (s->cache && ina_prefix_cache_evict(s->cache, shortfall) > 0) continue;
+    /* Never one waiting for an import: a transfer writes into its pages. */
     int32_t youngest = s->num_running - 1;
-    while (stripe_of(s, s->running[youngest]) != stripe) youngest--; /* r itself is one */
+    while (s->running[youngest] != r && (stripe_of(s, s->running[youngest]) != stripe || s->running[youngest]->importing))
+      youngest--; /* r itself stops the search */
     if (s->running[youngest] == r) return 0;
     preempt(s, youngest);
   }
@@ -107,7 +109,7 @@ static int plan_running(ina_scheduler_t *s) {
   for (int pass = 0; pass < 2; pass++) {
     for (int32_t i = 0; i < s->num_running; i++) {
       sched_request_t *r = s->running[i];
-      if (r->step_tokens > 0 || is_prefilling(r) != (pass == 1)) continue;
+      if (r->importing || r->step_tokens > 0 || is_prefilling(r) != (pass == 1)) continue;
       const int32_t n = chunk_tokens(r->num_tokens - r->num_computed, s->budget);
       if (n == 0) continue;
       const int32_t pages = (int32_t)ina_kv_seq_pages_needed(s->pool, &r->seq, n);
@@ -141,12 +143,55 @@ static int32_t share_cached_prefix(ina_scheduler_t *s, sched_request_t *r) {
   return n;
 }
 
+/* Admit a kv_import request (scheduler.h): share what the prefix cache holds of its
+ * prompt, take pages for the rest and lend them to kv_import. Nothing of it runs here
+ * until the import is done. 0 when the pages are not free (it waits). */
+static int admit_import(ina_scheduler_t *s, sched_request_t *r) {
+  int32_t shared = 0;
+  if (s->cache) { /* at least one token comes over: a transfer is never empty */
+    const int32_t max_pages = (r->prompt_len - 1) / s->page_size;
+    shared = ina_prefix_cache_match(s->cache, r->tokens, max_pages, s->match_pages);
+    const ina_kv_seq_t cached = {s->match_pages, shared, shared, (int64_t)shared * s->page_size, 0};
+    if (shared > 0 && ina_kv_seq_fork(s->pool, &cached, cached.num_tokens, &r->seq) != INA_OK) shared = 0;
+  }
+  if (shared == 0) r->seq.stripe_pick = 1 + roomiest_stripe(s);
+  const int32_t stripe = stripe_of(s, r);
+  const int32_t need = pages_for_tokens(r->prompt_len, s->page_size) - shared;
+  if (need > available_pages(s, stripe) && s->cache) {
+    const int32_t shortfall = need - available_pages(s, stripe);
+    if (ina_prefix_cache_reclaimable(s->cache) >= shortfall) ina_prefix_cache_evict(s->cache, shortfall);
+  }
+  if (need > available_pages(s, stripe) ||
+      ina_kv_seq_append(s->pool, &r->seq, r->prompt_len - (int64_t)shared * s->page_size) != INA_OK) {
+    ina_kv_seq_release(s->pool, &r->seq);
+    return 0;
+  }
+  r->num_computed = shared * s->page_size;
+  r->importing = 1;
+  s->num_importing++;
+  sched_kv_lend(s, r, r->kv_import, r->prompt_len, r->num_computed);
+  return 1;
+}
+
 /* Admit waiting requests in FIFO order while the budget, the running limit and the pool
  * allow. A request is admitted only when pages for its whole remaining prompt are free
  * (or can be freed from the prefix cache); otherwise it and everything behind it wait. */
 static void plan_admissions(ina_scheduler_t *s, double now) {
   while (s->waiting.count > 0 && s->num_running < s->max_running && s->budget > 0) {
     sched_request_t *r = sched_queue_at(&s->waiting, 0);
+    if (r->kv_import) {
+      if (!admit_import(s, r)) return;
+      sched_queue_pop_front(&s->waiting);
+      s->running[s->num_running++] = r;
+      if (r->t_admit < 0) r->t_admit = now;
+      if (s->cache) {
+        s->counters.prefix_cache_queries++;
+        s->counters.prefix_cache_hits += r->num_computed > 0;
+        s->counters.prefix_cache_hit_tokens += r->num_computed;
+      }
+      r->cached_tokens += r->num_computed;
+      continue;
+    }
     const int32_t shared = share_cached_prefix(s, r);
     r->num_computed = shared * s->page_size;
     /* A shared prefix fixes the stripe; else the one with the most room. */
@@ -215,7 +260,8 @@ static ina_status_t take_in_locked(ina_scheduler_t *s) {
   ina_status_t st = INA_OK;
   const int32_t total = s->waiting.count + s->num_running + s->num_incoming;
   INA_CHECK(sched_queue_reserve(&s->waiting, total));
-  INA_CHECK(sched_events_reserve(s, total));
+  /* Import results add a token and perhaps a final event before the step's own. */
+  INA_CHECK(sched_events_reserve(s, total + s->pending_imports));
   INA_CHECK(sched_replica_reserve(s, total));
   for (sched_request_t *r = s->incoming_head, *next; r; r = next) {
     next = r->incoming_next;
@@ -226,6 +272,7 @@ static ina_status_t take_in_locked(ina_scheduler_t *s) {
   s->incoming_head = s->incoming_tail = NULL;
   s->num_incoming = 0;
   if (s->pending_cancels > 0) apply_cancellations_locked(s);
+  sched_kv_take_in_locked(s, sched_now());
   sched_publish_locked(s); /* stats count the arrivals as waiting while this step runs */
 fail:
   return st;
@@ -247,6 +294,9 @@ static void after_forward(ina_scheduler_t *s, double now) {
      * one-token prompt took the decode path, whose entries round differently.) */
     if (was_prefilling && !is_prefilling(r) && s->cache && r->prefill_len >= 2)
       ina_prefix_cache_insert(s->cache, r->tokens, r->prefill_len / s->page_size, r->seq.pages);
+    /* Prompt entries computed: a prefill side lends them to its transfer. */
+    if (was_prefilling && r->kv_export)
+      sched_kv_lend(s, r, r->kv_export, r->num_computed < r->prompt_len ? r->num_computed : r->prompt_len, 0);
     if (r->num_computed < r->num_tokens) continue; /* a prompt chunk: nothing to sample yet */
     int32_t token = -1;
     ina_status_t st = INA_OK;
