@@ -101,6 +101,10 @@ ina_status_t ina_ucx_peer_connect(ina_ucx_engine_t *engine, const void *blob, si
  * NULL is a no-op. */
 void ina_ucx_peer_disconnect(ina_ucx_peer_t *peer);
 uint32_t ina_ucx_peer_region_count(const ina_ucx_peer_t *peer);
+/* 1 once UCX reported the endpoint failed (the peer process died or its connection
+ * broke: endpoints use peer error handling, so such operations fail rather than hang);
+ * then disconnect it. 1 for NULL. */
+int ina_ucx_peer_failed(const ina_ucx_peer_t *peer);
 /* Remote base address and length of the peer's region `index`. */
 ina_status_t ina_ucx_peer_region(const ina_ucx_peer_t *peer, uint32_t index, uint64_t *out_base,
                                  uint64_t *out_length);

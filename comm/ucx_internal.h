@@ -37,6 +37,7 @@ struct ina_ucx_peer {
   ucp_ep_h ep;
   ina_ucx_remote_region_t *regions;
   uint32_t region_count;
+  int failed; /* UCX reported the endpoint failed (the peer is gone) */
 };
 
 /* Seconds on a monotonic clock. */

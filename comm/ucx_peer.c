@@ -31,6 +31,16 @@ fail:
   return st;
 }
 
+/* UCX reports a failed endpoint (the peer died, its connection broke) here, from inside
+ * a progress call on the engine's thread: operations on it then complete with errors
+ * instead of hanging or ending the process. */
+static void on_endpoint_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
+  (void)ep;
+  ina_ucx_peer_t *p = arg;
+  if (!p->failed) INA_LOG_W(INA_LOG_SUBSYS, "ucx endpoint failed: %s", ucs_status_string(status));
+  p->failed = 1;
+}
+
 ina_status_t ina_ucx_peer_connect(ina_ucx_engine_t *e, const void *blob, size_t size,
                                   ina_ucx_peer_t **out) {
   ina_status_t st = INA_OK;
@@ -44,8 +54,11 @@ ina_status_t ina_ucx_peer_connect(ina_ucx_engine_t *e, const void *blob, size_t 
   INA_CHECK_ALLOC(p);
   p->engine = e;
   ucp_ep_params_t params = {
-      .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+      .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER,
       .address = view.address,
+      .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+      .err_handler = {.cb = on_endpoint_error, .arg = p},
   };
   ucs_status_t us = ucp_ep_create(e->worker, &params, &p->ep);
   INA_REQUIRE(us == UCS_OK, INA_ERR_IO, "ucp_ep_create from a %zu-byte worker address: %s",
@@ -88,7 +101,9 @@ void ina_ucx_peer_disconnect(ina_ucx_peer_t *p) {
   for (uint32_t i = 0; i < p->region_count; i++) ucp_rkey_destroy(p->regions[i].rkey);
   free(p->regions);
   if (p->ep) {
-    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = 0};
+    /* A failed endpoint has nobody to drain towards: close it at once. */
+    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = p->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0};
     void *req = ucp_ep_close_nbx(p->ep, &param);
     if (ina_ucx_wait_request(p->engine, &req, INA_UCX_CLOSE_TIMEOUT_S, "ucx endpoint close") !=
             INA_OK &&
@@ -102,6 +117,8 @@ void ina_ucx_peer_disconnect(ina_ucx_peer_t *p) {
 }
 
 uint32_t ina_ucx_peer_region_count(const ina_ucx_peer_t *p) { return p ? p->region_count : 0; }
+
+int ina_ucx_peer_failed(const ina_ucx_peer_t *p) { return p ? p->failed : 1; }
 
 ina_status_t ina_ucx_peer_region(const ina_ucx_peer_t *p, uint32_t index, uint64_t *out_base,
                                  uint64_t *out_length) {
