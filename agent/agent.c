@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "core/cuda.h"
 #include "agent/agent_internal.h"
+#include "agent/handoff/handoff.h"
 
 /* The warm-up's request id holds a space, which the Generate validator refuses, so no
  * client request can collide with it. */
@@ -154,6 +155,41 @@ fail:
   return st;
 }
 
+/* What two agents exchanging KV entries must agree on beyond the cache's shape: the
+ * model (its directory's last component for a checkpoint, else its name and seed), its
+ * main shapes and its weights' dtype. */
+static void model_fingerprint(const ina_agent_t *agent, const ina_agent_options_t *o, char *out, size_t size) {
+  const ina_model_config_t *c = ina_model_config(agent->model);
+  const char *name = agent->model_name, *slash;
+  size_t len = strlen(name);
+  while (len > 1 && name[len - 1] == '/') len--;
+  for (slash = name + len; slash > name && slash[-1] != '/'; slash--) {
+  }
+  char seed[32] = "";
+  if (!ina_model_from_checkpoint(agent->model)) snprintf(seed, sizeof seed, " seed %llu", (unsigned long long)o->model_seed);
+  snprintf(out, size, "%.*s%s: %d layers, hidden %d, kv %d+%d, vocab %d, %s weights", (int)(name + len - slash), slash,
+           seed, c->num_layers, c->hidden_size, c->kv_lora_rank, c->qk_rope_head_dim, c->vocab_size,
+           agent->weight_dtype);
+}
+
+/* Prefill/decode disaggregation (handoff/handoff.h): roles other than both. */
+static ina_status_t start_handoff(ina_agent_t *agent, const ina_agent_options_t *o) {
+  ina_status_t st = INA_OK;
+  if (o->struct_size < offsetof(ina_agent_options_t, kv_transfer_timeout_ms) + sizeof(int64_t)) return INA_OK;
+  int32_t role = AGENT_ROLE_BOTH;
+  INA_REQUIRE(!o->role || agent_role_parse(o->role, &role) == 0, INA_ERR_INVALID_ARGUMENT,
+              "--role '%s': expected both, prefill or decode", o->role);
+  INA_REQUIRE(role == AGENT_ROLE_DECODE || !o->prefill_agent || !o->prefill_agent[0], INA_ERR_INVALID_ARGUMENT,
+              "--prefill-agent is for --role decode (this agent's role is %s)", agent_role_name(role));
+  if (role == AGENT_ROLE_BOTH) return INA_OK;
+  char fingerprint[256];
+  model_fingerprint(agent, o, fingerprint, sizeof fingerprint);
+  const agent_handoff_options_t ho = {role, o->prefill_agent, o->kv_transfer_timeout_ms, 0, fingerprint};
+  INA_CHECK(agent_handoff_start(agent, &ho, &agent->handoff));
+fail:
+  return st;
+}
+
 static ina_status_t start_server(ina_agent_t *agent, const ina_agent_options_t *o) {
   ina_status_t st = INA_OK;
   ina_rpc_server_options_t so = INA_RPC_SERVER_OPTIONS_INIT;
@@ -173,6 +209,7 @@ static ina_status_t start_server(ina_agent_t *agent, const ina_agent_options_t *
       o->struct_size >= offsetof(ina_agent_options_t, allow_unauthenticated_admin) + sizeof(int32_t) &&
       o->allow_unauthenticated_admin;
   INA_CHECK(agent_register_placement_service(agent, o->admin_token, open_admin));
+  if (agent->handoff) INA_CHECK(agent_handoff_register_service(agent->handoff, agent->server));
   INA_CHECK(ina_rpc_server_start(agent->server));
 fail:
   return st;
@@ -306,6 +343,7 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
     return INA_OK;
   }
   INA_CHECK(ina_scheduler_run_start(agent->scheduler));
+  INA_CHECK(start_handoff(agent, options));
   /* Before the server starts, so that every Generate handler sees agent->metrics. */
   const char *metrics_listen =
       options->struct_size >= offsetof(ina_agent_options_t, metrics_listen) + sizeof(const char *)
@@ -487,6 +525,9 @@ void ina_agent_destroy(ina_agent_t *agent) {
   }
   agent_http_stop(agent->http); /* drain stopped it, unless create failed before serving */
   agent->http = NULL;
+  /* No handler runs any more; its transfers end while the scheduler still steps. */
+  agent_handoff_stop(agent->handoff);
+  agent->handoff = NULL;
   ina_health_destroy(agent->health);
   /* The sampler reads the scheduler; the counters stay, for final events its destroy
    * may still deliver. */

@@ -143,12 +143,23 @@ typedef struct ina_agent_options {
   const char *api_key;
   const char *served_model_name;
   const char *chat_format;
+  /* Version 10. Prefill/decode disaggregation (proto/ina/v1/kv_transfer.proto): role
+   * "both" (NULL, the default: serves Generate by itself), "prefill" (serves
+   * ina.v1.KvTransfer/Prefill for decode agents, refuses Generate) or "decode" (serves
+   * Generate; its prompts run on prefill_agent, "HOST:PORT", or the one a request names,
+   * and their KV entries arrive over UCX). kv_transfer_timeout_ms: how long one
+   * transfer may take (<= 0: 30000). CPU engine, one rank on the decode side, no
+   * attention DP. */
+  const char *role;
+  const char *prefill_agent;
+  int64_t kv_transfer_timeout_ms;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 9, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
-   0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,      \
-   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0, 1024, NULL, 3.0, 0, 1, NULL, NULL, NULL, NULL}
+  {sizeof(ina_agent_options_t), 10, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+   0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,       \
+   NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0, 1024, NULL, 3.0, 0, 1, NULL, NULL, NULL, NULL, NULL,  \
+   NULL, 0}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 

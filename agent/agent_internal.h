@@ -44,6 +44,7 @@ typedef struct agent_generation {
   uint32_t num_pending;
   uint32_t completion_tokens;
   uint32_t last_token; /* the latest generated token (a stop id when one ended it) */
+  char *prefill_agent; /* GenerateRequest.prefill_agent (a decode agent's), or NULL */
   double last_token_seconds; /* monotonic time of the latest token event; 0 before one */
 } agent_generation_t;
 
@@ -53,6 +54,8 @@ typedef struct agent_generation {
 typedef struct agent_metrics agent_metrics_t;
 /* The OpenAI-compatible HTTP API (service_http.c); NULL when off. */
 typedef struct agent_http agent_http_t;
+/* Prefill/decode disaggregation (handoff/handoff.h); NULL for role both. */
+struct agent_handoff;
 
 struct ina_agent {
   ina_model_t *model;
@@ -62,6 +65,7 @@ struct ina_agent {
   ina_health_t *health;
   agent_metrics_t *metrics; /* NULL: metrics off; set before the gRPC server starts */
   agent_http_t *http;       /* NULL: no HTTP API */
+  struct agent_handoff *handoff; /* NULL: role both */
 
   char *model_name;
   const char *weight_dtype; /* static string */

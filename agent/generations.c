@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "agent/agent_internal.h"
+#include "agent/handoff/handoff.h"
 
 agent_generation_t *agent_find_generation_locked(ina_agent_t *agent, const char *request_id) {
   for (agent_generation_t *g = agent->generations; g; g = g->next)
@@ -43,6 +44,18 @@ static int queue_full_locked(ina_agent_t *agent, char *msg) {
   return 1;
 }
 
+/* Submits r, on a decode agent with its prompt sent to a prefill agent. */
+static ina_rpc_code_t submit_to_scheduler(ina_agent_t *agent, const agent_generation_t *g, const ina_request_t *r,
+                                          char *msg) {
+  ina_request_t q = *r;
+  ina_rpc_code_t code = agent_handoff_wrap(agent->handoff, &q, g->prefill_agent, msg);
+  if (code != INA_RPC_OK) return code;
+  const int submitted = ina_scheduler_submit(agent->scheduler, &q) == INA_OK;
+  if (!submitted) code = ina_rpc_error(msg, INA_RPC_INVALID_ARGUMENT, "%s", ina_last_error());
+  agent_handoff_submitted(&q, submitted);
+  return code;
+}
+
 ina_rpc_code_t agent_submit_generation(ina_agent_t *agent, agent_generation_t *g, const ina_request_t *r,
                                        char *msg) {
   ina_rpc_code_t code = INA_RPC_OK;
@@ -58,8 +71,11 @@ ina_rpc_code_t agent_submit_generation(ina_agent_t *agent, agent_generation_t *g
                          g->request_id);
   } else if (queue_full_locked(agent, msg)) {
     code = INA_RPC_RESOURCE_EXHAUSTED;
-  } else if (ina_scheduler_submit(agent->scheduler, r) != INA_OK) {
-    code = ina_rpc_error(msg, INA_RPC_INVALID_ARGUMENT, "%s", ina_last_error());
+  } else if (agent_handoff_role(agent->handoff) == AGENT_ROLE_PREFILL) {
+    code = ina_rpc_error(msg, INA_RPC_UNAVAILABLE,
+                         "this agent runs with --role prefill: it serves ina.v1.KvTransfer/Prefill for decode agents; "
+                         "send Generate to a decode agent");
+  } else if ((code = submit_to_scheduler(agent, g, r, msg)) != INA_RPC_OK) {
   } else {
     /* Its callback cannot finish it before this: it needs the lock to leave the list. */
     g->next = agent->generations;

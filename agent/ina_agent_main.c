@@ -44,6 +44,14 @@ static void usage(FILE *f) {
           "                       (default: --model)\n"
           "  --chat-format NAME   the chat format of /v1/chat/completions (default: recognized\n"
           "                       from the checkpoint's chat template)\n"
+          "  --role R             both (default): serves Generate by itself; prefill: runs\n"
+          "                       prompts for decode agents (ina.v1.KvTransfer/Prefill) and\n"
+          "                       refuses Generate; decode: serves Generate, its prompts run\n"
+          "                       on --prefill-agent and their KV pages arrive over UCX\n"
+          "  --prefill-agent HOST:PORT  a decode agent's prefill agent (a request may name\n"
+          "                       another in GenerateRequest.prefill_agent)\n"
+          "  --kv-transfer-timeout-ms N  how long one prompt's prefill and transfer may take\n"
+          "                       (default 30000)\n"
           "  --device D           cpu, cuda (device 0) or cuda:N; default cuda when a CUDA\n"
           "                       device is present, else cpu\n"
           "  --page-size N        KV cache page size in tokens (default 16)\n"
@@ -362,7 +370,7 @@ int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
          O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_OPEN_ADMIN, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP,
          O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT, O_EXCHANGE, O_TBO, O_HTTP, O_API_KEY_FILE, O_SERVED,
-         O_CHAT_FORMAT };
+         O_CHAT_FORMAT, O_ROLE, O_PREFILL_AGENT, O_KV_TIMEOUT };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -380,6 +388,8 @@ int main(int argc, char **argv) {
       {"two-batch-overlap", no_argument, 0, O_TBO},
       {"http-listen", required_argument, 0, O_HTTP},  {"api-key-file", required_argument, 0, O_API_KEY_FILE},
       {"served-model-name", required_argument, 0, O_SERVED}, {"chat-format", required_argument, 0, O_CHAT_FORMAT},
+      {"role", required_argument, 0, O_ROLE},         {"prefill-agent", required_argument, 0, O_PREFILL_AGENT},
+      {"kv-transfer-timeout-ms", required_argument, 0, O_KV_TIMEOUT},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512], api_key[512];
@@ -435,6 +445,18 @@ int main(int argc, char **argv) {
       break;
     case O_SERVED: o.served_model_name = optarg; break;
     case O_CHAT_FORMAT: o.chat_format = optarg; break;
+    case O_ROLE:
+      if (strcmp(optarg, "both") && strcmp(optarg, "prefill") && strcmp(optarg, "decode")) {
+        fprintf(stderr, "ina-agent: --role '%s': expected both, prefill or decode\n", optarg);
+        return 2;
+      }
+      o.role = optarg;
+      break;
+    case O_PREFILL_AGENT: o.prefill_agent = optarg; break;
+    case O_KV_TIMEOUT:
+      if (parse_int("--kv-transfer-timeout-ms", optarg, 1, 3600000, &v)) return 2;
+      o.kv_transfer_timeout_ms = v;
+      break;
     case O_HB_TIMEOUT: if (parse_seconds("--heartbeat-timeout", optarg, &o.heartbeat_timeout_s)) return 2; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;

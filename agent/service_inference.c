@@ -74,6 +74,7 @@ static void generation_free(agent_generation_t *g) {
   if (!g) return;
   free(g->pending);
   free(g->request_id);
+  free(g->prefill_agent);
   free(g);
 }
 
@@ -161,7 +162,8 @@ static agent_generation_t *generation_new(ina_agent_t *agent, ina_rpc_writer_t *
   g->stream_interval = req->stream_interval > 0 ? req->stream_interval : 1;
   g->request_id = strdup(req->request_id);
   g->pending = malloc(g->stream_interval * sizeof *g->pending);
-  if (!g->request_id || !g->pending) {
+  if (req->prefill_agent && req->prefill_agent[0]) g->prefill_agent = strdup(req->prefill_agent);
+  if (!g->request_id || !g->pending || (req->prefill_agent && req->prefill_agent[0] && !g->prefill_agent)) {
     generation_free(g);
     return NULL;
   }

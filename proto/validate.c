@@ -123,6 +123,13 @@ ina_status_t ina_validate_generate_request(const Ina__V1__GenerateRequest *req,
   if (req->stream_interval > INA_PROTO_MAX_STREAM_INTERVAL)
     return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "stream_interval: %u > %d", req->stream_interval,
                   INA_PROTO_MAX_STREAM_INTERVAL);
+  for (size_t i = 0; req->prefill_agent && req->prefill_agent[i]; i++) {
+    const unsigned char c = (unsigned char)req->prefill_agent[i];
+    if (i >= 255) return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "prefill_agent: longer than 255 bytes");
+    if (c < 0x21 || c > 0x7e)
+      return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT,
+                    "prefill_agent[%zu]: byte 0x%02x is not printable ASCII (expected host:port)", i, c);
+  }
   return accept(v);
 }
 
@@ -269,5 +276,60 @@ ina_status_t ina_validate_apply_placement_request(const Ina__V1__ApplyPlacementR
                   "expected_generation: %llu != generation in force %llu",
                   (unsigned long long)req->expected_generation,
                   (unsigned long long)limits->current_generation);
+  return accept(v);
+}
+
+/* ---- PrefillRequest ----------------------------------------------------------------- */
+
+ina_status_t ina_validate_prefill_request(const Ina__V1__PrefillRequest *req, const ina_prefill_limits_t *limits,
+                                          char *msg, size_t msg_size, ina_proto_code_t *code) {
+  const verdict_t vd = {msg, msg_size, code}, *v = &vd;
+  ina_status_t st;
+  if (req == NULL) return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "request: NULL");
+  if (limits == NULL || limits->vocab_size == 0 || limits->max_context_tokens == 0)
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "limits: NULL or zero");
+  if ((st = check_request_id(v, req->transfer_id)) != INA_OK) {
+    /* The same rules as a request id; the message names this field. */
+    char inner[256];
+    snprintf(inner, sizeof inner, "%s", v->msg_size > 0 ? v->msg : "");
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "transfer_id (as %s)", inner);
+  }
+  if (req->n_prompt_token_ids == 0) return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "prompt_token_ids: empty");
+  if ((uint64_t)req->n_prompt_token_ids + 1 > limits->max_context_tokens)
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "prompt_token_ids: %zu tokens + 1 > max_context_tokens %u",
+                  req->n_prompt_token_ids, limits->max_context_tokens);
+  for (size_t i = 0; i < req->n_prompt_token_ids; i++)
+    if (req->prompt_token_ids[i] >= limits->vocab_size)
+      return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "prompt_token_ids[%zu]: %u >= vocab_size %u", i,
+                    req->prompt_token_ids[i], limits->vocab_size);
+  if ((st = check_sampling(v, req->sampling, limits->vocab_size)) != INA_OK) return st;
+  if (req->logprobs_plus_one > INA_PROTO_MAX_LOGPROBS + 1)
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "logprobs_plus_one: %u > %d", req->logprobs_plus_one,
+                  INA_PROTO_MAX_LOGPROBS + 1);
+  const Ina__V1__KvEndpoint *d = req->decode;
+  if (d == NULL || d->layout == NULL) return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "decode.layout: missing");
+  const Ina__V1__KvLayout *l = d->layout;
+  if (l->page_size == 0 || l->num_pages == 0 || l->num_layers == 0 || l->entry_bytes == 0)
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT,
+                  "decode.layout: page_size %u, num_pages %u, num_layers %u, entry_bytes %llu (each must be >= 1)",
+                  l->page_size, l->num_pages, l->num_layers, (unsigned long long)l->entry_bytes);
+  if (l->page_size > (1u << 20) || l->num_pages > (1u << 30) || l->num_layers > 4096 ||
+      l->entry_bytes > (1u << 24))
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "decode.layout: a count is implausibly large");
+  if (d->ucx_blob.len == 0 || d->ucx_blob.len > INA_PROTO_MAX_BLOB_BYTES)
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "decode.ucx_blob: %zu bytes (expected 1..%u)", d->ucx_blob.len,
+                  INA_PROTO_MAX_BLOB_BYTES);
+  const uint64_t pages = ((uint64_t)req->n_prompt_token_ids + l->page_size - 1) / l->page_size;
+  if (req->n_decode_pages != pages)
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT,
+                  "decode_pages: %zu pages for a %zu-token prompt in pages of %u (expected %llu)", req->n_decode_pages,
+                  req->n_prompt_token_ids, l->page_size, (unsigned long long)pages);
+  for (size_t i = 0; i < req->n_decode_pages; i++)
+    if (req->decode_pages[i] >= l->num_pages)
+      return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "decode_pages[%zu]: %u >= decode.layout.num_pages %u", i,
+                    req->decode_pages[i], l->num_pages);
+  if (req->first_token >= req->n_prompt_token_ids)
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "first_token: %u >= the prompt's %zu tokens", req->first_token,
+                  req->n_prompt_token_ids);
   return accept(v);
 }

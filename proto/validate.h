@@ -25,6 +25,7 @@
 
 #include "core/status.h"
 #include "ina/v1/inference.pb-c.h"
+#include "ina/v1/kv_transfer.pb-c.h"
 #include "ina/v1/placement.pb-c.h"
 
 #ifdef __cplusplus
@@ -80,6 +81,22 @@ ina_status_t ina_validate_apply_placement_request(const Ina__V1__ApplyPlacementR
                                                   const ina_placement_limits_t *limits,
                                                   char *msg, size_t msg_size,
                                                   ina_proto_code_t *code);
+
+/* What a prefill agent accepts (ina.v1.KvTransfer/Prefill). */
+typedef struct ina_prefill_limits {
+  uint32_t vocab_size;         /* token ids must be < this; >= 1 */
+  uint32_t max_context_tokens; /* the prompt plus its first token must fit; >= 1 */
+} ina_prefill_limits_t;
+#define INA_PROTO_MAX_LOGPROBS 20
+#define INA_PROTO_MAX_BLOB_BYTES (1u << 20)
+
+/* Checks transfer_id (as request_id), prompt_token_ids, sampling, logprobs_plus_one,
+ * that decode carries a layout (counts >= 1) and a non-empty blob of at most
+ * INA_PROTO_MAX_BLOB_BYTES, that decode_pages has one page per decode page of the
+ * prompt, each below decode.layout.num_pages, and first_token < the prompt's length
+ * (INVALID_ARGUMENT). Whether the layout pairs with the agent's is the caller's check. */
+ina_status_t ina_validate_prefill_request(const Ina__V1__PrefillRequest *req, const ina_prefill_limits_t *limits,
+                                          char *msg, size_t msg_size, ina_proto_code_t *code);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,312 @@
+/* The link thread: the one thread that touches UCX (comm/ucx_engine.h runs single-
+ * threaded). On a prefill agent it moves each transfer's entries: as the scheduler lends
+ * the pages of each computed prompt chunk (kv_export), it plans the copy of the tokens
+ * the decode agent lacks (kvcache/kv_copy.h) and posts them as one batch of puts, so
+ * the chunk's transfer overlaps the next chunk's compute; a batch's pages go back when
+ * it completed at the decode agent. On every agent it progresses the worker, which
+ * transports that need the target's help (TCP) rely on.
+ *
+ * A transfer that fails (a put failed, the deadline passed, an abort) posts nothing more,
+ * cancels its prefill request and waits for its puts in flight; then it is "quiet"
+ * (AbortTransfer answers then) and, once the request's final event has come, it is
+ * answered with its error and freed. */
+#define INA_LOG_SUBSYS "handoff"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/check.h"
+#include "agent/handoff/handoff_internal.h"
+
+/* Idle wake-ups: the worker is progressed at least this often. */
+#define LINK_IDLE_NS 2000000L
+#define LINK_BUSY_NS 100000L
+
+typedef struct handoff_peer {
+  void *blob;
+  size_t blob_size;
+  ina_ucx_peer_t *peer;
+  uint64_t remote_base, remote_length;
+  int users; /* transfers using it */
+  struct handoff_peer *next;
+} handoff_peer_t;
+
+double handoff_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- peers (link) ------------------------------------------------------------------- */
+
+static handoff_peer_t *peer_get(agent_handoff_t *h, const void *blob, size_t size, char *why, size_t why_size) {
+  for (handoff_peer_t *p = h->peers; p; p = p->next)
+    if (p->blob_size == size && memcmp(p->blob, blob, size) == 0 && !ina_ucx_peer_failed(p->peer)) {
+      p->users++;
+      return p;
+    }
+  handoff_peer_t *p = calloc(1, sizeof *p);
+  if (!p || !(p->blob = malloc(size))) {
+    snprintf(why, why_size, "out of memory");
+    free(p);
+    return NULL;
+  }
+  memcpy(p->blob, blob, size);
+  p->blob_size = size;
+  if (ina_ucx_peer_connect(h->ucx, blob, size, &p->peer) != INA_OK ||
+      ina_ucx_peer_region(p->peer, 0, &p->remote_base, &p->remote_length) != INA_OK) {
+    snprintf(why, why_size, "cannot connect to the decode agent's UCX endpoint: %s", ina_last_error());
+    ina_ucx_peer_disconnect(p->peer);
+    free(p->blob);
+    free(p);
+    return NULL;
+  }
+  p->users = 1;
+  p->next = h->peers;
+  h->peers = p;
+  return p;
+}
+
+/* A transfer lets go of its peer; a failed peer nobody uses is closed. */
+static void peer_put(agent_handoff_t *h, handoff_peer_t *peer) {
+  if (!peer) return;
+  peer->users--;
+  for (handoff_peer_t **pp = &h->peers; *pp; pp = &(*pp)->next) {
+    handoff_peer_t *p = *pp;
+    if (p == peer && p->users == 0 && ina_ucx_peer_failed(p->peer)) {
+      *pp = p->next;
+      ina_ucx_peer_disconnect(p->peer);
+      free(p->blob);
+      free(p);
+      return;
+    }
+  }
+}
+
+/* ---- one transfer (link) ------------------------------------------------------------ */
+
+static void release_set(agent_handoff_t *h, handoff_page_set_t *set) {
+  if (!set) return;
+  (void)ina_scheduler_release_pages(h->scheduler, set->pages, set->num_pages);
+  free(set->pages);
+  free(set);
+}
+
+static void fail(handoff_transfer_t *t, ina_rpc_code_t code, const char *fmt, const char *detail) {
+  if (t->fail_code != INA_RPC_OK) return; /* the first reason stands */
+  t->fail_code = code;
+  snprintf(t->fail_msg, sizeof t->fail_msg, fmt, detail);
+}
+
+/* Posts the puts of the tokens `set` completes that the decode agent lacks. */
+static void post_set(agent_handoff_t *h, handoff_transfer_t *t, handoff_page_set_t *set) {
+  handoff_peer_t *peer = t->peer;
+  const int64_t from = t->sent > t->first_token ? t->sent : t->first_token;
+  const int64_t to = set->num_tokens < t->prompt_len ? set->num_tokens : t->prompt_len;
+  if (to <= from) {
+    release_set(h, set);
+    return;
+  }
+  const int64_t cap = ina_kv_copy_max(&h->layout, &t->dst, from, to, 0, h->layout.num_layers);
+  ina_kv_copy_t *plan = malloc((size_t)cap * sizeof *plan);
+  ina_ucx_xfer_t *xfers = malloc((size_t)cap * sizeof *xfers);
+  int64_t n = 0;
+  ina_ucx_batch_t *batch = NULL;
+  handoff_flight_t *flight = calloc(1, sizeof *flight);
+  if (!plan || !xfers || !flight) {
+    fail(t, INA_RPC_RESOURCE_EXHAUSTED, "%s", "out of memory planning the puts");
+    goto out;
+  }
+  if (ina_kv_copy_plan(&h->layout, set->pages, &t->dst, t->dst_pages, from, to, 0, h->layout.num_layers, plan, cap,
+                       &n) != INA_OK) {
+    fail(t, INA_RPC_INTERNAL, "planning the puts: %s", ina_last_error());
+    goto out;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    if (plan[i].dst_offset + plan[i].bytes > peer->remote_length) {
+      fail(t, INA_RPC_INVALID_ARGUMENT, "%s", "a decode page lies outside the decode agent's registered KV storage");
+      goto out;
+    }
+    xfers[i] = (ina_ucx_xfer_t){h->kv_base + plan[i].src_offset, peer->remote_base + plan[i].dst_offset,
+                                (size_t)plan[i].bytes};
+  }
+  if (ina_ucx_post(peer->peer, INA_UCX_PUT, xfers, (size_t)n, &batch) != INA_OK) {
+    fail(t, INA_RPC_INTERNAL, "a put to the decode agent failed: %s", ina_last_error());
+    goto out;
+  }
+  flight->batch = batch;
+  flight->set = set;
+  flight->next = t->flights;
+  t->flights = flight;
+  flight = NULL;
+  set = NULL;
+  t->sent = to;
+  t->bytes += (uint64_t)(to - from) * (uint64_t)h->layout.entry_bytes * (uint64_t)h->layout.num_layers;
+  t->puts += (uint64_t)n;
+out:
+  free(flight);
+  free(plan);
+  free(xfers);
+  release_set(h, set);
+}
+
+/* Completes the flights that are done; a failed one fails the transfer. */
+static void test_flights(agent_handoff_t *h, handoff_transfer_t *t) {
+  for (handoff_flight_t **fp = &t->flights; *fp;) {
+    handoff_flight_t *f = *fp;
+    int done = 0;
+    if (ina_ucx_batch_test(f->batch, &done) != INA_OK) {
+      fail(t, INA_RPC_INTERNAL, "a put to the decode agent failed: %s", ina_last_error());
+      done = 1;
+    }
+    if (!done) {
+      fp = &f->next;
+      continue;
+    }
+    *fp = f->next;
+    ina_ucx_batch_destroy(f->batch);
+    release_set(h, f->set);
+    free(f);
+  }
+}
+
+/* The link's work on one transfer; `sets` were pending. */
+static void step_transfer(agent_handoff_t *h, handoff_transfer_t *t, handoff_page_set_t *sets, int abort_requested,
+                          int finished) {
+  if (abort_requested) fail(t, INA_RPC_ABORTED, "%s", "the transfer was aborted by the decode agent");
+  if (t->fail_code == INA_RPC_OK && handoff_now() > t->deadline && !(finished && t->sent >= t->prompt_len))
+    fail(t, INA_RPC_DEADLINE_EXCEEDED, "%s", "the transfer's timeout passed before the prompt's entries were written");
+  if (t->fail_code == INA_RPC_OK && !t->peer && (sets || finished)) {
+    char why[INA_RPC_MESSAGE_MAX];
+    t->peer = peer_get(h, t->blob, t->blob_size, why, sizeof why);
+    if (!t->peer) fail(t, INA_RPC_UNAVAILABLE, "%s", why);
+  }
+  while (sets) {
+    handoff_page_set_t *next = sets->next;
+    sets->next = NULL;
+    if (t->fail_code == INA_RPC_OK)
+      post_set(h, t, sets);
+    else
+      release_set(h, sets);
+    sets = next;
+  }
+  test_flights(h, t);
+  if (t->peer && ina_ucx_peer_failed((t->peer)->peer))
+    fail(t, INA_RPC_INTERNAL, "%s", "the decode agent's UCX endpoint failed (the decode agent went away)");
+  if (t->fail_code != INA_RPC_OK && t->submitted && !t->cancel_sent && !finished) {
+    t->cancel_sent = 1;
+    (void)ina_scheduler_cancel(h->scheduler, t->id);
+  }
+}
+
+/* Answers and frees a transfer that is over (mu not held). */
+static void complete(agent_handoff_t *h, handoff_transfer_t *t) {
+  ina_rpc_code_t code = t->fail_code;
+  char msg[INA_RPC_MESSAGE_MAX];
+  snprintf(msg, sizeof msg, "%s", t->fail_msg);
+  if (code == INA_RPC_OK && t->finish != INA_FINISH_LENGTH) {
+    code = INA_RPC_INTERNAL;
+    snprintf(msg, sizeof msg, "the prefill ended with %s: %s", ina_finish_reason_string(t->finish), t->finish_error);
+  } else if (code == INA_RPC_OK && t->sent < t->prompt_len && t->first_token < t->prompt_len) {
+    code = INA_RPC_INTERNAL;
+    snprintf(msg, sizeof msg, "the prefill wrote %lld of the prompt's %lld tokens", (long long)t->sent,
+             (long long)t->prompt_len);
+  }
+  handoff_transfer_respond(h, t, code, msg);
+  peer_put(h, t->peer);
+  pthread_mutex_lock(&h->mu);
+  if (code == INA_RPC_OK) {
+    h->stats.prefills_served++;
+    h->stats.bytes_written += (int64_t)t->bytes;
+    h->stats.puts += (int64_t)t->puts;
+  } else {
+    h->stats.prefills_failed++;
+  }
+  pthread_mutex_unlock(&h->mu);
+  if (code != INA_RPC_OK)
+    INA_LOG_I(INA_LOG_SUBSYS, "transfer '%s' failed (%s): %s", t->id, ina_rpc_code_name(code), msg);
+  handoff_transfer_free(t);
+}
+
+static void *link_main(void *arg) {
+  agent_handoff_t *h = arg;
+  pthread_mutex_lock(&h->mu);
+  while (!h->stopping || h->transfers) {
+    int busy = 0;
+    for (handoff_transfer_t **tp = &h->transfers; *tp;) {
+      handoff_transfer_t *t = *tp;
+      handoff_page_set_t *sets = t->pending;
+      t->pending = t->pending_tail = NULL;
+      const int abort_requested = t->abort_requested || h->stopping, finished = t->finished;
+      pthread_mutex_unlock(&h->mu);
+      step_transfer(h, t, sets, abort_requested, finished);
+      pthread_mutex_lock(&h->mu);
+      if (t->fail_code != INA_RPC_OK && !t->flights && !t->quiet) {
+        t->quiet = 1;
+        pthread_cond_broadcast(&h->quiet);
+      }
+      /* A transfer that failed before its request was accepted has no final event. */
+      if ((t->finished || !t->submitted) && !t->pending && !t->flights) {
+        *tp = t->next;
+        pthread_mutex_unlock(&h->mu);
+        complete(h, t);
+        pthread_mutex_lock(&h->mu);
+        continue;
+      }
+      busy |= t->flights != NULL || t->pending != NULL;
+      tp = &t->next;
+    }
+    pthread_mutex_unlock(&h->mu);
+    while (ina_ucx_engine_progress(h->ucx)) {
+    }
+    pthread_mutex_lock(&h->mu);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += busy ? LINK_BUSY_NS : LINK_IDLE_NS;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    (void)pthread_cond_timedwait(&h->wake, &h->mu, &until);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return NULL;
+}
+
+ina_status_t handoff_link_start(agent_handoff_t *h) {
+  ina_status_t st = INA_OK;
+  INA_CHECK(ina_ucx_engine_create(&h->ucx));
+  INA_CHECK(ina_ucx_region_register(h->ucx, h->kv_base, h->kv_bytes, INA_UCX_MEM_HOST, &h->region));
+  INA_CHECK(ina_ucx_engine_pack_blob(h->ucx, &h->region, 1, &h->blob, &h->blob_size));
+  const int err = pthread_create(&h->link_thread, NULL, link_main, h);
+  INA_REQUIRE(err == 0, INA_ERR_INTERNAL, "handoff: pthread_create failed (%s)", strerror(err));
+  h->link_started = 1;
+fail:
+  return st;
+}
+
+void handoff_link_stop(agent_handoff_t *h) {
+  if (h->link_started) {
+    pthread_mutex_lock(&h->mu);
+    h->stopping = 1;
+    pthread_cond_broadcast(&h->wake);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->link_thread, NULL);
+    h->link_started = 0;
+  }
+  while (h->peers) {
+    handoff_peer_t *p = h->peers;
+    h->peers = p->next;
+    ina_ucx_peer_disconnect(p->peer);
+    free(p->blob);
+    free(p);
+  }
+  free(h->blob);
+  h->blob = NULL;
+  ina_ucx_region_deregister(h->region);
+  h->region = NULL;
+  ina_ucx_engine_destroy(h->ucx);
+  h->ucx = NULL;
+}
