@@ -289,6 +289,8 @@ static ina_rpc_code_t get_load(void *ctx, const ina_rpc_request_t *request,
   load.kv_pages_used = (uint64_t)s.kv_pages_used;
   load.kv_pages_free = (uint64_t)s.kv_pages_free;
   load.kv_page_size = (uint32_t)agent->page_size;
+  load.kv_pages_cached = (uint64_t)s.prefix_cache_pages;
+  load.kv_pages_transfer = (uint64_t)s.kv_pages_lent;
   load.window_seconds = window;
   load.prefill_tokens_per_second = window > 0 ? (double)prefill / window : 0;
   load.decode_tokens_per_second = window > 0 ? (double)generated / window : 0;

@@ -55,9 +55,9 @@ static int decimal_width(uint64_t v) {
 
 static void print_load_text(const Ina__V1__NodeLoad *load, int experts) {
   printf("requests: %u queued, %u running\n", load->queued_requests, load->running_requests);
-  printf("kv pages: %llu used, %llu free (%u tokens per page)\n",
-         (unsigned long long)load->kv_pages_used, (unsigned long long)load->kv_pages_free,
-         load->kv_page_size);
+  printf("kv pages: %llu used (%llu cached, %llu in transfers), %llu free (%u tokens per page)\n",
+         (unsigned long long)load->kv_pages_used, (unsigned long long)load->kv_pages_cached,
+         (unsigned long long)load->kv_pages_transfer, (unsigned long long)load->kv_pages_free, load->kv_page_size);
   printf("throughput: prefill %.1f tokens/s, decode %.1f tokens/s (over the last %.1f s)\n",
          load->prefill_tokens_per_second, load->decode_tokens_per_second, load->window_seconds);
   if (!experts) return;
@@ -92,6 +92,8 @@ static json_t *load_to_json(const Ina__V1__NodeLoad *load, int experts) {
   json_output_set(doc, "kv_pages_used", json_integer((json_int_t)load->kv_pages_used), &bad);
   json_output_set(doc, "kv_pages_free", json_integer((json_int_t)load->kv_pages_free), &bad);
   json_output_set(doc, "kv_page_size", json_integer(load->kv_page_size), &bad);
+  json_output_set(doc, "kv_pages_cached", json_integer((json_int_t)load->kv_pages_cached), &bad);
+  json_output_set(doc, "kv_pages_transfer", json_integer((json_int_t)load->kv_pages_transfer), &bad);
   json_output_set(doc, "prefill_tokens_per_second", json_real(load->prefill_tokens_per_second), &bad);
   json_output_set(doc, "decode_tokens_per_second", json_real(load->decode_tokens_per_second), &bad);
   json_output_set(doc, "window_seconds", json_real(load->window_seconds), &bad);

@@ -93,6 +93,12 @@ ina_status_t agent_handoff_start(ina_agent_t *agent, const agent_handoff_options
   h->scheduler = agent->scheduler;
   h->role = o->role;
   h->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 30000;
+  const char *stall = getenv("INA_TEST_KV_STALL_MS");
+  if (stall && atof(stall) > 0) {
+    h->test_stall_s = 1e-3 * atof(stall);
+    INA_LOG_W(INA_LOG_SUBSYS, "INA_TEST_KV_STALL_MS: every transfer's puts are held back %.0f ms (a test hook)",
+              1e3 * h->test_stall_s);
+  }
   h->tp_size = agent->tp > 0 ? agent->tp : 1;
   snprintf(h->fingerprint, sizeof h->fingerprint, "%s", o->model_fingerprint ? o->model_fingerprint : "");
   h->layout = (ina_kv_layout_t){ina_page_pool_page_size(pool), ina_page_pool_num_pages(pool),

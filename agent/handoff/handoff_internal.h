@@ -76,6 +76,8 @@ typedef struct handoff_transfer {
   ina_rpc_code_t fail_code;         /* != OK: the transfer fails with this */
   char fail_msg[INA_RPC_MESSAGE_MAX];
   int cancel_sent;                  /* the prefill request was cancelled */
+  handoff_page_set_t *held;         /* test hook: sets kept back until hold_until */
+  double hold_until;
   uint64_t bytes, puts;
 } handoff_transfer_t;
 
@@ -129,6 +131,9 @@ struct agent_handoff {
   int32_t tp_size;
   int64_t timeout_ms;
   char *default_target;
+  /* Test hook (INA_TEST_KV_STALL_MS): a prefill agent holds each transfer's puts back
+   * this long, to stall transfers past their timeout. 0: off. */
+  double test_stall_s;
 
   /* UCX: made at start, then used by the link thread only. */
   ina_ucx_engine_t *ucx;

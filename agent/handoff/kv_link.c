@@ -183,6 +183,20 @@ static void step_transfer(agent_handoff_t *h, handoff_transfer_t *t, handoff_pag
     t->peer = peer_get(h, t->blob, t->blob_size, why, sizeof why);
     if (!t->peer) fail(t, INA_RPC_UNAVAILABLE, "%s", why);
   }
+  /* The stall test hook: sets wait in `held` until hold_until (or a failure). */
+  if (t->held && (t->fail_code != INA_RPC_OK || handoff_now() >= t->hold_until)) {
+    handoff_page_set_t *last = t->held;
+    while (last->next) last = last->next;
+    last->next = sets;
+    sets = t->held;
+    t->held = NULL;
+  }
+  if (sets && t->fail_code == INA_RPC_OK && handoff_now() < t->hold_until) {
+    handoff_page_set_t **end = &t->held;
+    while (*end) end = &(*end)->next;
+    *end = sets;
+    sets = NULL;
+  }
   while (sets) {
     handoff_page_set_t *next = sets->next;
     sets->next = NULL;
@@ -248,14 +262,14 @@ static void *link_main(void *arg) {
         pthread_cond_broadcast(&h->quiet);
       }
       /* A transfer that failed before its request was accepted has no final event. */
-      if ((t->finished || !t->submitted) && !t->pending && !t->flights) {
+      if ((t->finished || !t->submitted) && !t->pending && !t->flights && !t->held) {
         *tp = t->next;
         pthread_mutex_unlock(&h->mu);
         complete(h, t);
         pthread_mutex_lock(&h->mu);
         continue;
       }
-      busy |= t->flights != NULL || t->pending != NULL;
+      busy |= t->flights != NULL || t->pending != NULL || t->held != NULL;
       tp = &t->next;
     }
     pthread_mutex_unlock(&h->mu);

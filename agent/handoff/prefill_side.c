@@ -209,6 +209,7 @@ static ina_rpc_code_t make_transfer(agent_handoff_t *h, const Ina__V1__PrefillRe
   for (size_t i = 0; i < req->n_decode_pages; i++) t->dst_pages[i] = (int32_t)req->decode_pages[i];
   memcpy(t->blob, req->decode->ucx_blob.data, t->blob_size);
   t->deadline = handoff_now() + 1e-3 * (double)(req->timeout_ms > 0 ? req->timeout_ms : DEFAULT_TIMEOUT_MS);
+  t->hold_until = h->test_stall_s > 0 ? handoff_now() + h->test_stall_s : 0;
   *out = t;
   return INA_RPC_OK;
 }

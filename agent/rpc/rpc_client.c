@@ -217,17 +217,22 @@ ina_status_t ina_rpc_client_create(const ina_rpc_client_options_t *options,
               options->target, options->tls ? "TLS" : "insecure");
   int max_bytes = options->max_message_bytes > 0 ? options->max_message_bytes
                                                  : DEFAULT_MAX_MESSAGE_BYTES;
-  grpc_arg args[3] = {
+  /* A server that went away and came back (a restarted agent) is reached again within
+   * a second: gRPC's default reconnect backoff grows to two minutes, during which every
+   * call fails at once. */
+  grpc_arg args[5] = {
       {.type = GRPC_ARG_INTEGER,
        .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
        .value.integer = max_bytes},
       {.type = GRPC_ARG_INTEGER,
        .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
        .value.integer = max_bytes},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
       {.type = GRPC_ARG_STRING, .key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
        .value.string = (char *)options->tls_target_name},
   };
-  grpc_channel_args channel_args = {options->tls && options->tls_target_name ? 3 : 2, args};
+  grpc_channel_args channel_args = {options->tls && options->tls_target_name ? 5 : 4, args};
   c->channel = grpc_channel_create(options->target, creds, &channel_args);
   INA_REQUIRE(c->channel, INA_ERR_INTERNAL, "rpc client %s: cannot create the channel",
               options->target);

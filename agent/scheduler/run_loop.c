@@ -59,7 +59,11 @@ static int heartbeat_wait_locked(ina_scheduler_t *s) {
 }
 
 /* Something for a step to do: unfinished requests, or commands (they run in a step). */
-static int has_work_locked(const ina_scheduler_t *s) { return s->num_live > 0 || s->num_controls > 0; }
+/* Page references given back by a transfer count as work: a step returns them to the
+ * pool (kv_handoff.c), also when nothing else is left to do. */
+static int has_work_locked(const ina_scheduler_t *s) {
+  return s->num_live > 0 || s->num_controls > 0 || s->num_released > 0;
+}
 
 static void *run_loop(void *arg) {
   ina_scheduler_t *s = arg;
