@@ -45,6 +45,10 @@
 #   INA_LISTEN_HOST  address to listen on (default 0.0.0.0: every interface)
 #   INA_DEVICE       cuda (default: one GPU per rank) or cpu (the CPU engine, e.g. for
 #                    trying the launchers on a machine without a GPU)
+#   INA_PREFILL_AGENT  HOST:PORT of the prefill agents, for decode agents (--role decode):
+#                    independent mode pairs local rank R with the prefill agent on
+#                    HOST:PORT+R (a prefill host started with the same launcher and ranks
+#                    per host, base port PORT); a job's rank 0 gets HOST:PORT as it is.
 set -euo pipefail
 # A stop is noted here and handed to the serving agent at the end of this script.
 stop_pending=0
@@ -110,8 +114,18 @@ cpu) device_args=(--device cpu) ;;
 *) die "INA_DEVICE '${INA_DEVICE}': expected cuda or cpu" ;;
 esac
 
+prefill_args=()
+if [[ -n ${INA_PREFILL_AGENT:-} ]]; then
+  prefill_host=${INA_PREFILL_AGENT%:*} prefill_port=${INA_PREFILL_AGENT##*:}
+  [[ $prefill_host != "$INA_PREFILL_AGENT" && $prefill_port =~ ^[0-9]+$ ]] ||
+    die "INA_PREFILL_AGENT '$INA_PREFILL_AGENT': expected HOST:PORT"
+  ((job)) || prefill_port=$((prefill_port + local_rank))
+  ((prefill_port <= 65535)) || die "prefill port $prefill_port is outside 0..65535"
+  prefill_args=(--prefill-agent "$prefill_host:$prefill_port")
+fi
+
 # Later options win, so a --listen among the arguments overrides this one.
-cmd=("$agent" "${device_args[@]}" --listen "$host:$port" "$@")
+cmd=("$agent" "${device_args[@]}" --listen "$host:$port" "${prefill_args[@]}" "$@")
 
 if ((job && rank > 0)); then
   # A follower stops when rank 0 does: it ignores SIGUSR1 (whose default action would

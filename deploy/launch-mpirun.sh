@@ -59,7 +59,8 @@ still starting may end the job non-zero instead (nothing serves yet).
 
 Environment: INA_MPIRUN_ARGS adds mpirun options (split on spaces), e.g.
 "--allow-run-as-root", "--oversubscribe" or "--mca btl_tcp_if_include eth0".
-INA_LISTEN_HOST (default 0.0.0.0), INA_LOG and INA_NUM_THREADS are passed to the agents.
+INA_LISTEN_HOST (default 0.0.0.0), INA_LOG, INA_NUM_THREADS and INA_PREFILL_AGENT (decode
+agents' prefill agents, see deploy/agent-rank.sh) are passed to the agents.
 USAGE
 }
 
@@ -152,7 +153,7 @@ extra_mpirun=()
 # mpirun -x exports a variable of this environment to every rank.
 export INA_AGENT_BIN=$agent INA_BASE_PORT=$base_port INA_DEVICE=$device
 exported=(INA_AGENT_BIN INA_BASE_PORT INA_DEVICE)
-for var in INA_LISTEN_HOST INA_LOG INA_NUM_THREADS; do
+for var in INA_LISTEN_HOST INA_LOG INA_NUM_THREADS INA_PREFILL_AGENT; do
   [[ -z ${!var:-} ]] || exported+=("$var")
 done
 exports=()
