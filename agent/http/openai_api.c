@@ -255,8 +255,8 @@ static char *copy_text(const char *s, size_t len) {
 
 /* A copy of the string at v, into *out / *out_len. */
 static int take_string(parser_t *p, const json_t *v, const char *path, char **out, size_t *out_len) {
-  const char *s;
-  size_t len;
+  const char *s = NULL; /* set by want_string when it returns 0 (GCC -O3 cannot tell) */
+  size_t len = 0;
   if (want_string(p, v, path, &s, &len)) return -1;
   if (!(*out = copy_text(s, len))) return out_of_memory(p);
   if (out_len) *out_len = len;
