@@ -352,6 +352,7 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   if (metrics_listen && metrics_listen[0])
     INA_CHECK(agent_metrics_start(agent->scheduler, agent->engine, agent->heartbeat, metrics_listen,
                                   &agent->metrics));
+  agent_metrics_watch_handoff(agent->metrics, agent->handoff);
 
   INA_CHECK(start_server(agent, options));
   if (options->struct_size >= offsetof(ina_agent_options_t, chat_format) + sizeof(const char *) &&
@@ -525,13 +526,13 @@ void ina_agent_destroy(ina_agent_t *agent) {
   }
   agent_http_stop(agent->http); /* drain stopped it, unless create failed before serving */
   agent->http = NULL;
-  /* No handler runs any more; its transfers end while the scheduler still steps. */
+  ina_health_destroy(agent->health);
+  /* The sampler reads the scheduler and the hand-off; the counters stay, for final
+   * events its destroy may still deliver. */
+  agent_metrics_stop_sampling(agent->metrics);
+  /* No handler runs any more; the transfers end while the scheduler still steps. */
   agent_handoff_stop(agent->handoff);
   agent->handoff = NULL;
-  ina_health_destroy(agent->health);
-  /* The sampler reads the scheduler; the counters stay, for final events its destroy
-   * may still deliver. */
-  agent_metrics_stop_sampling(agent->metrics);
   ina_scheduler_destroy(agent->scheduler); /* stops the run loop */
   agent_metrics_stop(agent->metrics);
   ina_engine_destroy(agent->engine);

@@ -183,6 +183,9 @@ ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, ina_engine_t *engin
 /* Stops the endpoint and the sampler (after which the scheduler may go); the update
  * functions keep working. Repeatable; NULL is a no-op. */
 void agent_metrics_stop_sampling(agent_metrics_t *m);
+/* Samples the prefill/decode hand-off's counters too (NULL: none); h must outlive the
+ * sampling (stop sampling before stopping the hand-off). */
+void agent_metrics_watch_handoff(agent_metrics_t *m, struct agent_handoff *h);
 /* Stops as above and frees everything; NULL is a no-op. */
 void agent_metrics_stop(agent_metrics_t *m);
 /* The port /metrics is served on; 0 when m is NULL. */

@@ -32,6 +32,7 @@
 #include "core/check.h"
 #include "comm/heartbeat.h"
 #include "agent/agent_internal.h"
+#include "agent/handoff/handoff.h"
 #include "agent/metrics/metrics_buckets.h"
 #include "agent/metrics/metrics_http.h"
 
@@ -61,6 +62,13 @@ struct agent_metrics {
   ina_gauge_t *running;
   ina_gauge_t *kv_pages_used;
   ina_gauge_t *kv_pages_free;
+  ina_gauge_t *kv_pages_cached;
+  ina_gauge_t *kv_pages_transfer;
+  /* Prefill/decode hand-off (handoff/handoff.h), NULL for role both. */
+  struct agent_handoff *handoff;
+  ina_counter_t *kv_transfers[4]; /* prefill ok, prefill failed, decode ok, decode failed */
+  ina_counter_t *kv_transfer_bytes;
+  ina_gauge_t *kv_quarantined;
   ina_counter_t *steps;
   ina_counter_t **expert_tokens; /* [moe layers x experts] */
   uint64_t *expert_sample;       /* the engine's counters, read each sample */
@@ -155,6 +163,30 @@ static ina_status_t register_all(agent_metrics_t *m) {
                                        &m->kv_pages_used));
   INA_CHECK(ina_metrics_register_gauge(r, "ina_kv_pages_free", "KV cache pages free.", NULL, 0,
                                        &m->kv_pages_free));
+  INA_CHECK(ina_metrics_register_gauge(r, "ina_kv_pages_cached",
+                                       "KV cache pages the prefix cache holds (of ina_kv_pages_used).", NULL, 0,
+                                       &m->kv_pages_cached));
+  INA_CHECK(ina_metrics_register_gauge(r, "ina_kv_pages_transfer",
+                                       "KV page references lent to prefill/decode transfers and not yet given "
+                                       "back (a page lent twice counts twice).",
+                                       NULL, 0, &m->kv_pages_transfer));
+  {
+    const char *sides[4][2] = {{"prefill", "ok"}, {"prefill", "failed"}, {"decode", "ok"}, {"decode", "failed"}};
+    for (int k = 0; k < 4; k++) {
+      const ina_metric_label_t labels[2] = {{"side", sides[k][0]}, {"outcome", sides[k][1]}};
+      INA_CHECK(ina_metrics_register_counter(r, "ina_kv_transfers_total",
+                                             "Prefill/decode KV transfers that ended: served here as a prefill agent, "
+                                             "or received here as a decode agent.",
+                                             labels, 2, &m->kv_transfers[k]));
+    }
+    INA_CHECK(ina_metrics_register_counter(r, "ina_kv_transfer_bytes_total",
+                                           "Bytes of KV entries this prefill agent put into decode agents' pages.",
+                                           NULL, 0, &m->kv_transfer_bytes));
+    INA_CHECK(ina_metrics_register_gauge(r, "ina_kv_pages_quarantined",
+                                         "Pages of transfers that broke, held until their prefill agent confirms "
+                                         "it writes no more.",
+                                         NULL, 0, &m->kv_quarantined));
+  }
   INA_CHECK(ina_metrics_register_counter(r, "ina_scheduler_steps_total",
                                          "Forward steps the scheduler ran.", NULL, 0, &m->steps));
   INA_CHECK(register_expert_tokens(m));
@@ -203,6 +235,25 @@ static void sample(agent_metrics_t *m) {
   ina_gauge_set(m->running, s.running);
   ina_gauge_set(m->kv_pages_used, s.kv_pages_used);
   ina_gauge_set(m->kv_pages_free, s.kv_pages_free);
+  ina_gauge_set(m->kv_pages_cached, s.prefix_cache_pages);
+  ina_gauge_set(m->kv_pages_transfer, s.kv_pages_lent);
+  struct agent_handoff *h;
+  pthread_mutex_lock(&m->sampler_lock);
+  h = m->handoff;
+  pthread_mutex_unlock(&m->sampler_lock);
+  if (h) {
+    agent_handoff_stats_t hs;
+    agent_handoff_stats(h, &hs);
+    const int64_t want[5] = {hs.prefills_served, hs.prefills_failed, hs.imports_done, hs.imports_failed,
+                             hs.bytes_written};
+    ina_counter_t *have[5] = {m->kv_transfers[0], m->kv_transfers[1], m->kv_transfers[2], m->kv_transfers[3],
+                              m->kv_transfer_bytes};
+    for (int k = 0; k < 5; k++) {
+      const int64_t d = want[k] - ina_counter_value(have[k]);
+      if (d > 0) ina_counter_add(have[k], d);
+    }
+    ina_gauge_set(m->kv_quarantined, hs.quarantined_pages);
+  }
   /* The sampler is the counter's only writer, so the difference never races. */
   int64_t delta = s.steps - ina_counter_value(m->steps);
   if (delta > 0) ina_counter_add(m->steps, delta);
@@ -285,6 +336,13 @@ ina_status_t agent_metrics_start(ina_scheduler_t *scheduler, ina_engine_t *engin
 fail:
   agent_metrics_stop(m);
   return st;
+}
+
+void agent_metrics_watch_handoff(agent_metrics_t *m, struct agent_handoff *h) {
+  if (!m) return;
+  pthread_mutex_lock(&m->sampler_lock);
+  m->handoff = h;
+  pthread_mutex_unlock(&m->sampler_lock);
 }
 
 void agent_metrics_stop_sampling(agent_metrics_t *m) {
