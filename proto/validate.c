@@ -39,17 +39,19 @@ static ina_status_t reject(const verdict_t *v, ina_proto_code_t code, const char
 
 /* ---- GenerateRequest ---------------------------------------------------------------- */
 
-static ina_status_t check_request_id(const verdict_t *v, const char *id) {
+/* An id field (request_id, transfer_id): 1..INA_PROTO_MAX_REQUEST_ID_LEN bytes of printable
+ * ASCII without the space; the message names `field`. */
+static ina_status_t check_id(const verdict_t *v, const char *field, const char *id) {
   size_t len = 0;
-  if (id == NULL || id[0] == '\0') return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "request_id: empty");
+  if (id == NULL || id[0] == '\0') return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "%s: empty", field);
   for (; id[len] != '\0'; len++) {
     unsigned char c = (unsigned char)id[len];
     if (len >= INA_PROTO_MAX_REQUEST_ID_LEN)
-      return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "request_id: longer than %d bytes",
+      return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "%s: longer than %d bytes", field,
                     INA_PROTO_MAX_REQUEST_ID_LEN);
     if (c < 0x21 || c > 0x7e)
       return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT,
-                    "request_id[%zu]: byte 0x%02x is not printable ASCII (0x21..0x7e)", len, c);
+                    "%s[%zu]: byte 0x%02x is not printable ASCII (0x21..0x7e)", field, len, c);
   }
   return INA_OK;
 }
@@ -88,7 +90,7 @@ ina_status_t ina_validate_generate_request(const Ina__V1__GenerateRequest *req,
   if (req == NULL) return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "request: NULL");
   if (limits == NULL || limits->vocab_size == 0 || limits->max_context_tokens == 0)
     return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "limits: NULL or zero");
-  if ((st = check_request_id(v, req->request_id)) != INA_OK) return st;
+  if ((st = check_id(v, "request_id", req->request_id)) != INA_OK) return st;
 
   if (req->n_prompt_token_ids == 0)
     return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "prompt_token_ids: empty");
@@ -288,12 +290,9 @@ ina_status_t ina_validate_prefill_request(const Ina__V1__PrefillRequest *req, co
   if (req == NULL) return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "request: NULL");
   if (limits == NULL || limits->vocab_size == 0 || limits->max_context_tokens == 0)
     return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "limits: NULL or zero");
-  if ((st = check_request_id(v, req->transfer_id)) != INA_OK) {
-    /* The same rules as a request id; the message names this field. */
-    char inner[256];
-    snprintf(inner, sizeof inner, "%s", v->msg_size > 0 ? v->msg : "");
-    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "transfer_id (as %s)", inner);
-  }
+  /* The rules of a request id; the message names this field ("transfer_id: ...", as every
+   * rejection starts with the field's path). */
+  if ((st = check_id(v, "transfer_id", req->transfer_id)) != INA_OK) return st;
   if (req->n_prompt_token_ids == 0) return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "prompt_token_ids: empty");
   if ((uint64_t)req->n_prompt_token_ids + 1 > limits->max_context_tokens)
     return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "prompt_token_ids: %zu tokens + 1 > max_context_tokens %u",
@@ -313,9 +312,21 @@ ina_status_t ina_validate_prefill_request(const Ina__V1__PrefillRequest *req, co
     return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT,
                   "decode.layout: page_size %u, num_pages %u, num_layers %u, entry_bytes %llu (each must be >= 1)",
                   l->page_size, l->num_pages, l->num_layers, (unsigned long long)l->entry_bytes);
-  if (l->page_size > (1u << 20) || l->num_pages > (1u << 30) || l->num_layers > 4096 ||
-      l->entry_bytes > (1u << 24))
-    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "decode.layout: a count is implausibly large");
+  if (l->page_size > INA_PROTO_MAX_KV_PAGE_SIZE || l->num_pages > INA_PROTO_MAX_KV_PAGES ||
+      l->num_layers > INA_PROTO_MAX_KV_LAYERS || l->entry_bytes > INA_PROTO_MAX_KV_ENTRY_BYTES)
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT,
+                  "decode.layout: page_size %u, num_pages %u, num_layers %u, entry_bytes %llu (at most %u, %u, %u, %u)",
+                  l->page_size, l->num_pages, l->num_layers, (unsigned long long)l->entry_bytes,
+                  INA_PROTO_MAX_KV_PAGE_SIZE, INA_PROTO_MAX_KV_PAGES, INA_PROTO_MAX_KV_LAYERS,
+                  INA_PROTO_MAX_KV_ENTRY_BYTES);
+  /* Every byte offset of the decode agent's storage, which the prefill agent computes in
+   * int64_t (kvcache/kv_copy.h), is below its size: the size must fit. layers * pages *
+   * page_size <= 2^12 * 2^30 * 2^20 cannot wrap in uint64_t. */
+  const uint64_t slots = (uint64_t)l->num_layers * l->num_pages * l->page_size;
+  if (slots > (uint64_t)INT64_MAX / l->entry_bytes)
+    return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT,
+                  "decode.layout: %u layers x %u pages x %u tokens x %llu bytes do not fit in int64_t",
+                  l->num_layers, l->num_pages, l->page_size, (unsigned long long)l->entry_bytes);
   if (d->ucx_blob.len == 0 || d->ucx_blob.len > INA_PROTO_MAX_BLOB_BYTES)
     return reject(v, INA_PROTO_CODE_INVALID_ARGUMENT, "decode.ucx_blob: %zu bytes (expected 1..%u)", d->ucx_blob.len,
                   INA_PROTO_MAX_BLOB_BYTES);

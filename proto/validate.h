@@ -1,5 +1,5 @@
-/* Validation of the control-plane requests ina-agent receives (ina.v1 GenerateRequest
- * and ApplyPlacementRequest), before any of their content is acted on.
+/* Validation of the control-plane requests ina-agent receives (ina.v1 GenerateRequest,
+ * ApplyPlacementRequest and PrefillRequest), before any of their content is acted on.
  *
  * Each validator checks one unpacked message against limits the caller supplies (model
  * sizes, world size, generation in force) and on the first violation returns
@@ -89,12 +89,24 @@ typedef struct ina_prefill_limits {
 } ina_prefill_limits_t;
 #define INA_PROTO_MAX_LOGPROBS 20
 #define INA_PROTO_MAX_BLOB_BYTES (1u << 20)
+/* Upper bounds of the decode agent's KvLayout counts. */
+#define INA_PROTO_MAX_KV_PAGE_SIZE (1u << 20)
+#define INA_PROTO_MAX_KV_PAGES (1u << 30)
+#define INA_PROTO_MAX_KV_LAYERS 4096u
+#define INA_PROTO_MAX_KV_ENTRY_BYTES (1u << 24)
 
-/* Checks transfer_id (as request_id), prompt_token_ids, sampling, logprobs_plus_one,
- * that decode carries a layout (counts >= 1) and a non-empty blob of at most
- * INA_PROTO_MAX_BLOB_BYTES, that decode_pages has one page per decode page of the
- * prompt, each below decode.layout.num_pages, and first_token < the prompt's length
- * (INVALID_ARGUMENT). Whether the layout pairs with the agent's is the caller's check. */
+/* Checks, in this order: transfer_id (the rules of request_id), prompt_token_ids
+ * (non-empty, length + 1 <= max_context_tokens, each id < vocab_size), sampling (as in
+ * Generate), logprobs_plus_one (<= INA_PROTO_MAX_LOGPROBS + 1), that decode carries a
+ * layout whose counts are each >= 1 and at most INA_PROTO_MAX_KV_* and whose storage,
+ * num_layers * num_pages * page_size * entry_bytes bytes, fits in int64_t (so does every
+ * offset into it), a non-empty ucx_blob of at most INA_PROTO_MAX_BLOB_BYTES, that
+ * decode_pages has one page per decode page of the prompt, each below
+ * decode.layout.num_pages, and first_token < the prompt's length (INVALID_ARGUMENT; the
+ * message starts with the field's path: transfer_id, prompt_token_ids, sampling.<field>,
+ * logprobs_plus_one, decode.layout, decode.ucx_blob, decode_pages, first_token). An
+ * accepted request's counts fit the int32_t fields of ina_kv_layout_t and the scheduler.
+ * Whether the layout pairs with the agent's is the caller's check. */
 ina_status_t ina_validate_prefill_request(const Ina__V1__PrefillRequest *req, const ina_prefill_limits_t *limits,
                                           char *msg, size_t msg_size, ina_proto_code_t *code);
 

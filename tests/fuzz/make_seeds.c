@@ -16,6 +16,7 @@
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "ina/v1/inference.pb-c.h"
+#include "ina/v1/kv_transfer.pb-c.h"
 #include "ina/v1/node.pb-c.h"
 #include "ina/v1/placement.pb-c.h"
 
@@ -226,6 +227,234 @@ static void placement_seeds(void) {
   write_message(t, "v3_header_only", &p.req.base);
 }
 
+/* ---- ina.v1.PrefillRequest ---------------------------------------------------------- */
+
+/* A request valid for both DeepSeek-V3 and the tiny model (vocab 16, 8 tokens of context):
+ * a 5-token prompt into a decode cache of 3-token pages, the first 2 tokens already
+ * there; the arrays are the seed's own storage. */
+typedef struct prefill_seed {
+  Ina__V1__PrefillRequest req;
+  Ina__V1__SamplingParams sampling;
+  Ina__V1__KvEndpoint decode;
+  Ina__V1__KvLayout layout;
+  uint32_t prompt[64];
+  uint32_t pages[8];
+  uint8_t blob[64];
+} prefill_seed_t;
+
+static void prefill_build(prefill_seed_t *p) {
+  ina__v1__prefill_request__init(&p->req);
+  ina__v1__sampling_params__init(&p->sampling);
+  ina__v1__kv_endpoint__init(&p->decode);
+  ina__v1__kv_layout__init(&p->layout);
+  for (uint32_t i = 0; i < 64; i++) p->prompt[i] = (i * 7u + 3u) % 16u;
+  for (uint32_t i = 0; i < 8; i++) p->pages[i] = 9u - i;
+  for (uint32_t i = 0; i < 64; i++) p->blob[i] = (uint8_t)(i * 37u + 1u);
+  p->sampling.temperature = 0.7f;
+  p->sampling.top_p = 0.9f;
+  p->sampling.top_k = 8;
+  p->sampling.seed = 1234;
+  p->layout.page_size = 3;
+  p->layout.num_pages = 10;
+  p->layout.num_layers = 2;
+  p->layout.entry_bytes = 64;
+  p->layout.model_fingerprint = "tiny-test fp32 kv:fp32";
+  p->decode.layout = &p->layout;
+  p->decode.ucx_blob.data = p->blob;
+  p->decode.ucx_blob.len = 16;
+  p->decode.role = "decode";
+  p->decode.tp_size = 1;
+  p->req.transfer_id = "kv-0001";
+  p->req.n_prompt_token_ids = 5;
+  p->req.prompt_token_ids = p->prompt;
+  p->req.sampling = &p->sampling;
+  p->req.logprobs_plus_one = 3;
+  p->req.decode = &p->decode;
+  p->req.n_decode_pages = 2;
+  p->req.decode_pages = p->pages;
+  p->req.first_token = 2;
+  p->req.timeout_ms = 5000;
+}
+
+static void prefill_seeds(void) {
+  const char *t = "fuzz_prefill_request";
+  static prefill_seed_t p;
+  char long_id[130];
+  memset(long_id, '~', 129);
+  long_id[129] = '\0';
+
+  /* Accepted. */
+  prefill_build(&p);
+  write_message(t, "valid", &p.req.base);
+  prefill_build(&p);
+  p.req.n_prompt_token_ids = 1;
+  p.req.n_decode_pages = 1;
+  p.req.first_token = 0;
+  p.req.sampling = NULL;
+  p.req.logprobs_plus_one = 0;
+  p.req.timeout_ms = 0;
+  p.layout.page_size = p.layout.num_pages = p.layout.num_layers = 1;
+  p.layout.entry_bytes = 1;
+  p.pages[0] = 0;
+  p.decode.ucx_blob.len = 1;
+  write_message(t, "minimal", &p.req.base);
+  /* At the tiny model's edges: 7 tokens (+ 1 = the context), top_k = vocab, 20
+   * alternatives, an id of 128 bytes, the last page of the cache, first_token last. */
+  prefill_build(&p);
+  long_id[128] = '\0';
+  p.req.transfer_id = long_id;
+  p.req.n_prompt_token_ids = 7;
+  p.prompt[6] = 15;
+  p.sampling.top_k = 16;
+  p.sampling.temperature = 100.0f;
+  p.sampling.top_p = 1.0f;
+  p.req.logprobs_plus_one = 21;
+  p.req.n_decode_pages = 3;
+  p.pages[2] = 9;
+  p.req.first_token = 6;
+  write_message(t, "tiny_model_edges", &p.req.base);
+  long_id[128] = '~';
+  /* DeepSeek-V3-like: 48 tokens, 16-token pages of 61 layers of 656-byte entries. */
+  prefill_build(&p);
+  for (uint32_t i = 0; i < 48; i++) p.prompt[i] = (i * 2693u) % 129280u;
+  p.req.n_prompt_token_ids = 48;
+  p.sampling.top_k = 50;
+  p.layout.page_size = 16;
+  p.layout.num_pages = 4096;
+  p.layout.num_layers = 61;
+  p.layout.entry_bytes = 656;
+  p.layout.model_fingerprint = "deepseek-ai/DeepSeek-V3 fp8 kv:bf16";
+  p.decode.ucx_blob.len = 64;
+  p.req.n_decode_pages = 3;
+  p.pages[0] = 4095;
+  p.pages[1] = 17;
+  p.pages[2] = 18;
+  p.req.first_token = 32;
+  write_message(t, "v3_prompt", &p.req.base);
+  /* Every count at its bound but entry_bytes: 2^12 layers x 2^30 pages x 2^20 tokens x 1
+   * byte = 2^62 bytes of storage, which an int64_t addresses. */
+  prefill_build(&p);
+  p.layout.num_layers = 4096;
+  p.layout.num_pages = 1u << 30;
+  p.layout.page_size = 1u << 20;
+  p.layout.entry_bytes = 1;
+  p.req.n_decode_pages = 1;
+  p.pages[0] = (1u << 30) - 1;
+  write_message(t, "layout_largest", &p.req.base);
+
+  /* Each rule broken once. */
+  prefill_build(&p);
+  p.req.transfer_id = "";
+  write_message(t, "bad_transfer_id_empty", &p.req.base);
+  p.req.transfer_id = long_id; /* 129 bytes */
+  write_message(t, "bad_transfer_id_129_bytes", &p.req.base);
+  p.req.transfer_id = "kv 0001";
+  write_message(t, "bad_transfer_id_space", &p.req.base);
+  prefill_build(&p);
+  p.req.n_prompt_token_ids = 0;
+  p.req.n_decode_pages = 0;
+  p.req.first_token = 0;
+  write_message(t, "bad_prompt_empty", &p.req.base);
+  prefill_build(&p);
+  p.req.n_prompt_token_ids = 8; /* + 1 > the tiny model's 8 */
+  p.req.n_decode_pages = 3;
+  write_message(t, "bad_prompt_too_long_tiny", &p.req.base);
+  prefill_build(&p);
+  p.prompt[4] = 129280;
+  write_message(t, "bad_prompt_id_vocab", &p.req.base);
+  prefill_build(&p);
+  p.sampling.top_k = 129281;
+  write_message(t, "bad_sampling_top_k", &p.req.base);
+  prefill_build(&p);
+  p.sampling.min_p = 1.0f;
+  write_message(t, "bad_sampling_min_p", &p.req.base);
+  prefill_build(&p);
+  p.req.logprobs_plus_one = 22;
+  write_message(t, "bad_logprobs_plus_one", &p.req.base);
+  prefill_build(&p);
+  p.req.decode = NULL;
+  write_message(t, "bad_decode_missing", &p.req.base);
+  prefill_build(&p);
+  p.decode.layout = NULL;
+  write_message(t, "bad_decode_layout_missing", &p.req.base);
+  prefill_build(&p);
+  p.layout.entry_bytes = 0;
+  write_message(t, "bad_decode_layout_zero", &p.req.base);
+  prefill_build(&p);
+  p.layout.num_layers = 4097;
+  write_message(t, "bad_decode_layout_layers", &p.req.base);
+  /* Each count in bounds, their product past int64_t: 61 x 2^30 x 2^20 x 656. */
+  prefill_build(&p);
+  p.req.n_prompt_token_ids = 1;
+  p.req.first_token = 0;
+  p.req.n_decode_pages = 1;
+  p.layout.num_layers = 61;
+  p.layout.entry_bytes = 656;
+  p.layout.num_pages = 1u << 30;
+  p.layout.page_size = 1u << 20;
+  p.pages[0] = (1u << 30) - 1;
+  write_message(t, "bad_decode_layout_storage_overflow", &p.req.base);
+  prefill_build(&p);
+  p.decode.ucx_blob.len = 0;
+  write_message(t, "bad_decode_ucx_blob_empty", &p.req.base);
+  prefill_build(&p);
+  p.req.n_decode_pages = 1;
+  write_message(t, "bad_decode_pages_count", &p.req.base);
+  prefill_build(&p);
+  p.pages[1] = 10;
+  write_message(t, "bad_decode_pages_id", &p.req.base);
+  prefill_build(&p);
+  p.req.first_token = 5;
+  write_message(t, "bad_first_token", &p.req.base);
+
+  /* Wire forms protobuf-c does not write: prompt ids and pages one tag each, the layout
+   * given twice (protobuf-c keeps the last, a valid one), unknown fields. */
+  wire_t w = {.size = 0};
+  wire_string(&w, 1, "raw-kv");
+  for (uint32_t id = 0; id < 4; id++) {
+    wire_tag(&w, 2, 0);
+    wire_varint(&w, id * 3u);
+  }
+  wire_t layout = {.size = 0};
+  wire_tag(&layout, 2, 0);
+  wire_varint(&layout, 8);
+  wire_tag(&layout, 4, 0);
+  wire_varint(&layout, 128);
+  wire_t layout2 = {.size = 0};
+  wire_tag(&layout2, 1, 0);
+  wire_varint(&layout2, 2);
+  wire_tag(&layout2, 2, 0);
+  wire_varint(&layout2, 8);
+  wire_tag(&layout2, 3, 0);
+  wire_varint(&layout2, 1);
+  wire_tag(&layout2, 4, 0);
+  wire_varint(&layout2, 128);
+  wire_t ep = {.size = 0};
+  wire_tag(&ep, 1, 2);
+  wire_varint(&ep, layout.size);
+  memcpy(ep.bytes + ep.size, layout.bytes, layout.size);
+  ep.size += layout.size;
+  wire_tag(&ep, 1, 2);
+  wire_varint(&ep, layout2.size);
+  memcpy(ep.bytes + ep.size, layout2.bytes, layout2.size);
+  ep.size += layout2.size;
+  wire_string(&ep, 2, "blob");
+  wire_tag(&w, 5, 2);
+  wire_varint(&w, ep.size);
+  memcpy(w.bytes + w.size, ep.bytes, ep.size);
+  w.size += ep.size;
+  for (uint32_t pg = 0; pg < 2; pg++) {
+    wire_tag(&w, 6, 0);
+    wire_varint(&w, 7 - pg);
+  }
+  wire_tag(&w, 7, 0);
+  wire_varint(&w, 1);
+  wire_tag(&w, 99, 0);
+  wire_varint(&w, UINT64_MAX);
+  wire_string(&w, 100, "unknown");
+  write_raw(t, "raw_unpacked_layout_twice", w.bytes, w.size);
+}
+
 /* ---- the other requests ------------------------------------------------------------- */
 
 static void other_request_seeds(void) {
@@ -238,6 +467,18 @@ static void other_request_seeds(void) {
   long_id[128] = '\0';
   c.request_id = long_id;
   write_message("fuzz_cancel_request", "longest_id", &c.base);
+
+  Ina__V1__AbortTransferRequest a = INA__V1__ABORT_TRANSFER_REQUEST__INIT;
+  write_message("fuzz_abort_transfer_request", "empty", &a.base);
+  a.transfer_id = "kv-0001";
+  write_message("fuzz_abort_transfer_request", "id", &a.base);
+  a.transfer_id = long_id; /* 128 bytes: the longest the handler takes */
+  write_message("fuzz_abort_transfer_request", "longest_id", &a.base);
+  char too_long_id[130];
+  memset(too_long_id, 'y', 129);
+  too_long_id[129] = '\0';
+  a.transfer_id = too_long_id;
+  write_message("fuzz_abort_transfer_request", "too_long_id", &a.base);
 
   Ina__V1__GetLoadRequest l = INA__V1__GET_LOAD_REQUEST__INIT;
   write_message("fuzz_get_load_request", "empty", &l.base);
@@ -363,6 +604,60 @@ static void client_response_seeds(void) {
   write_message(t, "generate_error", &g.base);
 }
 
+/* ---- responses a decode agent decodes from its prefill agent ------------------------- */
+
+static void decode_agent_response_seeds(void) {
+  const char *t = "fuzz_client_responses";
+  static uint8_t blob[48];
+  for (int i = 0; i < 48; i++) blob[i] = (uint8_t)(i * 11 + 5);
+  Ina__V1__KvLayout layout = INA__V1__KV_LAYOUT__INIT;
+  layout.page_size = 16;
+  layout.num_pages = 8192;
+  layout.num_layers = 61;
+  layout.entry_bytes = 656;
+  layout.model_fingerprint = "deepseek-ai/DeepSeek-V3 fp8 kv:bf16";
+  Ina__V1__KvEndpoint ep = INA__V1__KV_ENDPOINT__INIT;
+  ep.layout = &layout;
+  ep.ucx_blob.data = blob;
+  ep.ucx_blob.len = sizeof blob;
+  ep.role = "prefill";
+  ep.tp_size = 2;
+  write_message(t, "kv_endpoint_prefill", &ep.base);
+  ep.role = "decode";
+  write_message(t, "kv_endpoint_decode_role", &ep.base);
+  ep.role = "both";
+  layout.num_layers = 3;
+  layout.entry_bytes = 64;
+  layout.model_fingerprint = "tiny-test fp32 kv:fp32";
+  ep.ucx_blob.len = 0;
+  write_message(t, "kv_endpoint_other_model", &ep.base);
+  ep.layout = NULL;
+  write_message(t, "kv_endpoint_no_layout", &ep.base);
+
+  uint32_t top_ids[21];
+  float top_logprobs[21];
+  for (int i = 0; i < 21; i++) {
+    top_ids[i] = (uint32_t)(i * 6151 % 129280);
+    top_logprobs[i] = -0.25f * (float)i;
+  }
+  Ina__V1__PrefillResponse pr = INA__V1__PREFILL_RESPONSE__INIT;
+  pr.token = 4242;
+  pr.cached_tokens = 16;
+  pr.bytes_written = 32ull * 61 * 656;
+  pr.puts = 61;
+  write_message(t, "prefill_response", &pr.base);
+  pr.logprob = -0.125f;
+  pr.n_top_ids = pr.n_top_logprobs = 20;
+  pr.top_ids = top_ids;
+  pr.top_logprobs = top_logprobs;
+  write_message(t, "prefill_response_20_top", &pr.base);
+  pr.n_top_ids = pr.n_top_logprobs = 21;
+  write_message(t, "prefill_response_21_top", &pr.base);
+  pr.n_top_ids = 3;
+  pr.n_top_logprobs = 2;
+  write_message(t, "prefill_response_uneven_top", &pr.base);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: make_seeds OUT_DIR\n");
@@ -372,7 +667,9 @@ int main(int argc, char **argv) {
   make_dir(out_dir);
   generate_seeds();
   placement_seeds();
+  prefill_seeds();
   other_request_seeds();
   client_response_seeds();
+  decode_agent_response_seeds();
   return 0;
 }
