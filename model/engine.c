@@ -124,6 +124,10 @@ const char *ina_engine_ep_exchange_name(int32_t x) {
                                                  : "unknown";
 }
 
+void ina_engine_set_layer_hook(ina_engine_t *e, ina_engine_layer_fn fn, void *user_data) {
+  if (e && e->cpu) ina_engine_cpu_set_layer_hook(e->cpu, fn, user_data); /* the CUDA backend has none */
+}
+
 ina_status_t ina_engine_ep_traffic(const ina_engine_t *e, ina_engine_ep_traffic_t *out) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(e != NULL && out != NULL, INA_ERR_INVALID_ARGUMENT, "ep traffic: NULL argument");

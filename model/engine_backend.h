@@ -84,6 +84,7 @@ ina_status_t ina_engine_cpu_apply_placement(ina_engine_cpu_t *engine, const ina_
 ina_status_t ina_engine_cpu_expert_load(ina_engine_cpu_t *engine, int reset, uint64_t *counts,
                                         int64_t capacity, int32_t *num_moe_layers);
 void ina_engine_cpu_ep_traffic(const ina_engine_cpu_t *engine, ina_engine_ep_traffic_t *out);
+void ina_engine_cpu_set_layer_hook(ina_engine_cpu_t *engine, ina_engine_layer_fn fn, void *user_data);
 /* model/engine_test_hooks.h */
 ina_status_t ina_engine_cpu_set_mutation(ina_engine_cpu_t *engine, int32_t mutation);
 ina_status_t ina_engine_cpu_set_rounding_noise(ina_engine_cpu_t *engine, const ina_engine_noise_t *noise);

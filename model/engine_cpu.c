@@ -1361,7 +1361,8 @@ static ina_status_t forward_grown(ina_engine_cpu_t *e, const ina_batch_t *b, flo
   INA_CHECK(step_begin(e, b, &s));
   INA_CHECK(routes_reset(e, s.T));
   for (int32_t l = 0; l < e->cfg->num_layers; l++) {
-    INA_CHECK(attention_block(&s, l));
+    INA_CHECK(attention_block(&s, l)); /* writes layer l's KV entries of the step */
+    if (e->layer_hook) e->layer_hook(l, e->layer_hook_user);
     INA_CHECK(mlp_block(&s, l));
   }
   INA_CHECK(step_logits(e, &s, logits));
@@ -1498,6 +1499,11 @@ ina_status_t ina_engine_cpu_routes(ina_engine_cpu_t *e, ina_engine_route_t *out,
   if (out && e->routes) memcpy(out, e->routes, (size_t)(capacity < *count ? capacity : *count) * sizeof *out);
 fail:
   return st;
+}
+
+void ina_engine_cpu_set_layer_hook(ina_engine_cpu_t *e, ina_engine_layer_fn fn, void *user_data) {
+  e->layer_hook = fn;
+  e->layer_hook_user = user_data;
 }
 
 void ina_engine_cpu_ep_traffic(const ina_engine_cpu_t *e, ina_engine_ep_traffic_t *out) {

@@ -15,6 +15,8 @@
 
 struct ina_engine_cpu {
   const ina_model_t *model;
+  ina_engine_layer_fn layer_hook; /* ina_engine_set_layer_hook; NULL: none */
+  void *layer_hook_user;
   const ina_model_config_t *cfg;
   const ina_weights_t *w;
   ina_threadpool_t *pool;

@@ -279,6 +279,15 @@ ina_status_t ina_engine_forward(ina_engine_t *engine, const ina_batch_t *batch, 
  * host, not the [rows, vocab] f32 logits. */
 ina_status_t ina_engine_forward_greedy(ina_engine_t *engine, const ina_batch_t *batch, int32_t *tokens);
 
+/* Called during a forward, on the calling thread, once layer `layer`'s KV entries of the
+ * step's new tokens are written (the step's pages are already taken then), so that a
+ * transfer can send that layer while the later ones compute (prefill/decode
+ * disaggregation). The CPU engine calls it, except with two-batch overlap (its layers
+ * interleave two halves); the CUDA engine never does (its layers finish on the device).
+ * fn NULL: none. Driver thread only (between forwards). */
+typedef void (*ina_engine_layer_fn)(int32_t layer, void *user_data);
+void ina_engine_set_layer_hook(ina_engine_t *engine, ina_engine_layer_fn fn, void *user_data);
+
 #ifdef __cplusplus
 }
 #endif

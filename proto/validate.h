@@ -55,8 +55,8 @@ typedef struct ina_generate_limits {
   uint32_t max_context_tokens; /* prompt length + max_tokens must be <= this; >= 1 */
 } ina_generate_limits_t;
 
-/* Checks request_id, prompt_token_ids, max_tokens, sampling, stop_token_ids and
- * stream_interval against the rules documented in inference.proto. `req` and `limits`
+/* Checks request_id, prompt_token_ids, max_tokens, sampling, stop_token_ids,
+ * stream_interval and prefill_agent against the rules documented in inference.proto. `req` and `limits`
  * must not be NULL (INVALID_ARGUMENT otherwise). */
 ina_status_t ina_validate_generate_request(const Ina__V1__GenerateRequest *req,
                                            const ina_generate_limits_t *limits, char *msg,

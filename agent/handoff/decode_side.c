@@ -336,7 +336,14 @@ static void run_import(agent_handoff_t *h, handoff_import_t *j) {
   res.num_top = (int32_t)pr->n_top_ids;
   res.top_ids = top_ids;
   res.top_logprobs = pr->top_logprobs;
-  if (ina_scheduler_import_done(h->scheduler, j->request_id, &res) != INA_OK)
+  const ina_status_t done = ina_scheduler_import_done(h->scheduler, j->request_id, &res);
+  if (done == INA_ERR_INVALID_ARGUMENT) { /* a token outside the vocabulary: the request fails with why */
+    code = ina_rpc_error(msg, INA_RPC_INTERNAL, "prefill agent %s answered a bad first token: %s", j->target,
+                         ina_last_error());
+    sent = 0; /* it answered: nothing is in flight */
+    goto failed;
+  }
+  if (done != INA_OK)
     INA_LOG_D(INA_LOG_SUBSYS, "import of '%s' arrived after it ended: %s", j->request_id, ina_last_error());
   give_back(h, j);
   pthread_mutex_lock(&h->mu);

@@ -28,6 +28,7 @@ typedef struct handoff_page_set {
   int32_t *pages;
   int32_t num_pages;
   int64_t num_tokens; /* the request's tokens [0, num_tokens) are computed */
+  int32_t num_layers; /* in layers [0, num_layers) (ina_kv_pages_t) */
   struct handoff_page_set *next;
 } handoff_page_set_t;
 
@@ -71,7 +72,9 @@ typedef struct handoff_transfer {
 
   /* link */
   struct handoff_peer *peer;        /* kv_link.c's connection to the decode agent */
-  int64_t sent;                     /* tokens [first_token, sent) are posted */
+  int64_t sent;                     /* tokens [first_token, sent) are posted, in every layer */
+  int64_t partial_to;               /* and of [sent, partial_to), layers [0, partial_layers) */
+  int32_t partial_layers;
   handoff_flight_t *flights;
   ina_rpc_code_t fail_code;         /* != OK: the transfer fails with this */
   char fail_msg[INA_RPC_MESSAGE_MAX];

@@ -100,16 +100,24 @@ static void fail(handoff_transfer_t *t, ina_rpc_code_t code, const char *fmt, co
   snprintf(t->fail_msg, sizeof t->fail_msg, fmt, detail);
 }
 
-/* Posts the puts of the tokens `set` completes that the decode agent lacks. */
+/* Posts the puts of what `set` completes that the decode agent lacks: the layers done
+ * since the last set of the same tokens (a step reports each layer as it is done, then
+ * all of them). */
 static void post_set(agent_handoff_t *h, handoff_transfer_t *t, handoff_page_set_t *set) {
   handoff_peer_t *peer = t->peer;
+  const int32_t L = h->layout.num_layers;
   const int64_t from = t->sent > t->first_token ? t->sent : t->first_token;
   const int64_t to = set->num_tokens < t->prompt_len ? set->num_tokens : t->prompt_len;
-  if (to <= from) {
+  if (to != t->partial_to) { /* another step's tokens: no layer of them posted yet */
+    t->partial_to = to;
+    t->partial_layers = 0;
+  }
+  const int32_t layer_begin = t->partial_layers, layer_end = set->num_layers < L ? set->num_layers : L;
+  if (to <= from || layer_end <= layer_begin) {
     release_set(h, set);
     return;
   }
-  const int64_t cap = ina_kv_copy_max(&h->layout, &t->dst, from, to, 0, h->layout.num_layers);
+  const int64_t cap = ina_kv_copy_max(&h->layout, &t->dst, from, to, layer_begin, layer_end);
   ina_kv_copy_t *plan = malloc((size_t)cap * sizeof *plan);
   ina_ucx_xfer_t *xfers = malloc((size_t)cap * sizeof *xfers);
   int64_t n = 0;
@@ -119,7 +127,7 @@ static void post_set(agent_handoff_t *h, handoff_transfer_t *t, handoff_page_set
     fail(t, INA_RPC_RESOURCE_EXHAUSTED, "%s", "out of memory planning the puts");
     goto out;
   }
-  if (ina_kv_copy_plan(&h->layout, set->pages, &t->dst, t->dst_pages, from, to, 0, h->layout.num_layers, plan, cap,
+  if (ina_kv_copy_plan(&h->layout, set->pages, &t->dst, t->dst_pages, from, to, layer_begin, layer_end, plan, cap,
                        &n) != INA_OK) {
     fail(t, INA_RPC_INTERNAL, "planning the puts: %s", ina_last_error());
     goto out;
@@ -142,8 +150,13 @@ static void post_set(agent_handoff_t *h, handoff_transfer_t *t, handoff_page_set
   t->flights = flight;
   flight = NULL;
   set = NULL;
-  t->sent = to;
-  t->bytes += (uint64_t)(to - from) * (uint64_t)h->layout.entry_bytes * (uint64_t)h->layout.num_layers;
+  t->partial_layers = layer_end;
+  if (layer_end == L) { /* these tokens are complete */
+    t->sent = to;
+    t->partial_to = 0;
+    t->partial_layers = 0;
+  }
+  t->bytes += (uint64_t)(to - from) * (uint64_t)h->layout.entry_bytes * (uint64_t)(layer_end - layer_begin);
   t->puts += (uint64_t)n;
 out:
   free(flight);

@@ -148,6 +148,7 @@ static void on_export(const ina_kv_pages_t *kv, void *user) {
   set->pages = pages;
   set->num_pages = kv->num_pages;
   set->num_tokens = kv->num_tokens;
+  set->num_layers = kv->num_layers;
   pthread_mutex_lock(&h->mu);
   if (t->pending_tail)
     t->pending_tail->next = set;

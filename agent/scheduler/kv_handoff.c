@@ -14,7 +14,7 @@
 #include "agent/scheduler/scheduler_internal.h"
 
 void sched_kv_lend(ina_scheduler_t *s, sched_request_t *r, ina_kv_pages_fn fn, int64_t num_tokens,
-                   int64_t first_token) {
+                   int64_t first_token, int32_t num_layers) {
   const int32_t n = (int32_t)((num_tokens + s->page_size - 1) / s->page_size);
   for (int32_t i = 0; i < n; i++) ina_page_pool_ref(s->pool, r->seq.pages[i]);
   s->kv_lent += n;
@@ -23,7 +23,7 @@ void sched_kv_lend(ina_scheduler_t *s, sched_request_t *r, ina_kv_pages_fn fn, i
     r->import_lent = 1; /* from here ina_scheduler_import_done accepts its result */
     pthread_mutex_unlock(&s->mu);
   }
-  const ina_kv_pages_t kv = {r->id, r->seq.pages, n, s->page_size, num_tokens, first_token};
+  const ina_kv_pages_t kv = {r->id, r->seq.pages, n, s->page_size, num_tokens, first_token, num_layers};
   fn(&kv, r->kv_user_data);
 }
 

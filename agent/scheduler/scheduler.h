@@ -173,6 +173,12 @@ typedef struct ina_kv_pages {
   /* Import: tokens [0, first_token) are already in place (shared from the prefix cache);
    * only [first_token, num_tokens) must be written. Export: 0. */
   int64_t first_token;
+  /* Export: the layers [0, num_layers) of those tokens are final. Reports with fewer
+   * than all the cache's layers come from inside a step, as each layer is done (where
+   * the engine says so: ina_engine_set_layer_hook), and cover the step's new tokens
+   * in those layers only; the report after the step has every layer. Import: every
+   * layer. */
+  int32_t num_layers;
 } ina_kv_pages_t;
 
 /* Runs on the driver thread inside a step with no scheduler lock held: it must not block
@@ -201,7 +207,8 @@ typedef struct ina_request {
   /* Version 3, the hand-off (see ina_kv_pages_t); at most one of the two, and neither
    * under replication (INA_ERR_UNSUPPORTED there).
    * kv_export (prefill side): after each step that computed prompt tokens of this
-   * request, the pages holding every token computed so far. After a preemption the
+   * request, the pages holding every token computed so far; within the step, as each
+   * layer of its new tokens is done, the same pages with the layers done so far. After a preemption the
    * count starts again from the prefix the request keeps; entries once reported are
    * recomputed equal (the engine is deterministic), so a callee sends only what it has
    * not sent yet.

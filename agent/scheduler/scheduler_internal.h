@@ -255,7 +255,7 @@ void sched_deliver_events(ina_scheduler_t *s);
 /* Lend r's pages holding tokens [0, num_tokens) to a hand-off callee: a reference on each
  * (driver). */
 void sched_kv_lend(ina_scheduler_t *s, sched_request_t *r, ina_kv_pages_fn fn, int64_t num_tokens,
-                   int64_t first_token);
+                   int64_t first_token, int32_t num_layers);
 /* Driver, at take-in (caller holds mu): drop the references given back, then apply the
  * import results that arrived (a token event and perhaps a final event each; events for
  * pending_imports more requests must be reserved). */

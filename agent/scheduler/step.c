@@ -169,7 +169,7 @@ static int admit_import(ina_scheduler_t *s, sched_request_t *r) {
   r->num_computed = shared * s->page_size;
   r->importing = 1;
   s->num_importing++;
-  sched_kv_lend(s, r, r->kv_import, r->prompt_len, r->num_computed);
+  sched_kv_lend(s, r, r->kv_import, r->prompt_len, r->num_computed, ina_page_pool_num_layers(s->pool));
   return 1;
 }
 
@@ -296,7 +296,8 @@ static void after_forward(ina_scheduler_t *s, double now) {
       ina_prefix_cache_insert(s->cache, r->tokens, r->prefill_len / s->page_size, r->seq.pages);
     /* Prompt entries computed: a prefill side lends them to its transfer. */
     if (was_prefilling && r->kv_export)
-      sched_kv_lend(s, r, r->kv_export, r->num_computed < r->prompt_len ? r->num_computed : r->prompt_len, 0);
+      sched_kv_lend(s, r, r->kv_export, r->num_computed < r->prompt_len ? r->num_computed : r->prompt_len, 0,
+                    ina_page_pool_num_layers(s->pool));
     if (r->num_computed < r->num_tokens) continue; /* a prompt chunk: nothing to sample yet */
     int32_t token = -1;
     ina_status_t st = INA_OK;
@@ -324,6 +325,19 @@ static void drop_finished_running(ina_scheduler_t *s) {
   s->num_running = kept;
 }
 
+/* The engine's layer hook while a step computes prompt tokens of kv_export requests:
+ * each layer but the last (after_forward reports all of them) goes out as it is done. */
+static void on_layer_done(int32_t layer, void *user) {
+  ina_scheduler_t *s = user;
+  if (layer + 1 >= ina_page_pool_num_layers(s->pool)) return;
+  for (int32_t k = 0; k < s->batch_size; k++) {
+    sched_request_t *r = s->batch_reqs[k];
+    if (!r->kv_export || !is_prefilling(r)) continue;
+    const int32_t upto = r->num_computed + r->step_tokens;
+    sched_kv_lend(s, r, r->kv_export, upto < r->prompt_len ? upto : r->prompt_len, 0, layer + 1);
+  }
+}
+
 static ina_status_t run_batch(ina_scheduler_t *s) {
   ina_status_t st = INA_OK;
   s->qo_indptr[0] = 0;
@@ -340,11 +354,14 @@ static ina_status_t run_batch(ina_scheduler_t *s) {
   s->batch_greedy = 1;
   for (int32_t k = 0; k < s->batch_size; k++)
     s->batch_greedy &= s->batch_reqs[k]->sampling.temperature == 0.0f && s->batch_reqs[k]->logprobs < 0;
+  int exporting = 0;
+  for (int32_t k = 0; k < s->batch_size; k++) exporting |= s->batch_reqs[k]->kv_export && is_prefilling(s->batch_reqs[k]);
+  if (exporting) ina_engine_set_layer_hook(s->engine, on_layer_done, s);
   if (s->batch_greedy)
-    INA_CHECK(ina_engine_forward_greedy(s->engine, &batch, s->greedy_tokens));
+    st = ina_engine_forward_greedy(s->engine, &batch, s->greedy_tokens);
   else
-    INA_CHECK(ina_engine_forward(s->engine, &batch, s->logits));
-fail:
+    st = ina_engine_forward(s->engine, &batch, s->logits);
+  if (exporting) ina_engine_set_layer_hook(s->engine, NULL, NULL);
   return st;
 }
 

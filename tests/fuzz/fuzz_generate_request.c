@@ -63,6 +63,12 @@ static const char *first_broken_rule(const Ina__V1__GenerateRequest *r,
       if (r->stop_token_ids[j] == r->stop_token_ids[i]) return "stop_token_ids";
   }
   if (r->stream_interval > INA_PROTO_MAX_STREAM_INTERVAL) return "stream_interval";
+  const size_t agent_len = r->prefill_agent ? strlen(r->prefill_agent) : 0;
+  if (agent_len > 255) return "prefill_agent";
+  for (size_t i = 0; i < agent_len; i++) {
+    unsigned char c = (unsigned char)r->prefill_agent[i];
+    if (c < 0x21 || c > 0x7e) return "prefill_agent";
+  }
   return NULL;
 }
 

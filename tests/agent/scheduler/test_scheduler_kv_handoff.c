@@ -40,7 +40,10 @@ typedef struct hcase {
   /* The decode side's pages for the prompt, and what the import must write. */
   int32_t dst_pages[PROMPT_CAP];
   int64_t first_token, imported_from_min;
-  int64_t sent;      /* prompt tokens copied so far */
+  int64_t sent;      /* prompt tokens copied so far, in every layer */
+  int64_t partial_to; /* and of [sent, partial_to), layers [0, partial_layers) */
+  int32_t partial_layers;
+  int32_t layer_reports; /* exports with fewer than every layer (from inside a step) */
   int import_pending; /* kv_import called, prefill not submitted yet */
   int done;
 } hcase_t;
@@ -67,18 +70,29 @@ static ina_kv_layout_t layout_of(ina_engine_t *e, uint8_t **base) {
                            (int64_t)ina_page_pool_entry_elems(pool) * (int64_t)ina_dtype_size(ina_page_pool_dtype(pool))};
 }
 
-/* Prefill side: tokens [0, kv->num_tokens) are final; copy those the decode side lacks. */
+/* Prefill side: tokens [0, kv->num_tokens) are final in layers [0, kv->num_layers);
+ * copy what the decode side lacks, layer by layer as the agent's link does. */
 static void on_export(const ina_kv_pages_t *kv, void *user) {
   hcase_t *c = user;
   const int64_t from = c->sent > c->first_token ? c->sent : c->first_token;
-  if (kv->num_tokens > from) {
+  if (kv->num_tokens != c->partial_to) {
+    c->partial_to = kv->num_tokens;
+    c->partial_layers = 0;
+  }
+  c->layer_reports += kv->num_layers < W.pl.num_layers;
+  if (kv->num_tokens > from && kv->num_layers > c->partial_layers) {
     ina_kv_copy_t plan[4096];
     int64_t n = 0;
-    CHECK_OK(ina_kv_copy_plan(&W.pl, kv->pages, &W.dl, c->dst_pages, from, kv->num_tokens, 0, W.pl.num_layers, plan,
-                              4096, &n));
+    CHECK_OK(ina_kv_copy_plan(&W.pl, kv->pages, &W.dl, c->dst_pages, from, kv->num_tokens, c->partial_layers,
+                              kv->num_layers, plan, 4096, &n));
     for (int64_t i = 0; i < n; i++) memcpy(W.dbase + plan[i].dst_offset, W.pbase + plan[i].src_offset, plan[i].bytes);
     W.copies += n;
-    c->sent = kv->num_tokens;
+    c->partial_layers = kv->num_layers;
+  }
+  if (kv->num_layers == W.pl.num_layers) {
+    c->sent = kv->num_tokens > c->sent ? kv->num_tokens : c->sent;
+    c->partial_to = 0;
+    c->partial_layers = 0;
   }
   CHECK_OK(ina_scheduler_release_pages(W.ps, kv->pages, kv->num_pages));
 }
@@ -151,7 +165,8 @@ static void start_prefills(hcase_t *cases) {
     hcase_t *c = &cases[i];
     if (!c->import_pending) continue;
     c->import_pending = 0;
-    c->sent = 0;
+    c->sent = c->partial_to = 0;
+    c->partial_layers = 0;
     ina_request_t r = base_request(c, &c->prefill, on_prefill_event);
     r.max_new_tokens = 1;
     r.kv_export = on_export;
@@ -256,8 +271,9 @@ static void run_pair(int32_t pps, int32_t dps, uint64_t seed, ina_model_t *m) {
     }
     drive(cases);
   }
-  int partial = 0;
+  int partial = 0, layer_reports = 0;
   for (int i = 0; i < N; i++) {
+    layer_reports += cases[i].layer_reports;
     hcase_t *c = &cases[i];
     CHECKF(c->decode.finals == 1 && c->decode.finish == INA_FINISH_LENGTH && c->decode.status == INA_OK,
            "%s: %d finals, finish %s", c->id, c->decode.finals, ina_finish_reason_string(c->decode.finish));
@@ -277,6 +293,9 @@ static void run_pair(int32_t pps, int32_t dps, uint64_t seed, ina_model_t *m) {
          "%d imports started past a cached prefix (%lld cached tokens): the prefix path went untested", partial,
          (long long)ds.prefix_cache_hit_tokens);
   CHECK(ds.prefill_tokens == 0); /* the decode side computed no prompt */
+  /* Every step's layers but the last reported from inside the step (the CPU engine's hook). */
+  CHECKF(layer_reports >= N * (W.pl.num_layers - 1), "%d reports of single layers for %d requests of %d layers",
+         layer_reports, N, W.pl.num_layers);
   printf("  %d requests equal; %d imported past a cached prefix; %lld copies\n", N, partial, (long long)W.copies);
   check_pools_whole("after the requests");
   for (int i = 0; i < N; i++) {
