@@ -65,6 +65,21 @@ completion_tokens == max_tokens (ignore_eos); total_tokens == prompt + completio
 token-id prompts prompt_tokens == the ids sent; at least one content chunk; with
 --token-counts logprobs the chunks' tokens add up to completion_tokens.
 
+A second request class, "side" (--side-num-prompts N, --side-request-rate R,
+--side-input-len-dist, --side-output-len-dist; default none), runs alongside the measured
+requests to make a mixed workload (e.g. long prompts landing while many short-prompt
+streams decode): side requests arrive as a Poisson process of R per second from the
+measured run's start (the first one after an exponential gap) until N were sent or the
+last measured request is done, whichever comes first; they are not counted against
+--concurrency, have their own prompts (seed --seed + 2000003, so they repeat neither the
+measured nor the warm-up prompts) and are checked like the measured ones (a failed one
+fails the run). They do not enter the measured figures below (duration, throughputs,
+TTFT, ITL, ...): they are reported apart (sent, TTFT, E2E, their tokens), and the
+measured ITL samples are split into those whose gap overlaps a side request's prompt
+window (its send -> its first token: its queueing and prefill, as the client sees them)
+and the rest, with the share of the duration those windows cover. Warm-up sends no side
+requests.
+
 Reported (duration = first request sent -> last request done, warm-up excluded):
   requests/s = successful requests / duration; output tokens/s = sum of completion_tokens
   / duration; total tokens/s = sum of (prompt_tokens + completion_tokens) / duration;
@@ -146,10 +161,13 @@ class LengthDist:
         return max(1, int(round(rng.gauss(*self.args))))
 
 
-def make_requests(n, seed, args):
-    """[(prompt, prompt_len or None, max_tokens)]: lengths first, then prompts, one rng."""
+def make_requests(n, seed, args, input_len_dist=None, output_len_dist=None):
+    """[(prompt, prompt_len or None, max_tokens)]: lengths first, then prompts, one rng.
+    The distributions default to --input-len-dist and --output-len-dist."""
     rng = random.Random(seed)
-    lens = [(args.input_len_dist.draw(rng), args.output_len_dist.draw(rng)) for _ in range(n)]
+    ind = input_len_dist or args.input_len_dist
+    outd = output_len_dist or args.output_len_dist
+    lens = [(ind.draw(rng), outd.draw(rng)) for _ in range(n)]
     out = []
     for in_len, out_len in lens:
         if args.prompt_type == "ids":
@@ -389,8 +407,8 @@ def check_result(res, args):
     return None
 
 
-def itl_samples(res, args):
-    """ITL samples (seconds) of one checked request."""
+def itl_gaps(res, args):
+    """ITL samples of one checked request as (seconds, gap start, gap end) on perf_counter."""
     times = [t for t, _, _ in res.chunks]
     n_tokens = res.usage["completion_tokens"]
     samples = []
@@ -400,14 +418,19 @@ def itl_samples(res, args):
             if n == 0:
                 continue  # text without a token (a held byte flushed): its gap joins the next
             if prev is not None:
-                samples.extend([(t - prev) / n] * n)
+                samples.extend([((t - prev) / n, prev, t)] * n)
             prev = t
         return samples
     # Estimate: the request's tokens after the first chunk spread evenly over its gaps.
     if len(times) > 1 and n_tokens > 1:
         per_gap = (n_tokens - 1) / (len(times) - 1)
-        samples = [(times[i] - times[i - 1]) / per_gap for i in range(1, len(times))]
+        samples = [((times[i] - times[i - 1]) / per_gap, times[i - 1], times[i]) for i in range(1, len(times))]
     return samples
+
+
+def itl_samples(res, args):
+    """ITL samples (seconds) of one checked request."""
+    return [x for x, _, _ in itl_gaps(res, args)]
 
 
 # ---- the run ------------------------------------------------------------------------------------
@@ -435,36 +458,61 @@ class Progress:
         sys.stderr.flush()
 
 
-async def run_set(pool, args, reqs, label, rate):
-    """Runs reqs; returns [Result] and the duration in seconds."""
+async def one_request(pool, args, i, prompt, prompt_len, max_tokens, sem, prog, in_flight):
+    """One request under the optional semaphore sem; returns its checked Result."""
+    res = Result(i, prompt_len, max_tokens)
+    data = request_bytes(pool, args, prompt, max_tokens, i)
+    if sem:
+        await sem.acquire()
+    in_flight[0] += 1
+    in_flight[1] = max(in_flight[1], in_flight[0])
+    try:
+        await asyncio.wait_for(one_stream(pool, data, res), args.timeout)
+    except asyncio.TimeoutError:
+        res.error = f"no answer within --timeout {args.timeout} s"
+    except (HTTPError, OSError, asyncio.IncompleteReadError, ValueError) as e:
+        res.error = f"{type(e).__name__}: {e}" if not isinstance(e, HTTPError) else str(e)
+    finally:
+        in_flight[0] -= 1
+        if sem:
+            sem.release()
+    if res.error is None:
+        res.check = check_result(res, args)
+    prog.done += 1
+    prog.failed += res.error is not None or res.check is not None
+    prog.line()
+    return res
+
+
+async def run_side(pool, args, reqs, stop):
+    """The side class (--side-*): Poisson arrivals of --side-request-rate per second, no
+    concurrency limit, until reqs are all sent or stop is set; returns [Result] of those sent
+    (after they finished) and their max in flight."""
+    prog = Progress(len(reqs), "side ", args.quiet)
+    arrivals = random.Random(args.seed + 104729)
+    in_flight = [0, 0]
+    tasks = []
+    for i, (prompt, plen, mt) in enumerate(reqs):
+        try:
+            await asyncio.wait_for(stop.wait(), arrivals.expovariate(args.side_request_rate))
+            break  # the measured requests are done: no more arrivals
+        except asyncio.TimeoutError:
+            pass
+        tasks.append(asyncio.ensure_future(one_request(pool, args, i, prompt, plen, mt, None, prog, in_flight)))
+    prog.total = len(tasks)
+    results = await asyncio.gather(*tasks)
+    prog.line(final=True)
+    return results, in_flight[1]
+
+
+async def run_set(pool, args, reqs, label, rate, side=None):
+    """Runs reqs, and the side class's requests side (a list, or None) while they run;
+    returns [Result], the duration in seconds, the max in flight, and the side's
+    ([Result], max in flight) or None. The duration and the max in flight are reqs' own."""
     sem = asyncio.Semaphore(args.concurrency) if args.concurrency else None
     prog = Progress(len(reqs), label, args.quiet)
     arrivals = random.Random(args.seed + 7919)
     in_flight = [0, 0]  # now, max
-
-    async def one(i, prompt, prompt_len, max_tokens):
-        res = Result(i, prompt_len, max_tokens)
-        data = request_bytes(pool, args, prompt, max_tokens, i)
-        if sem:
-            await sem.acquire()
-        in_flight[0] += 1
-        in_flight[1] = max(in_flight[1], in_flight[0])
-        try:
-            await asyncio.wait_for(one_stream(pool, data, res), args.timeout)
-        except asyncio.TimeoutError:
-            res.error = f"no answer within --timeout {args.timeout} s"
-        except (HTTPError, OSError, asyncio.IncompleteReadError, ValueError) as e:
-            res.error = f"{type(e).__name__}: {e}" if not isinstance(e, HTTPError) else str(e)
-        finally:
-            in_flight[0] -= 1
-            if sem:
-                sem.release()
-        if res.error is None:
-            res.check = check_result(res, args)
-        prog.done += 1
-        prog.failed += res.error is not None or res.check is not None
-        prog.line()
-        return res
 
     async def ticker():
         while True:
@@ -473,22 +521,26 @@ async def run_set(pool, args, reqs, label, rate):
 
     tick = asyncio.ensure_future(ticker())
     t0 = time.perf_counter()
+    stop = asyncio.Event()
+    side_task = asyncio.ensure_future(run_side(pool, args, side, stop)) if side else None
     tasks = []
     for i, (prompt, plen, mt) in enumerate(reqs):
-        tasks.append(asyncio.ensure_future(one(i, prompt, plen, mt)))
+        tasks.append(asyncio.ensure_future(one_request(pool, args, i, prompt, plen, mt, sem, prog, in_flight)))
         if rate != math.inf and i + 1 < len(reqs):
             await asyncio.sleep(arrivals.expovariate(rate))
     results = await asyncio.gather(*tasks)
     duration = time.perf_counter() - t0
+    stop.set()
     tick.cancel()
     prog.line(final=True)
-    return results, duration, in_flight[1]
+    side_out = await side_task if side_task else None
+    return results, duration, in_flight[1], side_out
 
 
 def stats(xs):
     """mean, p50, p90, p99 (linear interpolation between order statistics), in ms."""
     if not xs:
-        return {"mean": None, "p50": None, "p90": None, "p99": None, "n": 0}
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None, "n": 0}
     s = sorted(xs)
 
     def pct(p):
@@ -498,7 +550,24 @@ def stats(xs):
         return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
     return {"mean": 1e3 * sum(s) / len(s), "p50": 1e3 * pct(50), "p90": 1e3 * pct(90), "p99": 1e3 * pct(99),
-            "n": len(s)}
+            "max": 1e3 * s[-1], "n": len(s)}
+
+
+def union_length(wins, t_first, t_last):
+    """Seconds of [t_first, t_last] covered by the union of the windows [(start, end)]."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted((max(s, t_first), min(e, t_last)) for s, e in wins):
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
 
 
 def fmt(v):
@@ -509,7 +578,7 @@ async def main_async(args):
     pool = Pool(args.base_url)
     try:
         if args.warmup:
-            warm, _, _ = await run_set(pool, args, make_requests(args.warmup, args.seed + 1_000_003, args),
+            warm, _, _, _ = await run_set(pool, args, make_requests(args.warmup, args.seed + 1_000_003, args),
                                        "warm-up ", math.inf if args.concurrency else args.request_rate)
             bad = [r for r in warm if r.error or r.check]
             if bad:
@@ -518,9 +587,18 @@ async def main_async(args):
                 print(f"serving_bench: FAILED: {len(bad)} of {len(warm)} warm-up requests failed", file=sys.stderr)
                 return 1
         reqs = make_requests(args.num_prompts, args.seed, args)
-        results, duration, max_in_flight = await run_set(pool, args, reqs, "", args.request_rate)
+        side = (make_requests(args.side_num_prompts, args.seed + 2_000_003, args, args.side_input_len_dist,
+                              args.side_output_len_dist) if args.side_num_prompts else None)
+        results, duration, max_in_flight, side_out = await run_set(pool, args, reqs, "", args.request_rate, side)
     finally:
         pool.close()
+    side_results, side_max_in_flight = side_out if side_out else ([], 0)
+    side_failed = [r for r in side_results if r.error]
+    side_wrong = [r for r in side_results if not r.error and r.check]
+    side_ok = [r for r in side_results if not r.error and not r.check]
+    for r in (side_failed + side_wrong)[:10]:
+        print(f"serving_bench: side request {r.index} (max_tokens {r.max_tokens}): "
+              f"{r.error or 'CHECK FAILED: ' + r.check}", file=sys.stderr)
 
     failed = [r for r in results if r.error]
     wrong = [r for r in results if not r.error and r.check]
@@ -533,8 +611,14 @@ async def main_async(args):
     out = {"config": config, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "num_prompts": len(results),
            "completed": len(ok), "failed": len(failed), "failed_checks": len(wrong),
            "errors": [f"request {r.index}: {r.error or r.check}" for r in failed + wrong][:50]}
-    if wrong:
-        print(f"serving_bench: CHECK FAILED: {len(wrong)} of {len(results)} requests returned a wrong result; "
+    if side_out:
+        out["side"] = {"sent": len(side_results), "completed": len(side_ok), "failed": len(side_failed),
+                       "failed_checks": len(side_wrong), "max_in_flight": side_max_in_flight,
+                       "errors": [f"side request {r.index}: {r.error or r.check}"
+                                  for r in side_failed + side_wrong][:50]}
+    if wrong or side_wrong:
+        n_wrong, n_all = len(wrong) + len(side_wrong), len(results) + len(side_results)
+        print(f"serving_bench: CHECK FAILED: {n_wrong} of {n_all} requests returned a wrong result; "
               f"no timings reported", file=sys.stderr)
         if args.json:
             with open(args.json, "w") as f:
@@ -544,12 +628,16 @@ async def main_async(args):
     in_tok = sum(r.usage["prompt_tokens"] for r in ok)
     cached = sum((r.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for r in ok)
     out_tok = sum(r.usage["completion_tokens"] for r in ok)
-    itl, multi, chunks = [], 0, 0
+    itl, multi, chunks, gaps = [], 0, 0, []
     for r in ok:
-        itl += itl_samples(r, args)
+        g = itl_gaps(r, args)
+        gaps += g
+        itl += [x for x, _, _ in g]
         multi += max(0, r.usage["completion_tokens"] - len(r.chunks))
         chunks += len(r.chunks)
     tpot = [(r.e2e - r.ttft) / (r.usage["completion_tokens"] - 1) for r in ok if r.usage["completion_tokens"] > 1]
+    t_zero = min(r.start for r in results + side_results if r.start is not None)
+    rel = lambda t: None if t is None else t - t_zero  # per-request send times from the first send
     out.update({
         "duration_s": duration, "max_in_flight": max_in_flight, "connections_opened": pool.opened,
         "total_input_tokens": in_tok, "total_output_tokens": out_tok,
@@ -560,9 +648,35 @@ async def main_async(args):
         "ttft_ms": stats([r.ttft for r in ok]), "itl_ms": stats(itl), "tpot_ms": stats(tpot),
         "e2e_ms": stats([r.e2e for r in ok]),
         "requests": [{"index": r.index, "prompt_tokens": r.usage["prompt_tokens"] if r.usage else None,
-                      "max_tokens": r.max_tokens, "ttft_s": r.ttft, "e2e_s": r.e2e, "chunks": len(r.chunks),
+                      "max_tokens": r.max_tokens, "start_s": rel(r.start), "ttft_s": r.ttft, "e2e_s": r.e2e,
+                      "chunks": len(r.chunks),
                       "error": r.error} for r in results],
     })
+    if side_out:
+        # The side requests' prompt windows: send -> first token (their prefill, queueing included).
+        # A measured ITL sample "overlaps" when its gap intersects one of them.
+        wins = sorted((r.start, r.start + r.ttft) for r in side_ok)
+        over, clear = [], []
+        for x, a, b in gaps:
+            (over if any(s < b and e > a for s, e in wins) else clear).append(x)
+        s_in = sum(r.usage["prompt_tokens"] for r in side_ok)
+        s_out = sum(r.usage["completion_tokens"] for r in side_ok)
+        out["side"].update({
+            "total_input_tokens": s_in, "total_output_tokens": s_out,
+            "cached_prompt_tokens": sum((r.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                                        for r in side_ok),
+            "ttft_ms": stats([r.ttft for r in side_ok]), "e2e_ms": stats([r.e2e for r in side_ok]),
+            "tpot_ms": stats([(r.e2e - r.ttft) / (r.usage["completion_tokens"] - 1) for r in side_ok
+                              if r.usage["completion_tokens"] > 1]),
+            "itl_ms_during_side_prompts": stats(over), "itl_ms_outside_side_prompts": stats(clear),
+            "side_prompt_time_fraction": union_length(wins, t_first=min(r.start for r in ok),
+                                                      t_last=max(r.start + r.e2e for r in ok)) / duration
+            if ok else None,
+            "requests": [{"index": r.index, "prompt_tokens": r.usage["prompt_tokens"] if r.usage else None,
+                          "max_tokens": r.max_tokens, "start_s": rel(r.start), "ttft_s": r.ttft, "e2e_s": r.e2e,
+                          "chunks": len(r.chunks),
+                          "error": r.error} for r in side_results],
+        })
     if not ok:
         if args.json:
             with open(args.json, "w") as f:
@@ -586,11 +700,30 @@ async def main_async(args):
     for name, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"), ("E2E", "e2e_ms")):
         s = out[key]
         print(f"{name:<10}{fmt(s['mean']):>10}{fmt(s['p50']):>10}{fmt(s['p90']):>10}{fmt(s['p99']):>10}")
+    if side_out:
+        sd = out["side"]
+        print(f"---- side requests: {sd['sent']} sent at Poisson {args.side_request_rate}/s while the measured "
+              f"ones ran (max in flight {side_max_in_flight}); input {args.side_input_len_dist.spec}, "
+              f"output {args.side_output_len_dist.spec} ----")
+        if not sd["sent"]:
+            print("(no side request arrived before the measured ones were done)")
+        print(f"{'successful / failed side requests':<34}{sd['completed']} / {sd['failed']}")
+        print(f"{'side input / output tokens':<34}{sd['total_input_tokens']} / {sd['total_output_tokens']}")
+        print(f"{'side cached prompt tokens':<34}{sd['cached_prompt_tokens']}")
+        print(f"{'side prompt windows cover':<34}{100 * sd['side_prompt_time_fraction']:.1f} % of the duration "
+              f"(send -> first token)")
+        print(f"{'ms':<26}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}{'n':>8}")
+        for name, s in (("side TTFT", sd["ttft_ms"]), ("side E2E", sd["e2e_ms"]),
+                        ("ITL during side prompts", sd["itl_ms_during_side_prompts"]),
+                        ("ITL outside side prompts", sd["itl_ms_outside_side_prompts"])):
+            print(f"{name:<26}{fmt(s['mean']):>10}{fmt(s['p50']):>10}{fmt(s['p90']):>10}{fmt(s['p99']):>10}"
+                  f"{fmt(s['max']):>10}{s['n']:>8}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    if failed:
-        print(f"serving_bench: FAILED: {len(failed)} of {len(results)} requests failed", file=sys.stderr)
+    if failed or side_failed:
+        n_failed, n_all = len(failed) + len(side_failed), len(results) + len(side_results)
+        print(f"serving_bench: FAILED: {n_failed} of {n_all} requests failed", file=sys.stderr)
         return 1
     return 0
 
@@ -624,6 +757,15 @@ def main():
     ap.add_argument("--token-counts", choices=("estimate", "logprobs"), default="estimate",
                     help="how ITL knows a chunk's tokens (default estimate; see below)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (default 600)")
+    ap.add_argument("--side-num-prompts", type=int, default=0,
+                    help="a second request class, 'side' (default 0: none): at most this many requests")
+    ap.add_argument("--side-request-rate", type=float,
+                    help="side requests' Poisson arrivals per second while the measured ones run (needed with "
+                         "--side-num-prompts)")
+    ap.add_argument("--side-input-len-dist", type=LengthDist, default=LengthDist("uniform:16:128"),
+                    help="side prompt length in tokens (default uniform:16:128)")
+    ap.add_argument("--side-output-len-dist", type=LengthDist, default=LengthDist("uniform:16:64"),
+                    help="side max_tokens (default uniform:16:64)")
     ap.add_argument("--json", help="write the configuration and results to this file")
     ap.add_argument("--quiet", action="store_true", help="no progress line")
     args = ap.parse_args()
@@ -646,6 +788,10 @@ def main():
         ap.error("--tokens-per-word must be > 0")
     if args.temperature < 0:
         ap.error("--temperature must be >= 0")
+    if args.side_num_prompts < 0:
+        ap.error("--side-num-prompts must be >= 0")
+    if args.side_num_prompts and not (args.side_request_rate and 0 < args.side_request_rate < math.inf):
+        ap.error("--side-num-prompts needs a finite --side-request-rate > 0")
     return asyncio.run(main_async(args))
 
 
