@@ -95,6 +95,9 @@ ina_status_t ina_ucx_blob_decode(const void *blob, size_t size, ina_ucx_blob_vie
   INA_REQUIRE(version == INA_UCX_BLOB_VERSION, INA_ERR_FORMAT,
               "ucx blob: unsupported version %u at offset 4 (this build reads version %u)",
               version, INA_UCX_BLOB_VERSION);
+  /* Reserved stays 0 in version 1: a blob decodes to one meaning only. */
+  INA_REQUIRE(get_u16(b + 6) == 0, INA_ERR_FORMAT, "ucx blob: reserved field at offset 6 is %u, not 0",
+              get_u16(b + 6));
   uint32_t address_len = get_u32(b + 8);
   uint32_t region_count = get_u32(b + 12);
   size_t off = INA_UCX_BLOB_HEADER_BYTES;

@@ -658,6 +658,41 @@ static void decode_agent_response_seeds(void) {
   write_message(t, "prefill_response_uneven_top", &pr.base);
 }
 
+/* UCX endpoint blobs (comm/ucx_blob.h's layout, written out byte by byte here): no
+ * region, one region, two regions, and one cut short. */
+static size_t put_le(uint8_t *p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+  return (size_t)bytes;
+}
+
+static size_t ucx_blob(uint8_t *b, uint32_t address_len, uint32_t regions, uint32_t rkey_len) {
+  size_t n = 0;
+  n += put_le(b + n, 0x55414E49u, 4);
+  n += put_le(b + n, 1, 2);
+  n += put_le(b + n, 0, 2);
+  n += put_le(b + n, address_len, 4);
+  n += put_le(b + n, regions, 4);
+  for (uint32_t i = 0; i < address_len; i++) b[n++] = (uint8_t)(i * 7 + 1);
+  for (uint32_t r = 0; r < regions; r++) {
+    n += put_le(b + n, 0x7f0000001000ull + 0x100000ull * r, 8);
+    n += put_le(b + n, 0x40000, 8);
+    n += put_le(b + n, r % 2, 4);
+    n += put_le(b + n, rkey_len, 4);
+    for (uint32_t i = 0; i < rkey_len; i++) b[n++] = (uint8_t)(i * 13 + r);
+  }
+  return n;
+}
+
+static void ucx_blob_seeds(void) {
+  const char *t = "fuzz_ucx_blob";
+  uint8_t b[1024];
+  write_raw(t, "no_region", b, ucx_blob(b, 40, 0, 0));
+  write_raw(t, "one_region", b, ucx_blob(b, 64, 1, 32));
+  write_raw(t, "two_regions", b, ucx_blob(b, 17, 2, 9));
+  const size_t n = ucx_blob(b, 64, 1, 32);
+  write_raw(t, "cut_short", b, n - 5);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: make_seeds OUT_DIR\n");
@@ -671,5 +706,6 @@ int main(int argc, char **argv) {
   other_request_seeds();
   client_response_seeds();
   decode_agent_response_seeds();
+  ucx_blob_seeds();
   return 0;
 }
