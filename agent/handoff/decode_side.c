@@ -427,10 +427,13 @@ static void *caller_main(void *arg) {
     if (j) {
       h->jobs = j->next;
       if (!h->jobs) h->jobs_tail = NULL;
+      h->imports_in_flight++;
+      pthread_cond_broadcast(&h->wake); /* the link progresses fast from now */
       pthread_mutex_unlock(&h->mu);
       run_import(h, j);
       import_put(j);
       pthread_mutex_lock(&h->mu);
+      h->imports_in_flight--;
       continue;
     }
     if (h->quarantine && handoff_now() >= next_retry) {

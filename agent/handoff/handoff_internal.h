@@ -153,6 +153,9 @@ struct agent_handoff {
   char aborted[HANDOFF_ABORTED_RING][HANDOFF_ID_MAX + 1]; /* recently aborted ids */
   int32_t aborted_next;
   handoff_import_t *jobs, *jobs_tail;
+  int32_t imports_in_flight;        /* decode side: Prefill calls running (the link then
+                                     * progresses its worker often: a TCP put needs the
+                                     * target's progress to land) */
   handoff_quarantine_t *quarantine;
   handoff_client_t *clients;
   agent_handoff_stats_t stats;

@@ -285,6 +285,7 @@ static void *link_main(void *arg) {
       busy |= t->flights != NULL || t->pending != NULL || t->held != NULL;
       tp = &t->next;
     }
+    busy |= h->imports_in_flight > 0;
     pthread_mutex_unlock(&h->mu);
     while (ina_ucx_engine_progress(h->ucx)) {
     }
