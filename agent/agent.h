@@ -148,8 +148,7 @@ typedef struct ina_agent_options {
    * ina.v1.KvTransfer/Prefill for decode agents, refuses Generate) or "decode" (serves
    * Generate; its prompts run on prefill_agent, "HOST:PORT", or the one a request names,
    * and their KV entries arrive over UCX). kv_transfer_timeout_ms: how long one
-   * transfer may take (<= 0: 30000). CPU engine, one rank on the decode side, no
-   * attention DP. */
+   * transfer may take (<= 0: 30000). One rank on the decode side, no attention DP. */
   const char *role;
   const char *prefill_agent;
   int64_t kv_transfer_timeout_ms;

@@ -69,6 +69,8 @@ static void usage(FILE *f) {
           "  --drain-grace-ms N   how long running generations may finish at shutdown\n"
           "                       (default 30000)\n"
           "  --max-running N      requests admitted (prefilling or decoding) at once (default 64)\n"
+          "  --prefix-cache-pages N  KV pages the prefix cache may keep for reuse (0: no prefix\n"
+          "                       cache; default: half the pool)\n"
           "  --max-queued-requests N  Generate answers RESOURCE_EXHAUSTED while N requests\n"
           "                       wait for admission (default 1024; 0: no limit)\n"
           "  --heartbeat-timeout S  under mpirun: a rank that has not answered the heartbeat\n"
@@ -370,7 +372,7 @@ int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
          O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_OPEN_ADMIN, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP,
          O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT, O_EXCHANGE, O_TBO, O_HTTP, O_API_KEY_FILE, O_SERVED,
-         O_CHAT_FORMAT, O_ROLE, O_PREFILL_AGENT, O_KV_TIMEOUT };
+         O_CHAT_FORMAT, O_ROLE, O_PREFILL_AGENT, O_KV_TIMEOUT, O_PREFIX_PAGES };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -390,6 +392,7 @@ int main(int argc, char **argv) {
       {"served-model-name", required_argument, 0, O_SERVED}, {"chat-format", required_argument, 0, O_CHAT_FORMAT},
       {"role", required_argument, 0, O_ROLE},         {"prefill-agent", required_argument, 0, O_PREFILL_AGENT},
       {"kv-transfer-timeout-ms", required_argument, 0, O_KV_TIMEOUT},
+      {"prefix-cache-pages", required_argument, 0, O_PREFIX_PAGES},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512], api_key[512];
@@ -453,6 +456,10 @@ int main(int argc, char **argv) {
       o.role = optarg;
       break;
     case O_PREFILL_AGENT: o.prefill_agent = optarg; break;
+    case O_PREFIX_PAGES:
+      if (parse_int("--prefix-cache-pages", optarg, 0, INT32_MAX, &v)) return 2;
+      o.scheduler.prefix_cache_pages = (int32_t)v;
+      break;
     case O_KV_TIMEOUT:
       if (parse_int("--kv-transfer-timeout-ms", optarg, 1, 3600000, &v)) return 2;
       o.kv_transfer_timeout_ms = v;

@@ -15,9 +15,11 @@
 #   CONCURRENCIES  requests in flight, quoted list (default "1 4 16")
 #   JSON_DIR       keep serving_bench's --json results there as cC.json (default: not kept)
 # Extra serving_bench.py options go in SERVING_BENCH_ARGS (e.g. "--request-rate 20").
+# SERVING_MODEL and SERVING_DEVICE replace the agent's --model tiny and --device cpu (e.g.
+# random:v2-lite and cuda on a GPU machine).
 set -u
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 build=${1:-build} threads=${2:-$(nproc)} prompts=${3:-64} concs=${4:-1 4 16} json_dir=${5:-}
@@ -33,7 +35,9 @@ cleanup() {
 trap cleanup EXIT
 echo "serving-bench-key-$$-$RANDOM" >"$tmp/key"
 
-"$agent" --model tiny --device cpu --threads "$threads" --http-listen 127.0.0.1:0 --api-key-file "$tmp/key" \
+model=${SERVING_MODEL:-tiny}
+"$agent" --model "$model" --device "${SERVING_DEVICE:-cpu}" --threads "$threads" --http-listen 127.0.0.1:0 \
+  --served-model-name "$model" --api-key-file "$tmp/key" \
   >"$tmp/agent.log" 2>&1 &
 pid=$!
 port=
@@ -56,7 +60,7 @@ run=0
 for c in $concs; do
   run=$((run + 1)) # each run its own seed: the agent's prefix cache would serve repeated prompts
   # shellcheck disable=SC2086
-  python3 "$here/serving_bench.py" --port "$port" --api-key-file "$tmp/key" --model tiny --num-prompts "$prompts" \
+  python3 "$here/serving_bench.py" --port "$port" --api-key-file "$tmp/key" --model "$model" --num-prompts "$prompts" \
     --concurrency "$c" --input-len-dist uniform:16:128 --output-len-dist uniform:16:64 --seed "$run" --warmup 4 \
     --json "$tmp/c$c.json" ${SERVING_BENCH_ARGS:-} >"$tmp/c$c.out" 2>"$tmp/c$c.err"
   rc=$?

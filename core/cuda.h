@@ -30,6 +30,8 @@ void ina_cuda_free(void *ptr);
 ina_status_t ina_cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
 ina_status_t ina_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
 ina_status_t ina_cuda_synchronize(void);
+/* Makes `device` the calling thread's current device (cudaSetDevice). */
+ina_status_t ina_cuda_set_device(int device);
 /* Free and total memory of `device` (cudaMemGetInfo), leaving the current device as it
  * was. */
 ina_status_t ina_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes);

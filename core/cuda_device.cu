@@ -163,6 +163,14 @@ extern "C" ina_status_t ina_cuda_memcpy_d2h(void *dst, const void *src, size_t b
   return copy(dst, src, bytes, cudaMemcpyDeviceToHost, "ina_cuda_memcpy_d2h");
 }
 
+extern "C" ina_status_t ina_cuda_set_device(int device) {
+  ina_status_t st = INA_OK;
+  INA_CHECK(require_device("ina_cuda_set_device"));
+  INA_CUDA_CHECK(cudaSetDevice(device));
+fail:
+  return st;
+}
+
 extern "C" ina_status_t ina_cuda_synchronize(void) {
   ina_status_t st = INA_OK;
   INA_CHECK(require_device("ina_cuda_synchronize"));

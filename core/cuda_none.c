@@ -47,6 +47,11 @@ ina_status_t ina_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) {
 
 ina_status_t ina_cuda_synchronize(void) { return unsupported("ina_cuda_synchronize"); }
 
+ina_status_t ina_cuda_set_device(int device) {
+  (void)device;
+  return unsupported("ina_cuda_set_device");
+}
+
 ina_status_t ina_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
   (void)device;
   if (free_bytes) *free_bytes = 0;

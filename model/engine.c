@@ -124,6 +124,27 @@ const char *ina_engine_ep_exchange_name(int32_t x) {
                                                  : "unknown";
 }
 
+ina_status_t ina_engine_kv_storage(ina_engine_t *e, void **base, size_t *bytes, int *on_device, int32_t *device) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e && base && bytes && on_device && device, INA_ERR_INVALID_ARGUMENT, "kv storage: NULL argument");
+  *base = NULL;
+  *bytes = 0;
+  *on_device = e->gpu != NULL;
+  *device = -1;
+  if (e->gpu) return ina_engine_gpu_kv_storage(e->gpu, base, bytes, device);
+  {
+    ina_page_pool_t *pool = ina_engine_cpu_page_pool(e->cpu);
+    ina_tensor_t t = ina_page_pool_layer(pool, 0);
+    INA_REQUIRE(t.data != NULL, INA_ERR_UNSUPPORTED, "kv storage: the pool stores no entries");
+    *base = t.data;
+    *bytes = (size_t)ina_page_pool_num_layers(pool) * (size_t)ina_page_pool_num_pages(pool) *
+             (size_t)ina_page_pool_page_size(pool) * (size_t)ina_page_pool_entry_elems(pool) *
+             ina_dtype_size(ina_page_pool_dtype(pool));
+  }
+fail:
+  return st;
+}
+
 void ina_engine_set_layer_hook(ina_engine_t *e, ina_engine_layer_fn fn, void *user_data) {
   if (e && e->cpu) ina_engine_cpu_set_layer_hook(e->cpu, fn, user_data); /* the CUDA backend has none */
 }

@@ -98,6 +98,8 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
                                    int32_t device, ina_engine_gpu_t **out);
 void ina_engine_gpu_destroy(ina_engine_gpu_t *engine);
 ina_page_pool_t *ina_engine_gpu_page_pool(ina_engine_gpu_t *engine);
+/* ina_engine_kv_storage of the CUDA backend. */
+ina_status_t ina_engine_gpu_kv_storage(ina_engine_gpu_t *engine, void **base, size_t *bytes, int32_t *device);
 const ina_model_config_t *ina_engine_gpu_config(const ina_engine_gpu_t *engine);
 ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *engine, const ina_batch_t *batch, float *logits);
 ina_status_t ina_engine_gpu_forward_greedy(ina_engine_gpu_t *engine, const ina_batch_t *batch, int32_t *tokens);

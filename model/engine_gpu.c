@@ -366,6 +366,17 @@ void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
 
 ina_page_pool_t *ina_engine_gpu_page_pool(ina_engine_gpu_t *e) { return e->kv; }
 
+ina_status_t ina_engine_gpu_kv_storage(ina_engine_gpu_t *e, void **base, size_t *bytes, int32_t *device) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(e->dp_size == 1, INA_ERR_UNSUPPORTED,
+              "engine: under attention DP the device holds only its stripe of the KV pages");
+  *base = e->cache;
+  *bytes = e->cache_layer_bytes * (size_t)e->cfg->num_layers;
+  *device = e->device;
+fail:
+  return st;
+}
+
 ina_status_t ina_engine_gpu_expert_load(ina_engine_gpu_t *e, int reset, uint64_t *counts, int64_t capacity,
                                         int32_t *num_moe_layers) {
   ina_status_t st = INA_OK;

@@ -16,6 +16,10 @@ fail:
 
 void ina_engine_gpu_destroy(ina_engine_gpu_t *engine) { (void)engine; }
 ina_page_pool_t *ina_engine_gpu_page_pool(ina_engine_gpu_t *engine) { (void)engine; return NULL; }
+ina_status_t ina_engine_gpu_kv_storage(ina_engine_gpu_t *engine, void **base, size_t *bytes, int32_t *device) {
+  (void)engine, (void)base, (void)bytes, (void)device;
+  return INA_ERR_UNSUPPORTED;
+}
 const ina_model_config_t *ina_engine_gpu_config(const ina_engine_gpu_t *engine) { (void)engine; return NULL; }
 
 ina_status_t ina_engine_gpu_forward(ina_engine_gpu_t *engine, const ina_batch_t *batch, float *logits) {

@@ -286,6 +286,17 @@ ina_status_t ina_engine_forward_greedy(ina_engine_t *engine, const ina_batch_t *
  * interleave two halves); the CUDA engine never does (its layers finish on the device).
  * fn NULL: none. Driver thread only (between forwards). */
 typedef void (*ina_engine_layer_fn)(int32_t layer, void *user_data);
+
+/* Where the engine's KV entries live, for a transfer that reads or writes them in place
+ * (prefill/decode disaggregation): one buffer laid out as the page pool says,
+ * [num_layers][num_pages][page_size][entry_elems] of its dtype (kvcache/page_pool.h),
+ * in host memory for the CPU engine (*on_device 0) and in the CUDA device's for the CUDA
+ * engine (*on_device 1, *device its ordinal; entries are written by the engine's
+ * forwards, complete when a forward has returned). INA_ERR_UNSUPPORTED where the
+ * entries are not one such buffer (the CUDA engine under attention DP keeps only its
+ * stripe). */
+ina_status_t ina_engine_kv_storage(ina_engine_t *engine, void **base, size_t *bytes, int *on_device,
+                                   int32_t *device);
 void ina_engine_set_layer_hook(ina_engine_t *engine, ina_engine_layer_fn fn, void *user_data);
 
 #ifdef __cplusplus

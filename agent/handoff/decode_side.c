@@ -329,6 +329,12 @@ static void run_import(agent_handoff_t *h, handoff_import_t *j) {
     sent = 0; /* it answered: nothing is in flight */
     goto failed;
   }
+  /* A device cache: the puts landed in its host mirror; copy them in before decoding. */
+  if (handoff_link_stage_in(h, j->pages, j->first_token, j->prompt_len) != INA_OK) {
+    code = ina_rpc_error(msg, INA_RPC_INTERNAL, "%s", ina_last_error());
+    sent = 0; /* the prefill agent answered: nothing is in flight */
+    goto failed;
+  }
   int32_t top_ids[INA_REQUEST_MAX_LOGPROBS];
   for (size_t i = 0; i < pr->n_top_ids; i++) top_ids[i] = (int32_t)pr->top_ids[i];
   res.token = (int32_t)pr->token;

@@ -83,10 +83,11 @@ ina_status_t agent_handoff_start(ina_agent_t *agent, const agent_handoff_options
               "the prefill/decode hand-off does not run with --attention-dp in this version (a sequence's pages "
               "live on its data-parallel rank)");
   ina_page_pool_t *pool = ina_engine_page_pool(agent->engine);
-  ina_tensor_t storage = ina_page_pool_layer(pool, 0);
-  INA_REQUIRE(storage.data != NULL, INA_ERR_UNSUPPORTED,
-              "the prefill/decode hand-off runs on the CPU engine in this version (the CUDA engine's cache is in "
-              "device memory; staging it through host memory is not run yet)");
+  void *storage = NULL;
+  size_t storage_bytes = 0;
+  int on_device = 0;
+  int32_t device = -1;
+  INA_CHECK(ina_engine_kv_storage(agent->engine, &storage, &storage_bytes, &on_device, &device));
   h = calloc(1, sizeof *h);
   INA_CHECK_ALLOC(h);
   h->agent = agent;
@@ -105,9 +106,13 @@ ina_status_t agent_handoff_start(ina_agent_t *agent, const agent_handoff_options
                                 ina_page_pool_num_layers(pool),
                                 (int64_t)ina_page_pool_entry_elems(pool) *
                                     (int64_t)ina_dtype_size(ina_page_pool_dtype(pool))};
-  h->kv_base = storage.data;
+  h->kv_base = storage;
   h->kv_bytes = (size_t)h->layout.num_layers * (size_t)h->layout.num_pages * (size_t)h->layout.page_size *
                 (size_t)h->layout.entry_bytes;
+  h->kv_on_device = on_device;
+  h->device = device;
+  INA_REQUIRE(h->kv_bytes == storage_bytes, INA_ERR_INTERNAL,
+              "the engine's KV storage is %zu bytes, its pool's layout says %zu", storage_bytes, h->kv_bytes);
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->wake, NULL);
   pthread_cond_init(&h->quiet, NULL);

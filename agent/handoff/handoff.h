@@ -53,8 +53,8 @@ typedef struct agent_handoff_options {
 /* Sets the hand-off up for agent (its engine and scheduler exist, its server is not
  * started). Refuses with a clear error what this version cannot run: a decode agent of
  * several ranks (imported entries would reach rank 0's cache only), attention data
- * parallelism, the CUDA engine (its cache is in device memory; the staged path is not
- * run yet). A decode agent asks its default prefill agent for its endpoint first and
+ * parallelism. A CUDA engine's cache is registered as device memory (staged through a
+ * host mirror by a UCX without CUDA support). A decode agent asks its default prefill agent for its endpoint first and
  * refuses a mismatch (model, layer count, entry size). *out is NULL on failure. */
 ina_status_t agent_handoff_start(ina_agent_t *agent, const agent_handoff_options_t *options,
                                  agent_handoff_t **out);

@@ -129,8 +129,10 @@ struct agent_handoff {
   int32_t role;
   ina_kv_layout_t layout;
   char fingerprint[256];
-  uint8_t *kv_base;                 /* the engine's KV storage (host) */
+  uint8_t *kv_base;                 /* the engine's KV storage (ina_engine_kv_storage) */
   size_t kv_bytes;
+  int kv_on_device;                 /* it is CUDA memory (of `device`): UCX stages it */
+  int32_t device;
   int32_t tp_size;
   int64_t timeout_ms;
   char *default_target;
@@ -152,6 +154,7 @@ struct agent_handoff {
   handoff_transfer_t *transfers;
   char aborted[HANDOFF_ABORTED_RING][HANDOFF_ID_MAX + 1]; /* recently aborted ids */
   int32_t aborted_next;
+  struct handoff_stage *stages;     /* decode side: mirror -> device copies for the link */
   handoff_import_t *jobs, *jobs_tail;
   int32_t imports_in_flight;        /* decode side: Prefill calls running (the link then
                                      * progresses its worker often: a TCP put needs the
@@ -176,6 +179,11 @@ struct agent_handoff {
 ina_status_t handoff_link_start(agent_handoff_t *h);
 /* Joins the link thread (stopping set and every transfer ended first) and frees UCX. */
 void handoff_link_stop(agent_handoff_t *h);
+/* Decode side, any thread but the link: after a peer's puts into a staged (device)
+ * cache landed in its host mirror, copies tokens [from, to) of `pages` in every layer
+ * into the device (on the link thread, which owns UCX) and waits for it. No-op for a host
+ * cache. */
+ina_status_t handoff_link_stage_in(agent_handoff_t *h, const int32_t *pages, int64_t from, int64_t to);
 
 /* ---- prefill_side.c ----------------------------------------------------------------- */
 

@@ -18,11 +18,22 @@
 #include <time.h>
 
 #include "core/check.h"
+#include "core/cuda.h"
 #include "agent/handoff/handoff_internal.h"
 
 /* Idle wake-ups: the worker is progressed at least this often. */
 #define LINK_IDLE_NS 2000000L
 #define LINK_BUSY_NS 100000L
+
+/* A stage-in the link runs for a caller thread (handoff_link_stage_in). */
+typedef struct handoff_stage {
+  const int32_t *pages;
+  int64_t from, to;
+  ina_status_t status;
+  char error[256];
+  int done;
+  struct handoff_stage *next;
+} handoff_stage_t;
 
 typedef struct handoff_peer {
   void *blob;
@@ -257,11 +268,59 @@ static void complete(agent_handoff_t *h, handoff_transfer_t *t) {
   handoff_transfer_free(t);
 }
 
+/* Runs one stage-in: the identity plan of the tokens over this cache gives their byte
+ * ranges in every layer. */
+static ina_status_t run_stage(agent_handoff_t *h, const handoff_stage_t *sg) {
+  ina_status_t st = INA_OK;
+  const int64_t cap = ina_kv_copy_max(&h->layout, &h->layout, sg->from, sg->to, 0, h->layout.num_layers);
+  ina_kv_copy_t *plan = malloc((size_t)(cap > 0 ? cap : 1) * sizeof *plan);
+  int64_t n = 0;
+  INA_CHECK_ALLOC(plan);
+  INA_CHECK(ina_kv_copy_plan(&h->layout, sg->pages, &h->layout, sg->pages, sg->from, sg->to, 0, h->layout.num_layers,
+                             plan, cap, &n));
+  for (int64_t i = 0; i < n; i++) INA_CHECK(ina_ucx_region_stage_in(h->region, plan[i].dst_offset, plan[i].bytes));
+fail:
+  free(plan);
+  return st;
+}
+
+static void run_stages_locked(agent_handoff_t *h) {
+  while (h->stages) {
+    handoff_stage_t *sg = h->stages;
+    h->stages = sg->next;
+    pthread_mutex_unlock(&h->mu);
+    sg->status = run_stage(h, sg);
+    if (sg->status != INA_OK) snprintf(sg->error, sizeof sg->error, "%s", ina_last_error());
+    pthread_mutex_lock(&h->mu);
+    sg->done = 1;
+    pthread_cond_broadcast(&h->quiet); /* the waiting caller */
+  }
+}
+
+ina_status_t handoff_link_stage_in(agent_handoff_t *h, const int32_t *pages, int64_t from, int64_t to) {
+  ina_status_t st = INA_OK;
+  if (!ina_ucx_region_is_staged(h->region) || to <= from) return INA_OK;
+  handoff_stage_t sg = {pages, from, to, INA_OK, "", 0, NULL};
+  pthread_mutex_lock(&h->mu);
+  sg.next = h->stages;
+  h->stages = &sg;
+  pthread_cond_broadcast(&h->wake);
+  while (!sg.done) pthread_cond_wait(&h->quiet, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+  INA_REQUIRE(sg.status == INA_OK, sg.status, "copying the received entries into the device: %s", sg.error);
+fail:
+  return st;
+}
+
 static void *link_main(void *arg) {
   agent_handoff_t *h = arg;
+  /* UCX stages device memory with CUDA copies: on the engine's device. */
+  if (h->kv_on_device && ina_cuda_set_device(h->device) != INA_OK)
+    INA_LOG_E(INA_LOG_SUBSYS, "link: %s", ina_last_error());
   pthread_mutex_lock(&h->mu);
-  while (!h->stopping || h->transfers) {
+  while (!h->stopping || h->transfers || h->stages) {
     int busy = 0;
+    run_stages_locked(h);
     for (handoff_transfer_t **tp = &h->transfers; *tp;) {
       handoff_transfer_t *t = *tp;
       handoff_page_set_t *sets = t->pending;
@@ -306,7 +365,13 @@ static void *link_main(void *arg) {
 ina_status_t handoff_link_start(agent_handoff_t *h) {
   ina_status_t st = INA_OK;
   INA_CHECK(ina_ucx_engine_create(&h->ucx));
-  INA_CHECK(ina_ucx_region_register(h->ucx, h->kv_base, h->kv_bytes, INA_UCX_MEM_HOST, &h->region));
+  /* Device memory without a CUDA-enabled UCX: a host mirror peers access (ucx_engine.h). */
+  if (h->kv_on_device) INA_CHECK(ina_cuda_set_device(h->device));
+  INA_CHECK(ina_ucx_region_register(h->ucx, h->kv_base, h->kv_bytes,
+                                    h->kv_on_device ? INA_UCX_MEM_CUDA : INA_UCX_MEM_HOST, &h->region));
+  if (ina_ucx_region_is_staged(h->region))
+    INA_LOG_I(INA_LOG_SUBSYS, "the KV cache is in device memory: peers reach it through a %.1f MiB host mirror",
+              (double)h->kv_bytes / (1 << 20));
   INA_CHECK(ina_ucx_engine_pack_blob(h->ucx, &h->region, 1, &h->blob, &h->blob_size));
   const int err = pthread_create(&h->link_thread, NULL, link_main, h);
   INA_REQUIRE(err == 0, INA_ERR_INTERNAL, "handoff: pthread_create failed (%s)", strerror(err));

@@ -19,9 +19,16 @@
 #             transfer stalled past its timeout. Each time the client gets an error (not a
 #             hang), the surviving agent keeps serving (a new request succeeds), and its
 #             pages come back: idle, it uses only prefix-cache pages and none in transfers.
-# usage: test_agent_disagg.sh INA_AGENT INA MPIEXEC V3_FIXTURE
+# With DISAGG_DEVICE=cuda the agents run on the GPU (one device for all): the hand-off
+# then stages the device cache through UCX's host mirror. The GPU's rounding may depend
+# on the batch and on how much of a prompt came from a prefix cache, so there requests
+# run one at a time, and the prefill agent and the plain one keep no prefix cache (every
+# entry either computes is a whole prompt's prefill); the decode agent keeps its own. The
+# tensor-parallel part is left out there (it needs a GPU per rank).
+# usage: [DISAGG_DEVICE=cpu|cuda] test_agent_disagg.sh INA_AGENT INA MPIEXEC V3_FIXTURE
 set -u
 agent=$1 ina=$2 mpiexec=$3 fixture=$4
+device=${DISAGG_DEVICE:-cpu}
 tmp=$(mktemp -d)
 # Every process this test starts is listed in $tmp/pids (mpirun takes its ranks along).
 trap 'xargs -r kill -KILL <"$tmp/pids" 2>/dev/null; rm -rf "$tmp"' EXIT
@@ -76,7 +83,8 @@ print(','.join(str(x) for x in (p + [r.randrange(1, 1000) for _ in range(n - len
 }
 sampling_of() { [ $(($1 % 3)) = 2 ] && echo "--temperature 0.8 --top-p 0.9 --seed $((500 + $1))"; }
 
-# run_wave PORT OUT FIRST LAST [MAX_NEW]: requests FIRST..LAST concurrently; OUT.I holds each output.
+# run_wave PORT OUT FIRST LAST [MAX_NEW]: requests FIRST..LAST concurrently (one at a time
+# on the GPU); OUT.I holds each output.
 run_wave() {
   local port=$1 out=$2 first=$3 last=$4 max_new=${5:-12} pids=()
   for i in $(seq "$first" "$last"); do
@@ -84,6 +92,7 @@ run_wave() {
     "$ina" generate --server "127.0.0.1:$port" --prompt-ids "$(cat "$tmp/prompt.$i")" --max-new-tokens "$max_new" \
       --ignore-eos $(sampling_of "$i") --request-id "req-$i-$RANDOM" >"$out.$i" 2>&1 &
     pids+=($!)
+    [ "$device" = cpu ] || wait "$!"
   done
   for p in "${pids[@]}"; do wait "$p"; done
 }
@@ -118,14 +127,16 @@ cmp_waves() { # cmp_waves WHAT A B FIRST LAST
   echo "$what: $n requests equal"
 }
 
-common=(--device cpu --threads 1 --listen 127.0.0.1:0 --max-tokens 8192)
+common=(--device "$device" --threads 1 --listen 127.0.0.1:0 --max-tokens 8192)
+same_rounding=()
+[ "$device" = cpu ] || same_rounding=(--prefix-cache-pages 0)
 
 # ---- equal streams over three page-size pairs ------------------------------------------
 for pair in "16 16" "1 16" "16 1"; do
   read -r pp dp <<<"$pair"
-  start P "$agent" --model tiny "${common[@]}" --role prefill --page-size "$pp" || continue
+  start P "$agent" --model tiny "${common[@]}" "${same_rounding[@]}" --role prefill --page-size "$pp" || continue
   start D "$agent" --model tiny "${common[@]}" --role decode --page-size "$dp" --prefill-agent "127.0.0.1:$port_P" || continue
-  start B "$agent" --model tiny "${common[@]}" --page-size "$dp" || continue
+  start B "$agent" --model tiny "${common[@]}" "${same_rounding[@]}" --page-size "$dp" || continue
   run_wave "$port_D" "$tmp/d1" 0 31
   run_wave "$port_D" "$tmp/d2" 0 31 # the shared prefixes are in the decode agent's cache now
   run_wave "$port_B" "$tmp/b" 0 31
@@ -163,7 +174,9 @@ fi
 # ---- a tensor-parallel prefill agent ----------------------------------------------------
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tp_fixture=$(dirname "$fixture")/v3_mscale
-if start P "$mpiexec" --oversubscribe -np 2 "$agent" --model "$tp_fixture" "${common[@]}" --tp 2 --role prefill &&
+if [ "$device" != cpu ]; then
+  echo "prefill TP 2 -> decode TP 1: left out on $device"
+elif start P "$mpiexec" --oversubscribe -np 2 "$agent" --model "$tp_fixture" "${common[@]}" --tp 2 --role prefill &&
    start D "$agent" --model "$tp_fixture" "${common[@]}" --role decode --prefill-agent "127.0.0.1:$port_P" &&
    start B "$agent" --model "$tp_fixture" "${common[@]}"; then
   vocab=$(python3 -c "import json; print(json.load(open('$tp_fixture/config.json'))['vocab_size'])")
@@ -192,6 +205,8 @@ refused() {
     echo "$what: refused: $(grep -m1 -- "$pattern" "$tmp/R.log")"
   fi
 }
+# Refusals come before any device work: on the CPU whatever DISAGG_DEVICE says.
+common=(--device cpu --threads 1 --listen 127.0.0.1:0 --max-tokens 8192)
 if start P "$agent" --model tiny "${common[@]}" --role prefill; then
   refused "other weights" "serves model" "$agent" --model tiny --model-seed 1 "${common[@]}" --role decode \
     --prefill-agent "127.0.0.1:$port_P"
@@ -204,6 +219,7 @@ fi
 refused "no prefill agent named" "needs --prefill-agent" "$agent" --model tiny "${common[@]}" --role decode
 
 # ---- faults -----------------------------------------------------------------------------
+common=(--device "$device" --threads 1 --listen 127.0.0.1:0 --max-tokens 8192)
 # one_request PORT OUT: a short request that must succeed.
 # one_request PORT OUT: a short request that must succeed, within 5 tries a second apart
 # (a restarted prefill agent is reached again after a reconnect).
@@ -247,7 +263,7 @@ if INA_TEST_KV_STALL_MS=5000 start P "$agent" --model tiny "${common[@]}" --role
   kill -KILL "$pid_P"
   expect_errors "prefill agent killed" "$tmp/k1" 3 6 20
   idle_pages D
-  INA_TEST_KV_STALL_MS=0 start P "$agent" --model tiny --device cpu --threads 1 --max-tokens 8192 \
+  INA_TEST_KV_STALL_MS=0 start P "$agent" --model tiny --device "$device" --threads 1 --max-tokens 8192 \
     --listen "127.0.0.1:$port_P" --role prefill && one_request "$port_D" "$tmp/k1.after"
   stop D
   stop P
