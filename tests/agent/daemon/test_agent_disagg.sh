@@ -29,6 +29,14 @@
 set -u
 agent=$1 ina=$2 mpiexec=$3 fixture=$4
 device=${DISAGG_DEVICE:-cpu}
+if [ "$device" != cpu ] && ! nvidia-smi -L 2>/dev/null | grep -q "^GPU "; then
+  if [ -n "${INA_REQUIRE_GPU:-}" ] && [ "${INA_REQUIRE_GPU}" != 0 ]; then
+    echo "test_agent_disagg: FAILED: would skip (no GPU visible), and INA_REQUIRE_GPU is set"
+    exit 1
+  fi
+  echo "test_agent_disagg: skipped (no GPU visible for DISAGG_DEVICE=$device)"
+  exit 77
+fi
 tmp=$(mktemp -d)
 # Every process this test starts is listed in $tmp/pids (mpirun takes its ranks along).
 trap 'xargs -r kill -KILL <"$tmp/pids" 2>/dev/null; rm -rf "$tmp"' EXIT
