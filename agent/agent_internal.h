@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "agent/agent.h"
+#include "ina/v1/inference.pb-c.h"
 #include "agent/rpc/health.h"
 #include "agent/rpc/rpc_server.h"
 #include "agent/rpc/rpc_status.h"
@@ -136,6 +137,10 @@ int agent_http_port(const agent_http_t *h);
 /* Closes every connection (handlers waiting see their clients gone) and frees. Call once
  * the generations are over (drain); NULL is a no-op. */
 void agent_http_stop(agent_http_t *h);
+
+/* SamplingParams of a request (NULL: greedy) as the sampler takes them; min_p and
+ * repetition_penalty, which this agent refuses unless they are off, are not carried. */
+ina_sampling_params_t agent_sampling_from_proto(const Ina__V1__SamplingParams *s);
 
 /* Monotonic clock in seconds. */
 double agent_now_seconds(void);

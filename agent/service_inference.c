@@ -152,6 +152,17 @@ static uint64_t pick_seed(void) {
   return (uint64_t)(agent_now_seconds() * 1e9) ^ (n * 0x9E3779B97F4A7C15ull);
 }
 
+ina_sampling_params_t agent_sampling_from_proto(const Ina__V1__SamplingParams *s) {
+  ina_sampling_params_t p = INA_SAMPLING_PARAMS_INIT;
+  if (s) {
+    p.temperature = s->temperature;
+    p.top_k = (int32_t)s->top_k;
+    p.top_p = s->top_p > 0 ? s->top_p : 1.0f; /* 0: the proto's "disabled" */
+    p.seed = s->seed;
+  }
+  return p;
+}
+
 static agent_generation_t *generation_new(ina_agent_t *agent, ina_rpc_writer_t *writer,
                                           const Ina__V1__GenerateRequest *req) {
   agent_generation_t *g = calloc(1, sizeof *g);
@@ -188,12 +199,7 @@ static ina_rpc_code_t submit(ina_agent_t *agent, agent_generation_t *g,
   r.prompt = prompt;
   r.prompt_len = (int32_t)req->n_prompt_token_ids;
   r.max_new_tokens = (int32_t)req->max_tokens;
-  if (req->sampling) {
-    r.sampling.temperature = req->sampling->temperature;
-    r.sampling.top_k = (int32_t)req->sampling->top_k;
-    r.sampling.top_p = req->sampling->top_p > 0 ? req->sampling->top_p : 1.0f;
-    r.sampling.seed = req->sampling->seed;
-  }
+  r.sampling = agent_sampling_from_proto(req->sampling);
   if (r.sampling.seed == 0) r.sampling.seed = pick_seed();
   r.stop_ids = stop_ids;
   r.num_stop_ids = (int32_t)req->n_stop_token_ids;

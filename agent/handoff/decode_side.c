@@ -176,8 +176,7 @@ ina_rpc_code_t handoff_check_target(agent_handoff_t *h, const char *target, int6
   if (!ep || !ep->layout) {
     code = ina_rpc_error(msg, INA_RPC_FAILED_PRECONDITION, "prefill agent %s: its endpoint does not decode", target);
   } else {
-    const ina_kv_layout_t theirs = {(int32_t)ep->layout->page_size, (int32_t)ep->layout->num_pages,
-                                    (int32_t)ep->layout->num_layers, (int64_t)ep->layout->entry_bytes};
+    const ina_kv_layout_t theirs = handoff_layout_of(ep->layout);
     char why[160];
     if (strcmp(ep->role ? ep->role : "", "decode") == 0)
       code = ina_rpc_error(msg, INA_RPC_FAILED_PRECONDITION, "%s is a decode agent: it serves no prefills", target);
@@ -273,8 +272,8 @@ static void run_import(agent_handoff_t *h, handoff_import_t *j) {
   ina_rpc_client_t *client = handoff_client(h, j->target, NULL);
   Ina__V1__PrefillRequest req = INA__V1__PREFILL_REQUEST__INIT;
   Ina__V1__SamplingParams sp = INA__V1__SAMPLING_PARAMS__INIT;
-  Ina__V1__KvEndpoint ep = INA__V1__KV_ENDPOINT__INIT;
-  Ina__V1__KvLayout layout = INA__V1__KV_LAYOUT__INIT;
+  Ina__V1__KvEndpoint ep;
+  Ina__V1__KvLayout layout;
   uint32_t *prompt = malloc((size_t)j->prompt_len * sizeof *prompt);
   uint32_t *pages = malloc((size_t)j->num_pages * sizeof *pages);
   if (!prompt || !pages) {
@@ -289,16 +288,7 @@ static void run_import(agent_handoff_t *h, handoff_import_t *j) {
   sp.top_k = (uint32_t)j->sampling.top_k;
   sp.top_p = j->sampling.top_p;
   sp.seed = j->sampling.seed;
-  layout.page_size = (uint32_t)h->layout.page_size;
-  layout.num_pages = (uint32_t)h->layout.num_pages;
-  layout.num_layers = (uint32_t)h->layout.num_layers;
-  layout.entry_bytes = (uint64_t)h->layout.entry_bytes;
-  layout.model_fingerprint = h->fingerprint;
-  ep.layout = &layout;
-  ep.ucx_blob.data = h->blob;
-  ep.ucx_blob.len = h->blob_size;
-  ep.role = (char *)agent_role_name(h->role);
-  ep.tp_size = (uint32_t)h->tp_size;
+  handoff_endpoint_message(h, &layout, &ep);
   req.transfer_id = j->transfer_id;
   req.prompt_token_ids = prompt;
   req.n_prompt_token_ids = (size_t)j->prompt_len;

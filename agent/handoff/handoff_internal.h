@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "comm/ucx_engine.h"
+#include "ina/v1/kv_transfer.pb-c.h"
 #include "kvcache/kv_copy.h"
 #include "agent/handoff/handoff.h"
 #include "agent/rpc/rpc_client.h"
@@ -193,6 +194,12 @@ void handoff_transfer_respond(agent_handoff_t *h, handoff_transfer_t *t, ina_rpc
 void handoff_transfer_free(handoff_transfer_t *t);
 /* Lock held: remember an aborted transfer id (a late Prefill with it is refused). */
 void handoff_remember_aborted_locked(agent_handoff_t *h, const char *id);
+
+/* This agent's endpoint as the messages carry it: *ep points at *layout, and both at h's
+ * strings (valid while h lives). */
+void handoff_endpoint_message(const agent_handoff_t *h, Ina__V1__KvLayout *layout, Ina__V1__KvEndpoint *ep);
+/* A layout message's counts (checked by the caller or the validator) as a kv_copy layout. */
+ina_kv_layout_t handoff_layout_of(const Ina__V1__KvLayout *layout);
 
 /* ---- decode_side.c ------------------------------------------------------------------ */
 

@@ -58,21 +58,32 @@ static handoff_transfer_t *find_locked(agent_handoff_t *h, const char *id) {
 
 /* ---- GetKvEndpoint ------------------------------------------------------------------ */
 
+void handoff_endpoint_message(const agent_handoff_t *h, Ina__V1__KvLayout *layout, Ina__V1__KvEndpoint *ep) {
+  *layout = (Ina__V1__KvLayout)INA__V1__KV_LAYOUT__INIT;
+  *ep = (Ina__V1__KvEndpoint)INA__V1__KV_ENDPOINT__INIT;
+  layout->page_size = (uint32_t)h->layout.page_size;
+  layout->num_pages = (uint32_t)h->layout.num_pages;
+  layout->num_layers = (uint32_t)h->layout.num_layers;
+  layout->entry_bytes = (uint64_t)h->layout.entry_bytes;
+  layout->model_fingerprint = (char *)h->fingerprint;
+  ep->layout = layout;
+  ep->ucx_blob.data = h->blob;
+  ep->ucx_blob.len = h->blob_size;
+  ep->role = (char *)agent_role_name(h->role);
+  ep->tp_size = (uint32_t)h->tp_size;
+}
+
+ina_kv_layout_t handoff_layout_of(const Ina__V1__KvLayout *l) {
+  return (ina_kv_layout_t){(int32_t)l->page_size, (int32_t)l->num_pages, (int32_t)l->num_layers,
+                           (int64_t)l->entry_bytes};
+}
+
 static ina_rpc_code_t get_endpoint(void *ctx, const ina_rpc_request_t *request, ina_rpc_reply_t *reply) {
   agent_handoff_t *h = ctx;
   (void)request;
-  Ina__V1__KvLayout layout = INA__V1__KV_LAYOUT__INIT;
-  Ina__V1__KvEndpoint ep = INA__V1__KV_ENDPOINT__INIT;
-  layout.page_size = (uint32_t)h->layout.page_size;
-  layout.num_pages = (uint32_t)h->layout.num_pages;
-  layout.num_layers = (uint32_t)h->layout.num_layers;
-  layout.entry_bytes = (uint64_t)h->layout.entry_bytes;
-  layout.model_fingerprint = h->fingerprint;
-  ep.layout = &layout;
-  ep.ucx_blob.data = h->blob;
-  ep.ucx_blob.len = h->blob_size;
-  ep.role = (char *)agent_role_name(h->role);
-  ep.tp_size = (uint32_t)h->tp_size;
+  Ina__V1__KvLayout layout;
+  Ina__V1__KvEndpoint ep;
+  handoff_endpoint_message(h, &layout, &ep);
   if (ina_rpc_pack(&ep.base, &reply->bytes, &reply->size) != INA_OK)
     return ina_rpc_error(reply->message, INA_RPC_INTERNAL, "cannot pack the endpoint");
   return INA_RPC_OK;
@@ -182,8 +193,7 @@ static ina_rpc_code_t make_transfer(agent_handoff_t *h, const Ina__V1__PrefillRe
   if (ina_validate_prefill_request(req, &limits, msg, INA_RPC_MESSAGE_MAX, &vcode) != INA_OK)
     return (ina_rpc_code_t)vcode;
   const Ina__V1__KvLayout *l = req->decode->layout;
-  const ina_kv_layout_t dst = {(int32_t)l->page_size, (int32_t)l->num_pages, (int32_t)l->num_layers,
-                               (int64_t)l->entry_bytes};
+  const ina_kv_layout_t dst = handoff_layout_of(l);
   char why[160];
   if (!ina_kv_layouts_compatible(&h->layout, &dst, why, (int)sizeof why))
     return ina_rpc_error(msg, INA_RPC_FAILED_PRECONDITION, "decode.layout: cannot pair with this agent's cache: %s",
@@ -229,12 +239,7 @@ static ina_rpc_code_t submit_prefill(agent_handoff_t *h, handoff_transfer_t *t, 
   r.prompt = prompt;
   r.prompt_len = (int32_t)req->n_prompt_token_ids;
   r.max_new_tokens = 1;
-  if (req->sampling) {
-    r.sampling.temperature = req->sampling->temperature;
-    r.sampling.top_k = (int32_t)req->sampling->top_k;
-    r.sampling.top_p = req->sampling->top_p > 0 ? req->sampling->top_p : 1.0f;
-    r.sampling.seed = req->sampling->seed;
-  }
+  r.sampling = agent_sampling_from_proto(req->sampling);
   r.ignore_eos = 1; /* the decode side decides what ends the generation */
   r.logprobs = (int32_t)req->logprobs_plus_one - 1;
   r.callback = on_prefill_event;
