@@ -131,22 +131,21 @@ static void on_prefill_event(const ina_request_event_t *ev, void *user) {
   CHECK_OK(ina_scheduler_release_pages(W.ds, c->dst_pages, n));
 }
 
-/* Records each event's logprob beside the collector. */
+/* Records each event's logprob and first alternative beside the collector. */
+static void record(const ina_request_event_t *ev, sched_collector_t *col, float *lp, int32_t *top) {
+  if (ev->finish == INA_FINISH_NONE && col->num_tokens < MAX_NEW) {
+    lp[col->num_tokens] = ev->logprob;
+    top[col->num_tokens] = ev->num_top > 0 ? ev->top_ids[0] : -1;
+  }
+  sched_collect(ev, col);
+}
 static void on_both(const ina_request_event_t *ev, void *user) {
   hcase_t *c = user;
-  if (ev->finish == INA_FINISH_NONE && c->both.num_tokens < MAX_NEW) {
-    c->lp_both[c->both.num_tokens] = ev->logprob;
-    c->top_both[c->both.num_tokens] = ev->num_top > 0 ? ev->top_ids[0] : -1;
-  }
-  sched_collect(ev, &c->both);
+  record(ev, &c->both, c->lp_both, c->top_both);
 }
 static void on_decode(const ina_request_event_t *ev, void *user) {
   hcase_t *c = user;
-  if (ev->finish == INA_FINISH_NONE && c->decode.num_tokens < MAX_NEW) {
-    c->lp_decode[c->decode.num_tokens] = ev->logprob;
-    c->top_decode[c->decode.num_tokens] = ev->num_top > 0 ? ev->top_ids[0] : -1;
-  }
-  sched_collect(ev, &c->decode);
+  record(ev, &c->decode, c->lp_decode, c->top_decode);
 }
 
 static ina_request_t base_request(hcase_t *c, sched_collector_t *col, ina_request_callback_t cb) {
