@@ -380,12 +380,7 @@ static int64_t out_elems(const layout_t *l) { return l->q_tokens * l->heads * KV
 
 static ina_mla_run_params_t run_params(const run_ctx_t *c, int set) {
   const int64_t heads = c->lay.heads, tokens = c->lay.q_tokens;
-  ina_mla_run_params_t p;
-  /* Not INA_MLA_RUN_PARAMS_INIT: its partial positional initializer trips
-   * -Wmissing-field-initializers in C. Same values: zeros, then size and version. */
-  memset(&p, 0, sizeof p);
-  p.struct_size = sizeof p;
-  p.version = 1;
+  ina_mla_run_params_t p = INA_MLA_RUN_PARAMS_INIT;
   p.q_nope = c->q_nope + set * tokens * heads * KV_LORA;
   p.q_nope_token_stride = heads * KV_LORA;
   p.q_nope_head_stride = KV_LORA;

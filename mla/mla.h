@@ -57,6 +57,7 @@ typedef struct ina_mla_plan_info {
   int32_t total_tokens;   /* qo_indptr[batch] */
   size_t device_bytes;    /* used part of the device workspace */
   int32_t path;           /* kernel variant chosen (implementation detail, for reports) */
+  int32_t sparse_topk;    /* sparse plans: entries per index row; 0 for dense plans */
 } ina_mla_plan_info_t;
 
 ina_status_t ina_mla_workspace_size(const ina_mla_plan_params_t *p, size_t *host_bytes,
@@ -88,10 +89,13 @@ typedef struct ina_mla_run_params {
   void *out;                 /* bf16 [tokens, heads, kv_lora_rank] */
   int64_t out_token_stride, out_head_stride;       /* elements */
   float *lse;                /* device [tokens, heads] or NULL */
+  /* version 2: sparse plans only (NULL for dense ones): device int32 [tokens,
+   * sparse_topk], each query token's selected positions within its request. */
+  const int32_t *indices;
 } ina_mla_run_params_t;
 
 /* Designated, so that -Wmissing-field-initializers stays quiet; the rest is zero. */
-#define INA_MLA_RUN_PARAMS_INIT {.struct_size = sizeof(ina_mla_run_params_t), .version = 1}
+#define INA_MLA_RUN_PARAMS_INIT {.struct_size = sizeof(ina_mla_run_params_t), .version = 2}
 
 /* Enqueues the attention kernel and the combine pass on `stream`. The kernels read every
  * length from device_ws; only pointers, strides, the softmax scale and the bucket are
@@ -103,6 +107,48 @@ typedef struct ina_mla_run_params {
  * (kv_lora_rank + rope_dim <= 640). */
 ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *device_ws,
                          const ina_mla_run_params_t *p, void *stream);
+
+/* ---- sparse MLA (DeepSeek-V3.2's sparse attention) ---------------------------------
+ * Each query token attends only to the cache positions its row of run_params.indices
+ * lists (attention/dsa.h's "sparse MLA": the math above over the selected positions
+ * instead of all visible ones; out and lse as there). Query token s of request b sees
+ * visible(s) = kv_len[b] - q_len + j + 1 positions (j its place in the request); its row
+ * has topk entries, of which the kernel reads the first min(topk, visible(s)): they must
+ * be distinct positions in [0, visible(s)), and the rest of the row is not read. That is
+ * what the top-k selection writes (best first, -1 past the visible positions); an entry
+ * -1 or out of range among those read is undefined behaviour. Decode (q_len 1), MTP
+ * (q_len 2-4) and prefill chunks go through the same plan: every query token is a work
+ * unit of its own, since each has its own positions.
+ *
+ * The plan is ina_mla_plan's with the bucket in query tokens (max_tokens): the same
+ * workspaces, the same fixed grid, the same run (which sees info.sparse_topk and reads
+ * run_params.indices) and picks its kernel as for a dense plan. The sparse plan takes
+ * DeepSeek's dims only (kv_lora_rank 512, rope 64; others: INA_ERR_UNSUPPORTED). */
+typedef struct ina_mla_sparse_plan_params {
+  size_t struct_size; /* sizeof(ina_mla_sparse_plan_params_t), set by the INIT macro */
+  uint32_t version;   /* 1 */
+  int32_t batch;      /* requests this step */
+  int32_t max_tokens; /* bucket: query tokens a step may have (workspace and grid) */
+  const int32_t *qo_indptr; /* host [batch + 1] */
+  const int32_t *kv_len;    /* host [batch] */
+  int32_t topk;             /* entries per index row, >= 1 */
+  int32_t num_heads;        /* 1..128 */
+  int32_t kv_lora_rank;     /* 512 */
+  int32_t rope_dim;         /* 64 */
+  int32_t page_size;        /* >= 1 */
+  int32_t num_sms;          /* 0: the current device's */
+} ina_mla_sparse_plan_params_t;
+
+#define INA_MLA_SPARSE_PLAN_PARAMS_INIT \
+  {.struct_size = sizeof(ina_mla_sparse_plan_params_t), .version = 1, .kv_lora_rank = 512, \
+   .rope_dim = 64, .page_size = 64}
+
+ina_status_t ina_mla_sparse_workspace_size(const ina_mla_sparse_plan_params_t *p,
+                                           size_t *host_bytes, size_t *device_bytes);
+/* As ina_mla_plan (workspaces, stream, device_ws NULL), for the sparse run. Validates the
+ * step as ina_mla_plan does, plus qo_indptr[batch] <= max_tokens and topk >= 1. */
+ina_status_t ina_mla_sparse_plan(const ina_mla_sparse_plan_params_t *p, void *host_ws,
+                                 void *device_ws, void *stream, ina_mla_plan_info_t *info);
 
 #ifdef __cplusplus
 }

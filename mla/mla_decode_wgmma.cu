@@ -149,20 +149,23 @@ struct KvLoader {
   Group g;
   int start, page_base;
   int page[4];
+  int pos[4]; /* cache positions of this thread's 4 (kv_position) */
 
   __device__ bool valid() const { return it < it_end; }
   __device__ void fetch_pages(const Args &a, int ltid) {
 #pragma unroll
     for (int pass = 0; pass < 4; pass++) {
       const int t = start + pass * 16 + (ltid >> 3);
-      page[pass] = valid() && t < g.kv_end ? __ldg(a.kv_indices + page_base + page_index(a, t)) : -1;
+      const bool in = valid() && t < g.kv_end;
+      pos[pass] = in ? kv_position(a, g.request, t) : 0;
+      page[pass] = in ? __ldg(a.kv_indices + page_base + page_index(a, pos[pass])) : -1;
     }
   }
   __device__ void begin_group(const Args &a, int ltid) {
     if (valid()) {
       g = load_group(a, it);
       start = g.kv_begin;
-      page_base = __ldg(a.kv_indptr + g.request);
+      page_base = request_pages(a, g.request);
     }
     fetch_pages(a, ltid);
   }
@@ -191,7 +194,7 @@ __device__ __forceinline__ void issue_block(const Args &a, KvLoader &ld, uint32_
     const bool ok = page >= 0;
     const char *lat = static_cast<const char *>(c.latent), *rope = lat;
     if (ok) {
-      const int64_t slot = page_slot(a, ld.start + tok);
+      const int64_t slot = page_slot(a, ld.pos[pass]);
       lat += page * c.latent_page_stride + slot * c.latent_token_stride;
       rope = static_cast<const char *>(c.rope) + page * c.rope_page_stride + slot * c.rope_token_stride;
     }

@@ -41,6 +41,12 @@ struct Args {
   int page_shift; /* log2(cache.page_size) when that is a power of two, else -1 */
   const int32_t *kv_indptr, *kv_indices;
   float scale_log2; /* softmax_scale * log2(e): scores are kept in base 2 */
+  /* Sparse plans (mla_sparse_plan.c): every schedule request is one query token, whose
+   * KV positions 0, 1, ... are the entries of its row of sel; token_request gives the
+   * step's request of each, for its page list. sel is NULL for dense plans. */
+  const int32_t *sel;
+  int64_t sel_stride;
+  const int32_t *token_request;
   /* outputs */
   __nv_bfloat16 *out;
   int64_t out_ts, out_hs;
@@ -83,6 +89,17 @@ __device__ __forceinline__ int page_index(const Args &a, int t) {
 }
 __device__ __forceinline__ int page_slot(const Args &a, int t) {
   return a.page_shift >= 0 ? t & (a.cache.page_size - 1) : t % a.cache.page_size;
+}
+
+/* Where the page list of schedule request `request` starts in kv_indices. */
+__device__ __forceinline__ int request_pages(const Args &a, int request) {
+  return __ldg(a.kv_indptr + (a.sel ? __ldg(a.token_request + request) : request));
+}
+
+/* The cache position that KV position t of schedule request `request` reads: t itself,
+ * or in a sparse plan the t-th selected position of that query token. */
+__device__ __forceinline__ int kv_position(const Args &a, int request, int t) {
+  return a.sel ? __ldg(a.sel + (int64_t)request * a.sel_stride + t) : t;
 }
 
 /* Byte address of part `base` (latent, rope or scale) of cache position t of a request

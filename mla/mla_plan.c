@@ -68,6 +68,8 @@ ina_status_t ina_mla_sched_layout(int32_t max_batch, int32_t max_q_len, int32_t 
   at = align_up(at + sizeof(int32_t) * (size_t)(num_ctas + 1));
   l.requests = at;
   at = align_up(at + sizeof(ina_mla_sched_request_t) * (size_t)max_batch);
+  l.token_request = at;
+  at = align_up(at + sizeof(int32_t) * (size_t)max_batch);
   l.merges = at;
   at = align_up(at + sizeof(ina_mla_sched_merge_t) * (size_t)l.max_merges);
   l.items = at;
@@ -83,9 +85,9 @@ fail:
   return st;
 }
 
-/* The bucket's own checks, shared by ina_mla_workspace_size and ina_mla_plan; resolves
- * num_sms = 0 to the current device's count. */
-static ina_status_t check_bucket(const ina_mla_plan_params_t *p, int32_t *num_sms) {
+/* The bucket's own checks, shared by ina_mla_workspace_size, ina_mla_plan and the
+ * sparse plan; resolves num_sms = 0 to the current device's count. */
+ina_status_t ina_mla_check_bucket(const ina_mla_plan_params_t *p, int32_t *num_sms) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(p != NULL, INA_ERR_INVALID_ARGUMENT, "mla plan: params is NULL");
   INA_REQUIRE(p->struct_size == sizeof(ina_mla_plan_params_t) && p->version == 1,
@@ -123,7 +125,7 @@ ina_status_t ina_mla_workspace_size(const ina_mla_plan_params_t *p, size_t *host
               "mla workspace size: NULL output");
   *host_bytes = 0;
   *device_bytes = 0;
-  INA_CHECK(check_bucket(p, &num_sms));
+  INA_CHECK(ina_mla_check_bucket(p, &num_sms));
   INA_CHECK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank,
                                  p->rope_dim, num_sms * INA_MLA_CTAS_PER_SM, &l));
   *host_bytes = l.schedule_bytes;
@@ -392,62 +394,54 @@ fail:
   return st;
 }
 
-ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *device_ws,
-                          void *stream, ina_mla_plan_info_t *info) {
+/* Schedules the requests already written into host_ws (batch of them, total_tokens
+ * query tokens) for the bucket's layout `l`, copies the used part to device_ws when there
+ * is one and fills *info's schedule fields. Shared by ina_mla_plan and the sparse plan
+ * (mla_sparse_plan.c), which differ only in what they take a request to be. */
+ina_status_t ina_mla_schedule_requests(const ina_mla_sched_layout_t *lp, int32_t num_heads,
+                                       int32_t batch, int32_t total_tokens, void *host_ws,
+                                       void *device_ws, void *stream, ina_mla_plan_info_t *info) {
   ina_status_t st = INA_OK;
-  int32_t num_sms = 0, max_groups = 0;
-  ina_mla_sched_layout_t l;
+  int32_t max_groups = 0;
+  const ina_mla_sched_layout_t l = *lp;
   builder_t s;
   memset(&s, 0, sizeof s);
-  INA_REQUIRE(info != NULL && host_ws != NULL, INA_ERR_INVALID_ARGUMENT,
-              "mla plan: %s is NULL", info ? "host_ws" : "info");
-  memset(info, 0, sizeof *info);
-  INA_CHECK(check_bucket(p, &num_sms));
-  INA_CHECK(check_step(p));
-  INA_CHECK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank,
-                                 p->rope_dim, num_sms * INA_MLA_CTAS_PER_SM, &l));
 
   char *ws = host_ws;
   s.l = &l;
   s.cta_indptr = (int32_t *)(ws + l.cta_indptr);
   s.items = (ina_mla_sched_item_t *)(ws + l.items);
   s.merges = (ina_mla_sched_merge_t *)(ws + l.merges);
-  ina_mla_sched_request_t *requests = (ina_mla_sched_request_t *)(ws + l.requests);
+  const ina_mla_sched_request_t *requests = (const ina_mla_sched_request_t *)(ws + l.requests);
   ina_mla_sched_header_t *header = (ina_mla_sched_header_t *)(ws + l.header);
 
-  /* The requests and the cost line's length: a request's groups cost
-   * groups * (INA_MLA_CHUNK_COST + kv_len) plus the end offsets of their last tiles,
-   * the latter a function of q_len, recomputed only when q_len changes. */
+  /* The cost line's length: a request's groups cost groups * (INA_MLA_CHUNK_COST +
+   * kv_len) plus the end offsets of their last tiles, the latter a function of q_len,
+   * recomputed only when q_len changes. */
   const int32_t G = l.group_tiles;
-  const heads_t heads = heads_of(p->num_heads);
+  const heads_t heads = heads_of(num_heads);
   int32_t known_q_len = -1, known_groups = 0;
   int64_t known_offsets = 0; /* sum over the groups of their last tile's end offset */
-  for (int32_t b = 0; b < p->batch; b++) {
-    ina_mla_sched_request_t *r = &requests[b];
-    const int32_t q_len = p->qo_indptr[b + 1] - p->qo_indptr[b];
-    const int32_t num_tiles = ina_mla_tiles(q_len, p->num_heads);
-    r->q_begin = p->qo_indptr[b];
-    r->q_len = q_len;
-    r->kv_len = p->kv_len[b];
-    r->num_tiles = num_tiles;
-    if (q_len != known_q_len) {
-      known_q_len = q_len;
-      known_groups = (num_tiles + G - 1) / G;
+  for (int32_t b = 0; b < batch; b++) {
+    const ina_mla_sched_request_t *r = &requests[b];
+    if (r->q_len != known_q_len) {
+      known_q_len = r->q_len;
+      known_groups = (r->num_tiles + G - 1) / G;
       known_offsets = 0;
       for (int32_t gi = 0; gi < known_groups; gi++) {
-        const int32_t last = (gi + 1) * G < num_tiles ? (gi + 1) * G - 1 : num_tiles - 1;
-        known_offsets += tile_end_offset(q_len, last, heads);
+        const int32_t last = (gi + 1) * G < r->num_tiles ? (gi + 1) * G - 1 : r->num_tiles - 1;
+        known_offsets += tile_end_offset(r->q_len, last, heads);
       }
     }
     if (known_groups > max_groups) max_groups = known_groups;
-    s.total += (int64_t)known_groups * (INA_MLA_CHUNK_COST + p->kv_len[b]) + known_offsets;
+    s.total += (int64_t)known_groups * (INA_MLA_CHUNK_COST + r->kv_len) + known_offsets;
   }
 
   s.cta_indptr[0] = 0;
   first_cta(&s);
   for (int32_t gi = 0; gi < max_groups; gi++) {
     group_shape_t shape = {.q_len = -1};
-    for (int32_t b = 0; b < p->batch; b++) {
+    for (int32_t b = 0; b < batch; b++) {
       const ina_mla_sched_request_t *r = &requests[b];
       if (gi * G >= r->num_tiles) continue;
       if (r->q_len != shape.q_len) shape_group(&shape, r->q_len, r->num_tiles, gi, G, heads);
@@ -466,15 +460,45 @@ ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *d
   if (s.num_items > 0 && s.max_splits < 1) s.max_splits = 1;
   while (s.cta < l.num_ctas - 1) next_cta(&s);
   s.cta_indptr[l.num_ctas] = s.num_items;
-  const ina_mla_sched_header_t hd = {p->batch, p->batch > 0 ? p->qo_indptr[p->batch] : 0, s.num_items,
-                                     s.num_merges};
+  const ina_mla_sched_header_t hd = {batch, total_tokens, s.num_items, s.num_merges};
   *header = hd;
 
   if (device_ws) {
     const size_t used = l.items + sizeof(ina_mla_sched_item_t) * (size_t)s.num_items;
     INA_CHECK(ina_mla_copy_schedule(device_ws, host_ws, used, stream));
   }
+  info->num_ctas = l.num_ctas;
+  info->num_splits_max = s.max_splits;
+  info->total_tokens = total_tokens;
+  info->device_bytes = l.device_bytes;
+fail:
+  return st;
+}
 
+ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *device_ws,
+                          void *stream, ina_mla_plan_info_t *info) {
+  ina_status_t st = INA_OK;
+  int32_t num_sms = 0;
+  ina_mla_sched_layout_t l;
+  INA_REQUIRE(info != NULL && host_ws != NULL, INA_ERR_INVALID_ARGUMENT,
+              "mla plan: %s is NULL", info ? "host_ws" : "info");
+  memset(info, 0, sizeof *info);
+  INA_CHECK(ina_mla_check_bucket(p, &num_sms));
+  INA_CHECK(check_step(p));
+  INA_CHECK(ina_mla_sched_layout(p->max_batch, p->max_q_len, p->num_heads, p->kv_lora_rank,
+                                 p->rope_dim, num_sms * INA_MLA_CTAS_PER_SM, &l));
+  ina_mla_sched_request_t *requests = (ina_mla_sched_request_t *)((char *)host_ws + l.requests);
+  for (int32_t b = 0; b < p->batch; b++) {
+    ina_mla_sched_request_t *r = &requests[b];
+    const int32_t q_len = p->qo_indptr[b + 1] - p->qo_indptr[b];
+    r->q_begin = p->qo_indptr[b];
+    r->q_len = q_len;
+    r->kv_len = p->kv_len[b];
+    r->num_tiles = ina_mla_tiles(q_len, p->num_heads);
+  }
+  INA_CHECK(ina_mla_schedule_requests(&l, p->num_heads, p->batch,
+                                      p->batch > 0 ? p->qo_indptr[p->batch] : 0, host_ws,
+                                      device_ws, stream, info));
   info->batch = p->batch;
   info->max_batch = p->max_batch;
   info->max_q_len = p->max_q_len;
@@ -482,11 +506,8 @@ ina_status_t ina_mla_plan(const ina_mla_plan_params_t *p, void *host_ws, void *d
   info->kv_lora_rank = p->kv_lora_rank;
   info->rope_dim = p->rope_dim;
   info->page_size = p->page_size;
-  info->num_ctas = l.num_ctas;
-  info->num_splits_max = s.max_splits;
-  info->total_tokens = hd.total_tokens;
-  info->device_bytes = l.device_bytes;
   info->path = p->kv_lora_rank == 512 && p->rope_dim == 64 ? INA_MLA_PATH_FAST : INA_MLA_PATH_GENERIC;
 fail:
+  if (st != INA_OK && info) memset(info, 0, sizeof *info);
   return st;
 }

@@ -52,9 +52,9 @@ extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *devic
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   INA_REQUIRE(info && device_ws && p, INA_ERR_INVALID_ARGUMENT, "mla run: %s is NULL",
               !info ? "info" : !device_ws ? "device_ws" : "params");
-  INA_REQUIRE(p->struct_size == sizeof(ina_mla_run_params_t) && p->version == 1,
+  INA_REQUIRE(p->struct_size == sizeof(ina_mla_run_params_t) && p->version == 2,
               INA_ERR_INVALID_ARGUMENT,
-              "mla run: params struct_size %zu / version %u do not match this build (%zu / 1); "
+              "mla run: params struct_size %zu / version %u do not match this build (%zu / 2); "
               "initialize them with INA_MLA_RUN_PARAMS_INIT",
               p->struct_size, p->version, sizeof(ina_mla_run_params_t));
   INA_REQUIRE(info->num_ctas > 0, INA_ERR_INVALID_ARGUMENT,
@@ -82,6 +82,9 @@ extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *devic
               INA_ERR_INVALID_ARGUMENT, "mla run: %s is NULL",
               !p->q_nope ? "q_nope" : !p->out ? "out" : !p->kv_indptr ? "kv_indptr"
                                                      : !p->kv_indices ? "kv_indices" : "q_pe");
+  INA_REQUIRE((info->sparse_topk > 0) == (p->indices != NULL), INA_ERR_INVALID_ARGUMENT,
+              "mla run: %s", info->sparse_topk > 0 ? "a sparse plan needs indices (NULL given)"
+                                                   : "indices given for a dense plan");
   INA_REQUIRE(isfinite(p->softmax_scale) && p->softmax_scale > 0.0f, INA_ERR_INVALID_ARGUMENT,
               "mla run: softmax_scale %g is not a finite positive number", (double)p->softmax_scale);
 
@@ -112,6 +115,9 @@ extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *devic
   a.out_ts = p->out_token_stride;
   a.out_hs = p->out_head_stride;
   a.lse = p->lse;
+  a.sel = info->sparse_topk > 0 ? p->indices : nullptr;
+  a.sel_stride = info->sparse_topk;
+  a.token_request = reinterpret_cast<const int32_t *>(ws + l.token_request);
 
   fp8 = p->cache.format == INA_MLA_CACHE_FP8;
   fast = info->path == INA_MLA_PATH_FAST && p->cache.format != INA_MLA_CACHE_F32 && fast_layout_ok(p);

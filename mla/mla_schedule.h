@@ -26,6 +26,9 @@
  *   header                       ina_mla_sched_header_t
  *   cta_indptr [num_ctas + 1]    work items of CTA c: items[cta_indptr[c] .. [c+1])
  *   requests   [max_batch]       ina_mla_sched_request_t
+ *   token_request [max_batch]    sparse plans (ina_mla_sparse_plan): the step's request
+ *                                of each query token, whose pages its selected positions
+ *                                name (there every query token is a request of its own)
  *   merges     [max_merges]      ina_mla_sched_merge_t, the first header.num_merges used
  *   items      [max_items]       ina_mla_sched_item_t, the first header.num_items used
  *   partial_o  [max_slots][INA_MLA_TILE_ROWS][kv_lora_rank] f32     (device only)
@@ -108,7 +111,7 @@ typedef struct ina_mla_sched_layout {
   int32_t max_merges; /* at most one split group (group_tiles units) per CTA boundary */
   int32_t max_slots;  /* at most two partial chunks per split unit and CTA boundary */
   int32_t kv_lora_rank;
-  size_t header, cta_indptr, requests, merges, items; /* byte offsets */
+  size_t header, cta_indptr, requests, token_request, merges, items; /* byte offsets */
   size_t schedule_bytes;                              /* host workspace size */
   size_t partial_o, partial_lse;                      /* byte offsets, device only */
   size_t device_bytes;                                /* device workspace size */
@@ -150,6 +153,24 @@ INA_MLA_HOST_DEVICE static inline int32_t ina_mla_tile_kv_end(int32_t tile, int3
   if (last > rows) last = rows;
   return ina_mla_row_limit(last - 1, num_heads, q_len, kv_len);
 }
+
+/* ---- the host scheduler's pieces (mla_plan.c) -------------------------------------- */
+
+struct ina_mla_plan_params;
+struct ina_mla_plan_info;
+
+/* The checks of a bucket's params (struct version, heads, dims, page size, SM count);
+ * resolves *num_sms from p->num_sms, 0 meaning the current device's. */
+ina_status_t ina_mla_check_bucket(const struct ina_mla_plan_params *p, int32_t *num_sms);
+
+/* Cuts the `batch` requests already written at l->requests of host_ws (total_tokens
+ * query tokens) into the work items of the layout's CTAs, writes the schedule there,
+ * copies its used part to device_ws (when not NULL) on `stream`, and sets info's
+ * num_ctas, num_splits_max, total_tokens and device_bytes. */
+ina_status_t ina_mla_schedule_requests(const ina_mla_sched_layout_t *l, int32_t num_heads,
+                                       int32_t batch, int32_t total_tokens, void *host_ws,
+                                       void *device_ws, void *stream,
+                                       struct ina_mla_plan_info *info);
 
 /* ---- device side, implemented in the CUDA sources (stubs without CUDA) ------------- */
 

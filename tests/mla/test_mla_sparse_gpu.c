@@ -1,0 +1,507 @@
+/* Sparse MLA on the GPU (mla/mla.h: ina_mla_sparse_plan + ina_mla_run with indices)
+ * against the CPU reference of DeepSeek Sparse Attention (attention/dsa.h, sparse MLA
+ * with INA_DSA_BACKEND_REF) on fresh random problems: decode, MTP (q_len 2-4) and
+ * prefill chunks; 1 / 3 / 16 / 20 / 64 / 128 heads; top-k 7 / 64 / 2048 with visible
+ * lengths below and above k; page sizes 1 / 16 / 64 on shuffled page ids; bf16 caches
+ * (packed and separate padded) and the 656-byte FP8 entry. Index rows are what the top-k
+ * writes: min(k, visible) distinct visible positions in random order, then -1. The cache
+ * slots no request owns hold NaN, and outputs are poisoned before each run.
+ *
+ * Error model, per output element (token s, head h, dim d), with p_t the reference's
+ * softmax weights over the selected positions and A_d = sum_t p_t |v_td|:
+ *   - scores: products of bf16 (or f16-converted FP8) values are exact in f32; the
+ *     tensor cores add up 576 of them in f32 in their own order, so the score of t is
+ *     within E_t = 576 * 2^-23 * sum_d |q_d k_td| of the exact one (one f32 ulp of
+ *     relative error per addition, worst case). Through the softmax this moves each p_t
+ *     by a factor within exp(+-2 scale max_t E_t): a relative error
+ *     r_s = exp(2 scale max_t E_t) - 1 on every p_t, so up to r_s A_d on out_d;
+ *   - P V: p_t enters the tensor cores rounded to bf16 (2^-9 relative; f16 for FP8,
+ *     2^-11) while the normalizing sum uses the unrounded p: up to 2^-9 A_d;
+ *   - ex2.approx and the output's bf16 rounding: 2^-9 |out_d| (+ 2^-22 A_d);
+ * so |gpu - ref| <= (2^-9 + 2^-22 + r_s) A_d + 2^-9 |ref_d| + 2^-9 (2^-9 A_d + ...) and
+ * the test takes |gpu - ref| <= (2^-8 + 2 r_s) A_d + 2^-8 |ref_d| + 1e-30 for every
+ * element (the doubled terms cover the f32 arithmetic of the normalization and of the
+ * reference itself). lse: |gpu - ref| <= 2 scale max_t E_t + 2^-20 (1 + |lse|).
+ * The latents span 2^-8 .. 2^4 per position and the scores are peaked, so a few
+ * positions carry most of the weight: then A_d ~ |out_d| and the bound is about 1 % of
+ * the output, which a wrong index, a dropped position or a 5 % error in one head's
+ * query exceed. The test shows that on each case: it runs the GPU again with one
+ * selected position of one row replaced by an unselected visible one, and with one
+ * head's query scaled by 1.05, and requires the comparison to reject both runs (on rows
+ * where the change is measurable, i.e. moves the reference output by more than 4 times
+ * the bound; every case has such rows).
+ *
+ * A CUDA graph of the run is captured once per bucket and replayed after a re-plan with
+ * new lengths and new indices. Skipped (exit 77) without a GPU. */
+#include <math.h>
+
+#include "attention/dsa.h"
+#include "tests/gpu_test_util.h"
+#include "tests/mla/mla_test_gpu.h"
+
+#if INA_HAVE_CUDA
+#include <cuda_runtime.h>
+
+typedef struct spec {
+  const char *name;
+  int32_t batch, max_q, heads, topk, page_size, kv_min, kv_max;
+  ina_mla_cache_format_t format;
+  mla_layout_t layout;
+  int32_t num_sms; /* 0: the device's */
+} spec_t;
+
+#define SPEC(name, batch, max_q, heads, topk, page, kv_min, kv_max, fmt, layout, sms) \
+  {name, batch, max_q, heads, topk, page, kv_min, kv_max, INA_MLA_CACHE_##fmt, MLA_LAYOUT_##layout, sms}
+
+static const spec_t specs[] = {
+    SPEC("decode h16 k2048 bf16 p64", 8, 1, 16, 2048, 64, 1500, 9000, BF16, PACKED, 0),
+    SPEC("decode h16 k2048 fp8 p64", 8, 1, 16, 2048, 64, 1500, 9000, FP8, PACKED, 0),
+    SPEC("decode h128 k2048 bf16 p64", 3, 1, 128, 2048, 64, 2100, 6000, BF16, PACKED, 0),
+    SPEC("decode h128 k2048 fp8 p64", 3, 1, 128, 2048, 64, 2100, 6000, FP8, PACKED, 0),
+    SPEC("mtp q2 h128 k2048 fp8 p64", 2, 2, 128, 2048, 64, 100, 5000, FP8, PACKED, 0),
+    SPEC("mtp q1..4 h16 k64 bf16 p1", 6, 4, 16, 64, 1, 2, 300, BF16, PACKED, 0),
+    SPEC("mtp q1..4 h64 k64 fp8 p16", 5, 4, 64, 64, 16, 2, 400, FP8, PACKED, 0),
+    SPEC("h3 q1..4 k7 bf16 p16", 6, 4, 3, 7, 16, 1, 40, BF16, PACKED, 0),
+    SPEC("h1 q1..3 k7 fp8 p1", 5, 3, 1, 7, 1, 1, 30, FP8, PACKED, 0),
+    SPEC("h20 q1..4 k64 bf16 separate", 4, 4, 20, 64, 16, 10, 500, BF16, SEPARATE, 0),
+    SPEC("prefill q1..48 h16 k64 bf16 p64", 3, 48, 16, 64, 64, 48, 700, BF16, PACKED, 0),
+    SPEC("prefill q1..24 h128 k2048 fp8 p64", 2, 24, 128, 2048, 64, 24, 3000, FP8, PACKED, 0),
+    SPEC("decode h16 k2048 bf16 p16, 5 CTAs", 6, 1, 16, 2048, 16, 100, 4000, BF16, PACKED, 5),
+    SPEC("decode h128 k2048 bf16 p1, 300 CTAs", 2, 1, 128, 2048, 1, 2000, 3000, BF16, PACKED, 300),
+};
+
+/* The row of query token s: visible positions drawn without replacement, then -1. */
+static void draw_indices(const mla_case_t *c, int32_t topk, test_rng_t *rng, int32_t *indices) {
+  int32_t max_kv = 1;
+  for (int32_t b = 0; b < c->s.batch; b++) max_kv = c->kv_len[b] > max_kv ? c->kv_len[b] : max_kv;
+  int32_t *perm = malloc(sizeof(int32_t) * (size_t)max_kv);
+  if (!perm) return;
+  for (int32_t b = 0; b < c->s.batch; b++) {
+    const int32_t q_len = c->qo_indptr[b + 1] - c->qo_indptr[b];
+    for (int32_t j = 0; j < q_len; j++) {
+      const int32_t s = c->qo_indptr[b] + j, visible = c->kv_len[b] - q_len + j + 1;
+      const int32_t m = visible < topk ? visible : topk;
+      for (int32_t t = 0; t < visible; t++) perm[t] = t;
+      for (int32_t i = 0; i < m; i++) { /* partial Fisher-Yates */
+        const int32_t k = (int32_t)test_rng_int(rng, i, visible - 1), x = perm[i];
+        perm[i] = perm[k];
+        perm[k] = x;
+      }
+      int32_t *row = indices + (int64_t)s * topk;
+      for (int32_t i = 0; i < topk; i++) row[i] = i < m ? perm[i] : -1;
+    }
+  }
+  free(perm);
+}
+
+/* Cache values of position t of request b (latent C then rope R), in double. */
+static void read_entry(const mla_case_t *c, int32_t b, int32_t t, double *v) {
+  const ina_mla_cache_t *k = &c->cache;
+  const int32_t C = k->kv_lora_rank, R = k->rope_dim, ps = k->page_size;
+  const int64_t page = c->kv_indices[c->kv_indptr[b] + t / ps], slot = t % ps;
+  const uint8_t *lat = (const uint8_t *)k->latent + page * k->latent_page_stride + slot * k->latent_token_stride;
+  const uint8_t *rope = (const uint8_t *)k->rope + page * k->rope_page_stride + slot * k->rope_token_stride;
+  for (int32_t d = 0; d < C; d++) {
+    if (k->format == INA_MLA_CACHE_FP8) {
+      float sc;
+      memcpy(&sc, (const uint8_t *)k->scale + page * k->scale_page_stride + slot * k->scale_token_stride +
+                      4 * (d / 128), 4);
+      v[d] = (double)ina_fp8_e4m3_to_f32(lat[d]) * sc;
+    } else {
+      uint16_t x;
+      memcpy(&x, lat + 2 * d, 2);
+      v[d] = ina_bf16_to_f32(x);
+    }
+  }
+  for (int32_t d = 0; d < R; d++) {
+    uint16_t x;
+    memcpy(&x, rope + 2 * d, 2);
+    v[C + d] = ina_bf16_to_f32(x);
+  }
+}
+
+/* Per-element bounds of the error model above: bound[s, h, d] for out, lse_bound[s, h]. */
+static int error_bounds(const mla_case_t *c, const int32_t *indices, int32_t topk, const float *ref_out,
+                        const float *ref_lse, float *bound, float *lse_bound) {
+  const int32_t H = c->s.num_heads, C = c->s.kv_lora_rank, R = c->s.rope_dim, D = C + R;
+  const double scale = c->s.softmax_scale;
+  double *kv = malloc(sizeof(double) * (size_t)topk * (size_t)D);
+  double *score = malloc(sizeof(double) * (size_t)topk), *err = malloc(sizeof(double) * (size_t)topk);
+  double *a = malloc(sizeof(double) * (size_t)C);
+  if (!kv || !score || !err || !a) {
+    free(kv), free(score), free(err), free(a);
+    return 0;
+  }
+  for (int32_t b = 0; b < c->s.batch; b++) {
+    for (int32_t s = c->qo_indptr[b]; s < c->qo_indptr[b + 1]; s++) {
+      const int32_t *row = indices + (int64_t)s * topk;
+      int32_t m = 0;
+      while (m < topk && row[m] >= 0) m++;
+      for (int32_t i = 0; i < m; i++) read_entry(c, b, row[i], kv + (int64_t)i * D);
+      for (int32_t h = 0; h < H; h++) {
+        const float *qn = c->q_nope_f + ((int64_t)s * H + h) * C, *qp = c->q_pe_f + ((int64_t)s * H + h) * R;
+        double mx = -INFINITY, max_err = 0.0, l = 0.0;
+        for (int32_t i = 0; i < m; i++) {
+          const double *k = kv + (int64_t)i * D;
+          double dot = 0.0, mag = 0.0;
+          for (int32_t d = 0; d < C; d++) dot += qn[d] * k[d], mag += fabs(qn[d] * k[d]);
+          for (int32_t d = 0; d < R; d++) dot += qp[d] * k[C + d], mag += fabs(qp[d] * k[C + d]);
+          score[i] = scale * dot;
+          err[i] = (double)D * ldexp(1.0, -23) * mag;
+          mx = score[i] > mx ? score[i] : mx;
+          max_err = err[i] > max_err ? err[i] : max_err;
+        }
+        for (int32_t i = 0; i < m; i++) l += exp(score[i] - mx);
+        for (int32_t d = 0; d < C; d++) a[d] = 0.0;
+        for (int32_t i = 0; i < m; i++) {
+          const double p = exp(score[i] - mx) / l;
+          for (int32_t d = 0; d < C; d++) a[d] += p * fabs(kv[(int64_t)i * D + d]);
+        }
+        const double r_s = expm1(2.0 * scale * max_err);
+        const int64_t o = ((int64_t)s * H + h) * C;
+        for (int32_t d = 0; d < C; d++)
+          bound[o + d] = (float)((ldexp(1.0, -8) + 2.0 * r_s) * a[d] + ldexp(1.0, -8) * fabs(ref_out[o + d]) + 1e-30);
+        lse_bound[(int64_t)s * H + h] =
+            (float)(2.0 * scale * max_err + ldexp(1.0, -20) * (1.0 + fabs(ref_lse[(int64_t)s * H + h])));
+      }
+    }
+  }
+  free(kv), free(score), free(err), free(a);
+  return 1;
+}
+
+/* Elements over their bound; *rows_bad counts (token, head) rows with any. */
+static int64_t count_over(const mla_case_t *c, const uint16_t *out, const float *lse, const float *ref_out,
+                          const float *ref_lse, const float *bound, const float *lse_bound, int64_t *rows_bad,
+                          double *worst) {
+  const int32_t H = c->s.num_heads, C = c->s.kv_lora_rank;
+  int64_t over = 0;
+  *rows_bad = 0;
+  *worst = 0.0;
+  for (int32_t s = 0; s < c->tokens; s++)
+    for (int32_t h = 0; h < H; h++) {
+      const int64_t o = ((int64_t)s * H + h) * C;
+      int bad = 0;
+      for (int32_t d = 0; d < C; d++) {
+        const double g = ina_bf16_to_f32(out[s * c->out_ts + h * c->out_hs + d]);
+        const double e = fabs(g - ref_out[o + d]);
+        if (!(e <= bound[o + d])) over++, bad = 1;
+        if (e / bound[o + d] > *worst || isnan(e)) *worst = isnan(e) ? INFINITY : e / bound[o + d];
+      }
+      const double el = fabs((double)lse[(int64_t)s * H + h] - ref_lse[(int64_t)s * H + h]);
+      if (!(el <= lse_bound[(int64_t)s * H + h])) over++, bad = 1;
+      *rows_bad += bad;
+    }
+  return over;
+}
+
+typedef struct gpu_run {
+  mla_dev_t d;
+  void *indices; /* device [tokens, topk] */
+  ina_mla_sparse_plan_params_t pp;
+} gpu_run_t;
+
+static ina_mla_sparse_plan_params_t sparse_params(const mla_case_t *c, const spec_t *sp) {
+  ina_mla_sparse_plan_params_t p = INA_MLA_SPARSE_PLAN_PARAMS_INIT;
+  p.batch = c->s.batch;
+  p.max_tokens = sp->batch * sp->max_q;
+  p.qo_indptr = c->qo_indptr;
+  p.kv_len = c->kv_len;
+  p.topk = sp->topk;
+  p.num_heads = sp->heads;
+  p.page_size = sp->page_size;
+  p.num_sms = sp->num_sms;
+  return p;
+}
+
+/* A captured run: the graph and the stream it was captured on. */
+typedef struct captured {
+  cudaStream_t stream;
+  cudaGraphExec_t exec;
+} captured_t;
+
+/* Plans and runs on the case's uploaded inputs (through `cap`: captured on the first
+ * call, replayed after a re-plan on later ones, when not NULL), and brings out and lse
+ * back. */
+static void gpu_attend(gpu_run_t *g, const mla_case_t *c, const spec_t *sp, const int32_t *indices,
+                       captured_t *cap, uint16_t *out, float *lse) {
+  ina_mla_plan_info_t info;
+  const size_t tokens = (size_t)(c->tokens > 0 ? c->tokens : 1);
+  CHECK_OK(mla_dev_upload(&g->d, c));
+  CHECK_OK(ina_cuda_memcpy_h2d(g->indices, indices, 4 * tokens * (size_t)sp->topk));
+  g->pp = sparse_params(c, sp);
+  CHECK_OK(ina_mla_sparse_plan(&g->pp, g->d.host_ws, g->d.ws, NULL, &info));
+  CHECK_OK(ina_cuda_synchronize()); /* the schedule's copy on the default stream */
+  ina_mla_run_params_t rp = mla_run_params(c, &g->d);
+  rp.indices = g->indices;
+  if (!cap) {
+    CHECK_OK(ina_mla_run(&info, g->d.ws, &rp, NULL));
+  } else {
+    if (!cap->exec) {
+      cudaGraph_t graph = NULL;
+      CHECK(cudaStreamCreateWithFlags(&cap->stream, cudaStreamNonBlocking) == cudaSuccess);
+      CHECK(cudaStreamBeginCapture(cap->stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+      CHECK_OK(ina_mla_run(&info, g->d.ws, &rp, cap->stream));
+      CHECK(cudaStreamEndCapture(cap->stream, &graph) == cudaSuccess);
+      CHECK(graph && cudaGraphInstantiate(&cap->exec, graph, 0) == cudaSuccess);
+      if (graph) cudaGraphDestroy(graph);
+    }
+    if (cap->exec) CHECK(cudaGraphLaunch(cap->exec, cap->stream) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(cap->stream) == cudaSuccess);
+  }
+  CHECK_OK(ina_cuda_synchronize());
+  CHECK_OK(ina_cuda_memcpy_d2h(out, g->d.out, 2 * (size_t)c->out_elems));
+  CHECK_OK(ina_cuda_memcpy_d2h(lse, g->d.lse, 4 * tokens * (size_t)c->s.num_heads));
+}
+
+static void draw_lengths(const spec_t *sp, test_rng_t *rng, int32_t *q_lens, int32_t *kv_lens) {
+  for (int32_t b = 0; b < sp->batch; b++) {
+    q_lens[b] = (int32_t)test_rng_int(rng, 1, sp->max_q);
+    kv_lens[b] = (int32_t)test_rng_int(rng, sp->kv_min, sp->kv_max);
+    if (kv_lens[b] < q_lens[b]) kv_lens[b] = q_lens[b];
+  }
+}
+
+typedef struct solved {
+  mla_case_t c;
+  int32_t *indices;
+  float *ref_out, *ref_lse, *bound, *lse_bound;
+} solved_t;
+
+static void solved_free(solved_t *x) {
+  mla_case_free(&x->c);
+  free(x->indices), free(x->ref_out), free(x->ref_lse), free(x->bound), free(x->lse_bound);
+  memset(x, 0, sizeof *x);
+}
+
+static int reference(solved_t *x, int32_t topk, ina_threadpool_t *pool) {
+  const mla_case_t *c = &x->c;
+  const int32_t H = c->s.num_heads, C = c->s.kv_lora_rank;
+  const size_t rows = (size_t)(c->tokens > 0 ? c->tokens : 1) * (size_t)H;
+  ina_dsa_mla_plan_params_t pp = INA_DSA_MLA_PLAN_PARAMS_INIT;
+  pp.backend = INA_DSA_BACKEND_REF;
+  pp.batch = c->s.batch;
+  pp.qo_indptr = c->qo_indptr;
+  pp.kv_len = c->kv_len;
+  pp.num_heads = H;
+  pp.kv_lora_rank = C;
+  pp.rope_dim = c->s.rope_dim;
+  pp.page_size = c->s.page_size;
+  pp.index_stride = topk;
+  size_t bytes = 0;
+  ina_dsa_plan_info_t info;
+  if (ina_dsa_mla_workspace_size(&pp, &bytes) != INA_OK) return 0;
+  void *ws = malloc(bytes > 0 ? bytes : 1);
+  x->ref_out = malloc(sizeof(float) * rows * (size_t)C);
+  x->ref_lse = malloc(sizeof(float) * rows);
+  x->bound = malloc(sizeof(float) * rows * (size_t)C);
+  x->lse_bound = malloc(sizeof(float) * rows);
+  int ok = ws && x->ref_out && x->ref_lse && x->bound && x->lse_bound &&
+           ina_dsa_mla_plan(&pp, ws, bytes, &info) == INA_OK;
+  if (ok) {
+    ina_dsa_mla_run_params_t rp = INA_DSA_MLA_RUN_PARAMS_INIT;
+    rp.q_nope = c->q_nope_f;
+    rp.q_pe = c->q_pe_f;
+    rp.cache = c->cache;
+    rp.kv_indptr = c->kv_indptr;
+    rp.kv_indices = c->kv_indices;
+    rp.indices = x->indices;
+    rp.softmax_scale = c->s.softmax_scale;
+    rp.out = x->ref_out;
+    rp.lse = x->ref_lse;
+    ok = ina_dsa_mla_run(&info, ws, &rp, pool, NULL) == INA_OK &&
+         error_bounds(c, x->indices, topk, x->ref_out, x->ref_lse, x->bound, x->lse_bound);
+  }
+  free(ws);
+  return ok;
+}
+
+static int build(solved_t *x, const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) {
+  memset(x, 0, sizeof *x);
+  int32_t q_lens[64], kv_lens[64];
+  draw_lengths(sp, rng, q_lens, kv_lens);
+  mla_shape_t s = {sp->batch, sp->batch, sp->max_q, sp->heads, 512, 64, sp->page_size, sp->format,
+                   sp->layout, sp->layout == MLA_LAYOUT_SEPARATE, 0, 0.0f};
+  s.softmax_scale = (float)(test_rng_uniform(rng) * 0.05 + 0.02);
+  if (!mla_case_build(&x->c, &s, q_lens, kv_lens, rng, pool, 0)) return 0;
+  x->indices = malloc(sizeof(int32_t) * (size_t)(x->c.tokens > 0 ? x->c.tokens : 1) * (size_t)sp->topk);
+  if (!x->indices) return 0;
+  draw_indices(&x->c, sp->topk, rng, x->indices);
+  return reference(x, sp->topk, pool);
+}
+
+/* Rows (token, head) where replacing reference output `alt` for `ref` moves some element
+ * by more than 4 times its bound: the rows a mutation must be caught on. */
+static int64_t measurable_rows(const mla_case_t *c, const float *ref, const float *alt, const float *bound) {
+  const int32_t H = c->s.num_heads, C = c->s.kv_lora_rank;
+  int64_t rows = 0;
+  for (int64_t r = 0; r < (int64_t)c->tokens * H; r++) {
+    int moved = 0;
+    for (int32_t d = 0; d < C && !moved; d++) moved = fabs(alt[r * C + d] - ref[r * C + d]) > 4.0 * bound[r * C + d];
+    rows += moved;
+  }
+  return rows;
+}
+
+static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) {
+  solved_t x, y;
+  gpu_run_t g;
+  captured_t cap_run = {NULL, NULL};
+  memset(&g, 0, sizeof g);
+  memset(&y, 0, sizeof y);
+  uint16_t *out = NULL;
+  float *lse = NULL;
+  const int built = build(&x, sp, rng, pool);
+  CHECKF(built, "%s: building the case failed: %s", sp->name, ina_last_error());
+  if (!built) goto done;
+  /* Device buffers for the bucket: a case of the bucket's largest shape sizes them. */
+  {
+    mla_case_t cap;
+    spec_t big = *sp;
+    big.kv_min = big.kv_max;
+    int32_t q_lens[64], kv_lens[64];
+    for (int32_t b = 0; b < sp->batch; b++) q_lens[b] = sp->max_q, kv_lens[b] = sp->kv_max;
+    mla_shape_t s = x.c.s;
+    if (!mla_case_build(&cap, &s, q_lens, kv_lens, rng, pool, 0)) {
+      CHECKF(0, "%s: sizing case failed", sp->name);
+      mla_case_free(&cap);
+      goto done;
+    }
+    CHECK_OK(mla_dev_alloc(&g.d, &cap, sp->num_sms));
+    ina_mla_sparse_plan_params_t pp = sparse_params(&cap, sp);
+    size_t hb = 0, db = 0;
+    CHECK_OK(ina_mla_sparse_workspace_size(&pp, &hb, &db));
+    free(g.d.host_ws);
+    ina_cuda_free(g.d.ws);
+    g.d.host_ws = malloc(hb);
+    CHECK(g.d.host_ws != NULL);
+    CHECK_OK(ina_cuda_malloc(0, db, &g.d.ws));
+    CHECK_OK(ina_cuda_malloc(0, 4 * (size_t)cap.tokens * (size_t)sp->topk, &g.indices));
+    out = malloc(2 * (size_t)cap.out_elems);
+    lse = malloc(4 * (size_t)cap.tokens * (size_t)sp->heads);
+    mla_case_free(&cap);
+    if (!g.d.host_ws || !g.d.ws || !g.indices || !out || !lse) goto done;
+  }
+
+  int64_t rows_bad = 0;
+  double worst = 0.0;
+  gpu_attend(&g, &x.c, sp, x.indices, NULL, out, lse);
+  const int64_t over = count_over(&x.c, out, lse, x.ref_out, x.ref_lse, x.bound, x.lse_bound, &rows_bad, &worst);
+  CHECKF(over == 0, "%s: %lld elements over their bound in %lld rows (worst %.3g x bound)", sp->name,
+         (long long)over, (long long)rows_bad, worst);
+  const int64_t stray = mla_stray_writes(&x.c, out);
+  CHECKF(stray == 0, "%s: %lld elements outside the output were written", sp->name, (long long)stray);
+
+  /* Mutations, applied to the reference's side: the comparison must reject the GPU's
+   * (correct) output against them wherever they are measurable. */
+  const int32_t H = sp->heads, C = 512, tokens = x.c.tokens;
+  int caught_index = -1, caught_q = -1;
+  {
+    /* (1) the selected position of most weight for head 0 of the token with the longest
+     * visible length, swapped for the first unselected one (a gather of a wrong row) */
+    int32_t s_pick = -1, b_pick = -1, vis_pick = 0;
+    for (int32_t b = 0; b < x.c.s.batch; b++) {
+      const int32_t q_len = x.c.qo_indptr[b + 1] - x.c.qo_indptr[b];
+      for (int32_t j = 0; j < q_len; j++) {
+        const int32_t vis = x.c.kv_len[b] - q_len + j + 1;
+        if (vis > sp->topk && vis > vis_pick) s_pick = x.c.qo_indptr[b] + j, b_pick = b, vis_pick = vis;
+      }
+    }
+    if (s_pick >= 0) {
+      int32_t *row = x.indices + (int64_t)s_pick * sp->topk;
+      const float *qn = x.c.q_nope_f + (int64_t)s_pick * H * C, *qp = x.c.q_pe_f + (int64_t)s_pick * H * 64;
+      double kv[576], best = -INFINITY;
+      int32_t best_i = 0;
+      for (int32_t i = 0; i < sp->topk; i++) {
+        read_entry(&x.c, b_pick, row[i], kv);
+        double dot = 0.0;
+        for (int32_t d = 0; d < C; d++) dot += qn[d] * kv[d];
+        for (int32_t d = 0; d < 64; d++) dot += qp[d] * kv[C + d];
+        if (dot > best) best = dot, best_i = i;
+      }
+      char *taken = calloc((size_t)vis_pick, 1);
+      if (taken) {
+        for (int32_t i = 0; i < sp->topk; i++) taken[row[i]] = 1;
+        int32_t other = 0;
+        while (taken[other]) other++; /* vis_pick > topk: one is free */
+        free(taken);
+        const int32_t saved = row[best_i];
+        row[best_i] = other;
+        solved_t m = {.c = x.c, .indices = x.indices};
+        if (reference(&m, sp->topk, pool)) {
+          int64_t rb = 0;
+          double w = 0;
+          const int64_t rows = measurable_rows(&x.c, x.ref_out, m.ref_out, x.bound);
+          const int64_t o = count_over(&x.c, out, lse, m.ref_out, m.ref_lse, m.bound, m.lse_bound, &rb, &w);
+          caught_index = rows == 0 ? -1 : o > 0;
+        }
+        free(m.ref_out), free(m.ref_lse), free(m.bound), free(m.lse_bound);
+        row[best_i] = saved;
+      }
+    }
+    /* (2) head 0 of token 0 with its query scaled by 1.05 */
+    solved_t m = {.c = x.c, .indices = x.indices};
+    float *qn = x.c.q_nope_f, *qp = x.c.q_pe_f;
+    float saved_q[576];
+    for (int32_t d = 0; d < C; d++) saved_q[d] = qn[d], qn[d] *= 1.05f;
+    for (int32_t d = 0; d < 64; d++) saved_q[C + d] = qp[d], qp[d] *= 1.05f;
+    if (reference(&m, sp->topk, pool)) {
+      int64_t rb = 0;
+      double w = 0;
+      const int64_t rows = measurable_rows(&x.c, x.ref_out, m.ref_out, x.bound);
+      const int64_t o = count_over(&x.c, out, lse, m.ref_out, m.ref_lse, m.bound, m.lse_bound, &rb, &w);
+      caught_q = rows == 0 ? -1 : o > 0;
+    }
+    for (int32_t d = 0; d < C; d++) qn[d] = saved_q[d];
+    for (int32_t d = 0; d < 64; d++) qp[d] = saved_q[C + d];
+    free(m.ref_out), free(m.ref_lse), free(m.bound), free(m.lse_bound);
+  }
+  CHECKF(caught_index != 0, "%s: a swapped index passed the bound", sp->name);
+  CHECKF(caught_q != 0, "%s: a 5 %% query error passed the bound", sp->name);
+
+  /* The graph: captured on this case, replayed on a fresh one of the same bucket. */
+  gpu_attend(&g, &x.c, sp, x.indices, &cap_run, out, lse);
+  const int64_t over_capture = count_over(&x.c, out, lse, x.ref_out, x.ref_lse, x.bound, x.lse_bound, &rows_bad, &worst);
+  CHECKF(over_capture == 0, "%s: the captured run differs (%lld elements over)", sp->name, (long long)over_capture);
+  const int built_y = build(&y, sp, rng, pool);
+  CHECK(built_y);
+  int64_t over_replay = -1;
+  if (built_y) {
+    gpu_attend(&g, &y.c, sp, y.indices, &cap_run, out, lse);
+    over_replay = count_over(&y.c, out, lse, y.ref_out, y.ref_lse, y.bound, y.lse_bound, &rows_bad, &worst);
+    CHECKF(over_replay == 0, "%s: the graph replayed after a re-plan differs (%lld elements over)", sp->name,
+           (long long)over_replay);
+  }
+  printf("  %-38s tokens %4d: worst %.2f of the bound; mutations caught: index %s, query x1.05 %s; graph "
+         "replay %s\n",
+         sp->name, tokens, worst, caught_index < 0 ? "n/a" : caught_index ? "yes" : "NO",
+         caught_q < 0 ? "n/a" : caught_q ? "yes" : "NO", over_replay == 0 ? "ok" : "FAILED");
+done:
+  if (cap_run.exec) cudaGraphExecDestroy(cap_run.exec);
+  if (cap_run.stream) cudaStreamDestroy(cap_run.stream);
+  ina_cuda_free(g.indices);
+  mla_dev_free(&g.d);
+  solved_free(&x);
+  solved_free(&y);
+  free(out);
+  free(lse);
+}
+
+int main(void) {
+  const int skip = test_require_gpus("test_mla_sparse_gpu", 1);
+  if (skip) return skip;
+  char name[128];
+  printf("test_mla_sparse_gpu: %s\n", ina_cuda_device_name(0, name, sizeof name));
+  test_rng_t rng = {test_seed("test_mla_sparse_gpu")};
+  ina_threadpool_t *pool = NULL;
+  CHECK_OK(ina_threadpool_create(0, &pool));
+  for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) run_spec(&specs[i], &rng, pool);
+  ina_threadpool_destroy(pool);
+  return test_finish("test_mla_sparse_gpu");
+}
+
+#else /* a build without CUDA has no sparse kernels to run */
+int main(void) {
+  return test_skip_gpu("test_mla_sparse_gpu", "this build has no CUDA");
+}
+#endif
