@@ -473,8 +473,104 @@ static void validation(void) {
   free(ws);
 }
 
+/* Sparse plans (ina_mla_sparse_plan): a step's query tokens become one-token requests
+ * whose KV length is min(topk, visible). The schedule must be the dense plan's of exactly
+ * those requests (which plan_and_check validates in full), byte for byte, and
+ * token_request must name each token's request. Then the sparse plan's own refusals. */
+static void sparse_plans(test_rng_t *rng) {
+  for (int trial = 0; trial < 60; trial++) {
+    const int32_t batch = (int32_t)test_rng_int(rng, 0, 12), heads = trial % 3 == 0 ? 128 : trial % 3 == 1 ? 16 : 3;
+    const int32_t topk = trial % 2 ? 2048 : (int32_t)test_rng_int(rng, 1, 100);
+    const int32_t num_sms = (int32_t)test_rng_int(rng, 1, 140);
+    int32_t qo_indptr[13] = {0}, kv_len[12], vqo[13 * 8], vkv[12 * 8];
+    for (int32_t b = 0; b < batch; b++) {
+      const int32_t q_len = (int32_t)test_rng_int(rng, 0, 8);
+      qo_indptr[b + 1] = qo_indptr[b] + q_len;
+      kv_len[b] = q_len + (int32_t)test_rng_int(rng, 0, 5000);
+    }
+    const int32_t tokens = qo_indptr[batch], max_tokens = tokens + (int32_t)test_rng_int(rng, 1, 9);
+    vqo[0] = 0;
+    for (int32_t b = 0; b < batch; b++) {
+      const int32_t q_len = qo_indptr[b + 1] - qo_indptr[b];
+      for (int32_t j = 0; j < q_len; j++) {
+        const int32_t visible = kv_len[b] - q_len + j + 1;
+        vkv[qo_indptr[b] + j] = visible < topk ? visible : topk;
+        vqo[qo_indptr[b] + j + 1] = qo_indptr[b] + j + 1;
+      }
+    }
+    ina_mla_sparse_plan_params_t sp = INA_MLA_SPARSE_PLAN_PARAMS_INIT;
+    sp.batch = batch;
+    sp.max_tokens = max_tokens;
+    sp.qo_indptr = qo_indptr;
+    sp.kv_len = kv_len;
+    sp.topk = topk;
+    sp.num_heads = heads;
+    sp.num_sms = num_sms;
+    const ina_mla_plan_params_t dp = params(tokens, max_tokens, 1, heads, vqo, vkv, num_sms);
+    char what[96];
+    snprintf(what, sizeof what, "sparse trial %d (%d tokens, %d heads, top-k %d)", trial, tokens, heads, topk);
+    plan_and_check(&dp, what);
+    size_t sh = 0, sd = 0, dh = 0, dd = 0;
+    CHECK_OK(ina_mla_sparse_workspace_size(&sp, &sh, &sd));
+    CHECK_OK(ina_mla_workspace_size(&dp, &dh, &dd));
+    CHECKF(sh == dh && sd == dd, "%s: workspace %zu / %zu, the dense bucket's %zu / %zu", what, sh, sd, dh, dd);
+    char *a = malloc(sh), *b = malloc(sh);
+    CHECK(a && b);
+    if (a && b) {
+      memset(a, 0x5A, sh);
+      memset(b, 0x5A, sh);
+      ina_mla_plan_info_t si, di;
+      CHECK_OK(ina_mla_sparse_plan(&sp, a, NULL, NULL, &si));
+      CHECK_OK(ina_mla_plan(&dp, b, NULL, NULL, &di));
+      const schedule_view_t v = view(&dp, b, di.num_ctas);
+      const size_t used = v.l.items + sizeof(ina_mla_sched_item_t) * (size_t)v.header->num_items;
+      CHECKF(memcmp(a, b, v.l.token_request) == 0 && memcmp(a + v.l.merges, b + v.l.merges, used - v.l.merges) == 0,
+             "%s: the schedule differs from the dense plan of its one-token requests", what);
+      CHECKF(si.sparse_topk == topk && di.sparse_topk == 0 && si.batch == tokens && si.total_tokens == tokens &&
+                 si.num_ctas == di.num_ctas && si.num_splits_max == di.num_splits_max && si.max_q_len == 1,
+             "%s: plan info", what);
+      const int32_t *token_request = (const int32_t *)(a + v.l.token_request);
+      for (int32_t r = 0; r < batch; r++)
+        for (int32_t t = qo_indptr[r]; t < qo_indptr[r + 1]; t++)
+          CHECKF(token_request[t] == r, "%s: token %d names request %d, not %d", what, t, token_request[t], r);
+    }
+    free(a);
+    free(b);
+  }
+  /* refusals, each with *info zeroed */
+  const int32_t qo[3] = {0, 2, 5}, kv[2] = {4, 9};
+  ina_mla_sparse_plan_params_t base = INA_MLA_SPARSE_PLAN_PARAMS_INIT;
+  base.batch = 2;
+  base.max_tokens = 5;
+  base.qo_indptr = qo;
+  base.kv_len = kv;
+  base.topk = 16;
+  base.num_heads = 16;
+  base.num_sms = 4;
+  size_t hb = 0, db = 0;
+  CHECK_OK(ina_mla_sparse_workspace_size(&base, &hb, &db));
+  void *ws = malloc(hb);
+  CHECK(ws != NULL);
+  for (int k = 0; k < 5 && ws; k++) {
+    ina_mla_sparse_plan_params_t p = base;
+    const int32_t short_kv[2] = {1, 9};
+    const char *why = "";
+    if (k == 0) p.max_tokens = 4, why = "5 tokens over max_tokens 4";
+    if (k == 1) p.topk = 0, why = "topk 0";
+    if (k == 2) p.kv_lora_rank = 256, why = "kv_lora_rank 256";
+    if (k == 3) p.kv_len = short_kv, why = "q_len 2 > kv_len 1";
+    if (k == 4) p.version = 2, why = "version 2";
+    ina_mla_plan_info_t info;
+    memset(&info, 0x33, sizeof info);
+    const ina_status_t st = ina_mla_sparse_plan(&p, ws, NULL, NULL, &info);
+    CHECKF(st != INA_OK && info.num_ctas == 0 && info.sparse_topk == 0, "sparse plan accepted %s", why);
+  }
+  free(ws);
+}
+
 int main(void) {
   test_rng_t rng = {test_seed("test_mla_plan")};
+  sparse_plans(&rng);
   validation();
   edge_cases();
   skewed_case();
