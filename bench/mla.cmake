@@ -5,4 +5,8 @@
 if(INA_HAVE_CUDA)
   ina_add_bench(bench_mla bench_mla.c)
   target_link_libraries(bench_mla PRIVATE ina_mla CUDA::cudart)
+  # bench_mla_sparse: sparse MLA decode (DeepSeek-V3.2: ina_mla_sparse_plan + run with
+  # index rows), checked against attention/dsa.h's reference before timing.
+  ina_add_bench(bench_mla_sparse bench_mla_sparse.c)
+  target_link_libraries(bench_mla_sparse PRIVATE ina_mla ina_attention CUDA::cudart)
 endif()
