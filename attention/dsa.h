@@ -14,9 +14,10 @@
  * Backends. plan_params.backend picks who runs: INA_DSA_BACKEND_REF is the plain-C
  * reference (fp64 accumulation; also the CPU engine's implementation): workspace is host
  * memory, `pool` spreads the work (core/threadpool.h, NULL = the caller's thread) and
- * `stream` is ignored. Other backends are refused with INA_ERR_UNSUPPORTED until their
- * kernels exist; a GPU backend goes behind the same calls (device workspace, `stream` a
- * cudaStream_t, any staging buffer appended to the versioned params).
+ * `stream` is ignored. Other backends are refused here with INA_ERR_UNSUPPORTED: the GPU
+ * kernels of the score and the top-k have their own plan / run in attention/dsa_gpu.h
+ * (one step plan with a bucket, device workspace, bf16 q, `stream` a cudaStream_t),
+ * computing exactly these ops (the top-k bit-identically).
  *
  * Requests (the conventions of mla/mla.h and mla/mla_ref.h). A step has `batch`
  * requests; request b has q_len = qo_indptr[b+1] - qo_indptr[b] query tokens (1 for
@@ -97,7 +98,7 @@ extern "C" {
 
 typedef enum ina_dsa_backend {
   INA_DSA_BACKEND_REF = 0, /* plain C on the host */
-  INA_DSA_BACKEND_CUDA = 1 /* reserved: refused (INA_ERR_UNSUPPORTED) for now */
+  INA_DSA_BACKEND_CUDA = 1 /* reserved: refused here; the GPU runs are in dsa_gpu.h */
 } ina_dsa_backend_t;
 
 typedef enum ina_dsa_key_format {

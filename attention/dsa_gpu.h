@@ -1,0 +1,160 @@
+/* The lightning indexer of DeepSeek Sparse Attention on the GPU: the index scores over the
+ * paged index-key cache and the top-k selection (attention/dsa.h defines both; the GPU
+ * computes the same thing). One step plan serves both runs:
+ *
+ *   size:  ina_dsa_gpu_workspace_size(&plan_params, &host_bytes, &device_bytes)
+ *   plan:  ina_dsa_gpu_plan(&plan_params, host_ws, device_ws, stream, &info) -- on the
+ *          host, per step: validates the lengths against the bucket and writes the
+ *          request and the visible length of every query token into host_ws (pinned,
+ *          cudaHostAlloc), then copies them to device_ws asynchronously on `stream`.
+ *   run:   ina_dsa_gpu_score_run(&info, device_ws, &score_params, stream)
+ *          ina_dsa_gpu_topk_run(&info, device_ws, &topk_params, stream) -- never
+ *          allocate, never wait on the host; the kernels read every length (the step's
+ *          token count included) from device_ws, and their grids depend only on the
+ *          bucket (max_tokens) and the shape (score_stride, heads, dims, k). A CUDA graph
+ *          of the runs therefore replays correctly after a new plan of the same bucket and
+ *          shape with other lengths (batch, qo_indptr, kv_len), page tables and data in
+ *          the same buffers.
+ *
+ * Semantics: exactly dsa.h's ops 1 and 2 (requests, causal visibility, -INFINITY from the
+ * visible length to score_stride - 1, the top-k order and tie rule, -1 tails), with q in
+ * bf16 instead of f32. The top-k is bit-exact: the reference (INA_DSA_BACKEND_REF) given
+ * the same scores returns the same indices. The scores are fp32 tensor-core sums (bf16 q
+ * times bf16 or FP8-converted keys, fp32 accumulation in an unspecified order), so they
+ * differ from the reference's double sums by rounding only; the order of summation is
+ * fixed, so a run is deterministic.
+ *
+ * GPU limits (INA_ERR_UNSUPPORTED with a message): num_heads 1 .. 64, head_dim a multiple
+ * of 16 in 16 .. 128, topk 1 .. INA_DSA_GPU_MAX_TOPK, key formats INA_DSA_KEY_BF16 and
+ * INA_DSA_KEY_FP8 (inline or paged layout), with 4-byte aligned key rows and scales
+ * (16-byte aligned rows take a faster copy path). Page ids and kv_indptr live in device
+ * memory and are not checked (a page table that does not cover a request's kv_len is
+ * undefined behaviour).
+ *
+ * Ownership: the caller owns both workspaces and every tensor; nothing is kept after a
+ * call. Thread safety: plans and runs on different workspaces may run concurrently; runs
+ * only read device_ws, so several runs of one plan may be in flight at once. */
+#ifndef INA_ATTENTION_DSA_GPU_H
+#define INA_ATTENTION_DSA_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attention/dsa.h"
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define INA_DSA_GPU_MAX_HEADS 64
+#define INA_DSA_GPU_MAX_HEAD_DIM 128
+#define INA_DSA_GPU_MAX_TOPK 2048
+/* 65535 score CTAs of 1024 positions per row. */
+#define INA_DSA_GPU_MAX_SCORE_STRIDE (65535 * 1024)
+
+typedef struct ina_dsa_gpu_plan_params {
+  size_t struct_size; /* sizeof(ina_dsa_gpu_plan_params_t), set by the INIT macro */
+  uint32_t version;   /* 1 */
+  int32_t batch;            /* >= 0 requests this step */
+  const int32_t *qo_indptr; /* host [batch + 1], qo_indptr[0] == 0, non-decreasing */
+  const int32_t *kv_len;    /* host [batch], q_len <= kv_len[b] <= max_kv_len */
+  int32_t max_tokens;       /* bucket: query tokens a step may have (>= 1; grid and workspace) */
+  int32_t max_kv_len;       /* bucket: the longest kv_len a step may have (>= 1) */
+  int32_t page_size;        /* >= 1, that of the index cache */
+  int32_t num_heads;        /* index heads, 1 .. INA_DSA_GPU_MAX_HEADS (V3.2: 64) */
+  int32_t head_dim;         /* multiple of 16, 16 .. INA_DSA_GPU_MAX_HEAD_DIM (V3.2: 128) */
+  int32_t topk;             /* k, 1 .. INA_DSA_GPU_MAX_TOPK (V3.2: 2048) */
+  int32_t score_stride;     /* elements per score row, >= max_kv_len; 0: max_kv_len */
+} ina_dsa_gpu_plan_params_t;
+
+#define INA_DSA_GPU_PLAN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_gpu_plan_params_t), .version = 1}
+
+/* What the runs need from the plan (plain data, kept by the caller). */
+typedef struct ina_dsa_gpu_plan_info {
+  uint32_t magic;               /* nonzero once planned; a failed plan zeroes the struct */
+  int32_t batch, total_tokens;  /* this step */
+  int32_t step_max_kv_len;      /* this step's longest kv_len */
+  int32_t max_tokens, max_kv_len; /* the bucket */
+  int32_t page_size, num_heads, head_dim, topk, score_stride;
+  size_t host_bytes, device_bytes; /* the parts of the workspaces the plan uses */
+} ina_dsa_gpu_plan_info_t;
+
+/* Workspace sizes of a bucket (they do not depend on the step's lengths, which are not
+ * read; qo_indptr / kv_len may be NULL here). */
+ina_status_t ina_dsa_gpu_workspace_size(const ina_dsa_gpu_plan_params_t *p, size_t *host_bytes,
+                                        size_t *device_bytes);
+
+/* stream: a cudaStream_t (NULL = the default stream).
+ * host_ws: host_bytes, preferably pinned; the copy reads it asynchronously, so it must not
+ *   be planned into again before that copy has run on `stream` (alternate two host
+ *   workspaces, or synchronize).
+ * device_ws: device_bytes, or NULL to write the schedule into host_ws only (no copy, no
+ *   CUDA call: planning and validation work without a GPU; the runs then refuse nothing
+ *   they can see, so give them a device workspace that holds this plan).
+ * Errors: INA_ERR_INVALID_ARGUMENT (naming the argument or request) for NULL pointers,
+ *   a bad bucket, lengths outside it or inconsistent; INA_ERR_UNSUPPORTED for shapes
+ *   outside the GPU limits above; INA_ERR_CUDA when the copy cannot be enqueued. On
+ *   failure *info is zeroed. */
+ina_status_t ina_dsa_gpu_plan(const ina_dsa_gpu_plan_params_t *p, void *host_ws, void *device_ws,
+                              void *stream, ina_dsa_gpu_plan_info_t *info);
+
+typedef struct ina_dsa_gpu_score_run_params {
+  size_t struct_size;
+  uint32_t version;
+  const uint16_t *q;            /* device, bf16 bits [tokens, num_heads, head_dim] */
+  const float *weights;         /* device [tokens, num_heads] (already times num_heads^-0.5) */
+  ina_dsa_index_cache_t cache;  /* keys in device memory; BF16 or FP8; page_size, head_dim as planned */
+  const int32_t *kv_indptr;     /* device [batch + 1] */
+  const int32_t *kv_indices;    /* device page ids */
+  float softmax_scale;          /* > 0 and finite (head_dim^-0.5 in the model) */
+  float *scores;                /* device [tokens, score_stride] out, every element written */
+} ina_dsa_gpu_score_run_params_t;
+
+#define INA_DSA_GPU_SCORE_RUN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_gpu_score_run_params_t), .version = 1}
+
+/* Enqueues the score kernel on `stream`. The FP8 descriptor must have scale_stride != 0
+ * (ina_dsa_index_cache_fp8_inline or _fp8_paged). Errors: INA_ERR_INVALID_ARGUMENT for an
+ * unplanned info, NULL pointers, a cache that does not match the plan, a bad scale;
+ * INA_ERR_UNSUPPORTED for F32 keys or misaligned key rows / scales; INA_ERR_CUDA for a
+ * failed launch. */
+ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *info, const void *device_ws,
+                                   const ina_dsa_gpu_score_run_params_t *p, void *stream);
+
+typedef struct ina_dsa_gpu_topk_run_params {
+  size_t struct_size;
+  uint32_t version;
+  const float *scores; /* device [tokens, score_stride]; only positions < visible are read */
+  int32_t *indices;    /* device [tokens, topk] out, every element written */
+} ina_dsa_gpu_topk_run_params_t;
+
+#define INA_DSA_GPU_TOPK_RUN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_gpu_topk_run_params_t), .version = 1}
+
+/* Enqueues the top-k kernel on `stream` (one CTA per query token of the bucket). */
+ina_status_t ina_dsa_gpu_topk_run(const ina_dsa_gpu_plan_info_t *info, const void *device_ws,
+                                  const ina_dsa_gpu_topk_run_params_t *p, void *stream);
+
+/* ---- internal: shared by the plan (C) and the kernels (CUDA) ---------------------- */
+
+#define INA_DSA_GPU_MAGIC 0x47415344u /* "DSAG" */
+
+/* The schedule in both workspaces: this header, then one row per token of the bucket. */
+typedef struct ina_dsa_gpu_ws_header {
+  uint32_t magic;
+  int32_t total_tokens, batch, max_kv_len; /* this step's */
+} ina_dsa_gpu_ws_header_t;
+
+typedef struct ina_dsa_gpu_token_row {
+  int32_t request; /* b */
+  int32_t visible; /* kv_len[b] - q_len + j + 1 */
+} ina_dsa_gpu_token_row_t;
+
+/* Enqueues the host -> device copy of `bytes` of the schedule (INA_ERR_UNSUPPORTED
+ * without CUDA). */
+ina_status_t ina_dsa_gpu_copy_schedule(void *device_ws, const void *host_ws, size_t bytes,
+                                       void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,342 @@
+/* The lightning indexer's scores on tensor cores (attention/dsa_gpu.h):
+ *   score[s, t] = sum_h w[s, h] * relu(softmax_scale * scale_t * (q[s, h, :] . k[t, :]))
+ *
+ * Work split. CTA (token s, chunk c) scores positions [c * kChunk, (c + 1) * kChunk) of
+ * row s, the grid (max_tokens x score_stride / kChunk) fixed by the bucket: a CTA whose
+ * token is past the step's total or whose chunk lies past the visible length writes only
+ * what it must (-INFINITY) and leaves. Its 4 warps share a cp.async pipeline of kStages
+ * tiles of 64 positions; warp w multiplies rows 16w .. 16w + 15 of each tile.
+ *
+ * The product. One mma.sync m16n8k16 (bf16 in, fp32 accumulators) takes 16 positions (M,
+ * A from shared memory) times 8 heads (N, B) over 16 dims (K). q's fragments for every
+ * head and dim stay in registers for the whole CTA (up to 64 heads x 128 dims: 128
+ * registers a thread), so shared memory carries only the keys, once.
+ *
+ * Dim order. The sum over K does not care in which order the dims pair up, as long as A
+ * and B agree, so both read dims in the order that makes each thread's part of a 16-dim
+ * step contiguous: thread (g, t) of the warp holds the A entries k = 2t, 2t+1, 2t+8, 2t+9,
+ * and here those are the physical dims 4t .. 4t+3 of the step, for the key rows as for q.
+ * One 32-bit shared load then gives the 4 FP8 bytes of a row (a 64-bit load the 4 bf16),
+ * with row strides padded so that a warp's loads hit 32 distinct banks.
+ *
+ * FP8 keys. An e4m3 value has 4 significant bits and an exponent in [-9, 8], so it is
+ * exactly a bf16 (and exactly an f16, which the hardware conversion produces first): the
+ * mma sees the same key values as the reference. The per-token f32 scale multiplies the
+ * dot product instead of each value, since q . (scale k) = scale (q . k) (the reference
+ * does the same, in double). It is applied before the relu, scale_t * softmax_scale being
+ * one f32 factor c; relu(c x) = c relu(x) would hold for c > 0 anyway, but applying c
+ * first needs no assumption about the stored scale's sign.
+ *
+ * Numerics. Every product q_hd k_d is exact in fp32 (8 + 4 or 8 + 8 significant bits);
+ * the tensor core adds them in fp32 in its own order, then the epilogue rounds the
+ * scaling, the relu'd weighted terms and the sum over heads in a fixed order: the run is
+ * deterministic, and it differs from the reference's double sums by fp32 rounding only
+ * (tests/attention/test_dsa_gpu.c states the bound). */
+#define INA_LOG_SUBSYS "dsa_gpu"
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "attention/dsa_gpu.h"
+#include "core/cuda_check.h"
+#include "core/ptx.cuh"
+
+namespace ina_dsa_score {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTileRows = 16 * kWarps; /* positions per pipeline stage */
+constexpr int kStages = 4;
+constexpr int kChunk = 1024; /* positions per CTA */
+constexpr int kMaxKSteps = INA_DSA_GPU_MAX_HEAD_DIM / 16;
+static_assert(kChunk * 65535LL == INA_DSA_GPU_MAX_SCORE_STRIDE, "the header's stride limit is this grid's");
+
+struct Args {
+  const uint16_t *q;
+  const float *weights;
+  const char *keys;
+  int64_t page_stride, token_stride, scale_offset, scale_stride;
+  const int32_t *kv_indptr, *kv_indices;
+  const ina_dsa_gpu_ws_header_t *header;
+  const ina_dsa_gpu_token_row_t *rows;
+  float softmax_scale;
+  float *scores;
+  int32_t score_stride, page_size, num_heads, head_dim;
+  int32_t row_words;  /* 32-bit words per key row in shared memory (padded) */
+  int32_t copy16;     /* key rows are 16-byte aligned: 16-byte cp.async, else 4-byte */
+};
+
+/* Padded row strides: FP8 rows are read 32 bits per thread, 8 rows x 4 threads a warp, so
+ * the stride in words must be 4 (mod 8) (rows land on distinct groups of 4 banks); bf16
+ * rows are read 64 bits per thread, half a warp (4 rows x 4 threads) at a time, so the
+ * stride must be 8 (mod 32). */
+__host__ __device__ constexpr int fp8_row_words(int head_dim) {
+  return head_dim / 4 + ((head_dim / 16) % 2 == 0 ? 4 : 0);
+}
+__host__ __device__ constexpr int bf16_row_words(int head_dim) {
+  return head_dim / 2 + ((8 - (head_dim / 2) % 32) + 32) % 32;
+}
+
+__host__ __device__ constexpr size_t smem_bytes(int row_words) {
+  return (size_t)kStages * kTileRows * (row_words + 1) * sizeof(uint32_t); /* rows + scales */
+}
+
+/* 4 e4m3 bytes -> two bf16x2 (bytes 0, 1 -> lo; 2, 3 -> hi), exactly. */
+__device__ __forceinline__ void e4m3x4_to_bf16x2(uint32_t x, uint32_t &lo, uint32_t &hi) {
+  const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x & 0xFFFFu), __NV_E4M3);
+  const __half2_raw h1 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x >> 16), __NV_E4M3);
+  const float2 f0 = __half22float2(__half2(h0)), f1 = __half22float2(__half2(h1));
+  const __nv_bfloat162 b0 = __float22bfloat162_rn(f0), b1 = __float22bfloat162_rn(f1);
+  lo = *reinterpret_cast<const uint32_t *>(&b0);
+  hi = *reinterpret_cast<const uint32_t *>(&b1);
+}
+
+/* Enqueues the copies of tile `tile` (positions base .. base + 63) into stage `stage`:
+ * the key rows of the visible positions, and for FP8 their scales. */
+template <bool FP8>
+__device__ __forceinline__ void issue_tile(const Args &a, uint32_t *stage_rows, float *stage_scales,
+                                           int32_t base, int32_t visible, int32_t page_base) {
+  const int row_bytes = FP8 ? a.head_dim : 2 * a.head_dim;
+  const int unit = a.copy16 ? 16 : 4;
+  const int units = row_bytes / unit;
+  for (int u = threadIdx.x; u < kTileRows * units; u += kThreads) {
+    const int r = u / units, c = u - r * units;
+    const int32_t pos = base + r;
+    if (pos >= visible) continue; /* its row is never used: the epilogue writes -inf */
+    const int64_t page = a.kv_indices[page_base + pos / a.page_size];
+    const char *src = a.keys + page * a.page_stride + (int64_t)(pos % a.page_size) * a.token_stride + c * unit;
+    const uint32_t dst = ina_ptx::smem_addr(stage_rows + r * a.row_words) + c * unit;
+    if (a.copy16)
+      ina_ptx::cp_async16(dst, src, 16);
+    else
+      ina_ptx::cp_async4(dst, src, 4);
+  }
+  if (FP8 && threadIdx.x < kTileRows) {
+    const int r = threadIdx.x;
+    const int32_t pos = base + r;
+    if (pos < visible) {
+      const int64_t page = a.kv_indices[page_base + pos / a.page_size];
+      const char *src = a.keys + page * a.page_stride + a.scale_offset + (int64_t)(pos % a.page_size) * a.scale_stride;
+      ina_ptx::cp_async4(ina_ptx::smem_addr(stage_scales + r), src, 4);
+    }
+  }
+}
+
+/* NT: head tiles of 8 held in registers (num_heads <= 8 NT). */
+template <int NT, bool FP8>
+__global__ void __launch_bounds__(kThreads, 2) dsa_score_kernel(const Args a) {
+  extern __shared__ __align__(16) uint32_t smem[];
+  const int32_t s = blockIdx.x;
+  if (s >= a.header->total_tokens) return;
+  const ina_dsa_gpu_token_row_t row = a.rows[s];
+  const int32_t visible = row.visible;
+  const int32_t begin = blockIdx.y * kChunk;
+  const int32_t end = min(begin + kChunk, a.score_stride);
+  float *out = a.scores + (int64_t)s * a.score_stride;
+  const int32_t live_end = min(end, visible); /* positions to score */
+  const int32_t num_tiles = live_end > begin ? (live_end - begin + kTileRows - 1) / kTileRows : 0;
+  /* Past the scored tiles: -inf (the causal bound and the padding alike). */
+  for (int32_t t = begin + num_tiles * kTileRows + threadIdx.x; t < end; t += kThreads) out[t] = -INFINITY;
+  if (num_tiles == 0) return;
+
+  uint32_t *rows_smem = smem;
+  float *scales_smem = reinterpret_cast<float *>(smem + kStages * kTileRows * a.row_words);
+  const int32_t page_base = a.kv_indptr[row.request];
+  for (int st = 0; st < kStages - 1; st++) {
+    if (st < num_tiles)
+      issue_tile<FP8>(a, rows_smem + st * kTileRows * a.row_words, scales_smem + st * kTileRows,
+                      begin + st * kTileRows, visible, page_base);
+    ina_ptx::cp_async_commit();
+  }
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int ksteps = a.head_dim / 16;
+  /* q's B fragments: b0 = dims 4t, 4t+1 and b1 = dims 4t+2, 4t+3 of each 16-dim step,
+   * of head 8 n + g (zeros past num_heads, whose weights are zero too). */
+  uint32_t qf[NT][kMaxKSteps][2];
+  float wf[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+    const int h = 8 * n + g;
+#pragma unroll
+    for (int k = 0; k < kMaxKSteps; k++) {
+      uint2 v = make_uint2(0, 0);
+      if (h < a.num_heads && k < ksteps)
+        v = *reinterpret_cast<const uint2 *>(a.q + ((int64_t)s * a.num_heads + h) * a.head_dim + 16 * k + 4 * t4);
+      qf[n][k][0] = v.x;
+      qf[n][k][1] = v.y;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      const int hw = 8 * n + 2 * t4 + j;
+      wf[n][j] = hw < a.num_heads ? a.weights[(int64_t)s * a.num_heads + hw] : 0.0f;
+    }
+  }
+
+  for (int32_t i = 0; i < num_tiles; i++) {
+    ina_ptx::cp_async_wait<kStages - 2>();
+    __syncthreads(); /* tile i has landed for every thread; tile i - 1 is done with */
+    {
+      const int32_t next = i + kStages - 1;
+      if (next < num_tiles) {
+        const int st = next % kStages;
+        issue_tile<FP8>(a, rows_smem + st * kTileRows * a.row_words, scales_smem + st * kTileRows,
+                        begin + next * kTileRows, visible, page_base);
+      }
+      ina_ptx::cp_async_commit();
+    }
+    const int st = i % kStages;
+    const uint32_t *r0 = rows_smem + (st * kTileRows + 16 * warp + g) * a.row_words;
+    const uint32_t *r1 = r0 + 8 * a.row_words;
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxKSteps; k++) {
+      if (k >= ksteps) break;
+      uint32_t af[4];
+      if (FP8) {
+        e4m3x4_to_bf16x2(r0[4 * k + t4], af[0], af[2]);
+        e4m3x4_to_bf16x2(r1[4 * k + t4], af[1], af[3]);
+      } else {
+        const uint2 x0 = *reinterpret_cast<const uint2 *>(r0 + 8 * k + 2 * t4);
+        const uint2 x1 = *reinterpret_cast<const uint2 *>(r1 + 8 * k + 2 * t4);
+        af[0] = x0.x;
+        af[2] = x0.y;
+        af[1] = x1.x;
+        af[3] = x1.y;
+      }
+#pragma unroll
+      for (int n = 0; n < NT; n++) ina_ptx::mma_bf16(acc[n], af, qf[n][k][0], qf[n][k][1]);
+    }
+    /* Epilogue: rows g (acc 0, 1) and g + 8 (acc 2, 3), heads 8 n + 2 t4 + {0, 1}. */
+    const int32_t p0 = begin + i * kTileRows + 16 * warp + g, p1 = p0 + 8;
+    float c0 = a.softmax_scale, c1 = a.softmax_scale;
+    if (FP8) {
+      c0 *= scales_smem[st * kTileRows + 16 * warp + g];
+      c1 *= scales_smem[st * kTileRows + 16 * warp + g + 8];
+    }
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      s0 = fmaf(wf[n][0], fmaxf(acc[n][0] * c0, 0.0f), s0);
+      s0 = fmaf(wf[n][1], fmaxf(acc[n][1] * c0, 0.0f), s0);
+      s1 = fmaf(wf[n][0], fmaxf(acc[n][2] * c1, 0.0f), s1);
+      s1 = fmaf(wf[n][1], fmaxf(acc[n][3] * c1, 0.0f), s1);
+    }
+    /* The 4 threads of a row hold disjoint heads: a fixed butterfly adds them. */
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (t4 == 0 && p0 < end) out[p0] = p0 < visible ? s0 : -INFINITY;
+    if (t4 == 1 && p1 < end) out[p1] = p1 < visible ? s1 : -INFINITY;
+  }
+  ina_ptx::cp_async_wait<0>();
+}
+
+template <int NT, bool FP8>
+static cudaError_t launch(const Args &a, dim3 grid, size_t smem, cudaStream_t stream) {
+  cudaError_t e = cudaFuncSetAttribute(dsa_score_kernel<NT, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem);
+  if (e != cudaSuccess) return e;
+  dsa_score_kernel<NT, FP8><<<grid, kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <bool FP8>
+static cudaError_t launch_heads(const Args &a, dim3 grid, size_t smem, cudaStream_t stream) {
+  const int tiles = (a.num_heads + 7) / 8;
+  if (tiles <= 1) return launch<1, FP8>(a, grid, smem, stream);
+  if (tiles <= 2) return launch<2, FP8>(a, grid, smem, stream);
+  if (tiles <= 4) return launch<4, FP8>(a, grid, smem, stream);
+  return launch<8, FP8>(a, grid, smem, stream);
+}
+
+}  // namespace ina_dsa_score
+
+using namespace ina_dsa_score;
+
+extern "C" ina_status_t ina_dsa_gpu_copy_schedule(void *device_ws, const void *host_ws, size_t bytes,
+                                                  void *stream) {
+  ina_status_t st = INA_OK;
+  INA_CUDA_CHECK(cudaMemcpyAsync(device_ws, host_ws, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream));
+fail:
+  return st;
+}
+
+static bool aligned(int64_t x, int64_t to) { return x % to == 0; }
+
+extern "C" ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *info, const void *device_ws,
+                                              const ina_dsa_gpu_score_run_params_t *p, void *stream) {
+  ina_status_t st = INA_OK;
+  Args a = {};
+  bool fp8 = false;
+  int64_t base = 0;
+  size_t smem = 0;
+  dim3 grid;
+  INA_REQUIRE(info != NULL && info->magic == INA_DSA_GPU_MAGIC, INA_ERR_INVALID_ARGUMENT,
+              "dsa gpu score: info is %s", info ? "not planned (a failed plan zeroes it)" : "NULL");
+  INA_REQUIRE(device_ws != NULL, INA_ERR_INVALID_ARGUMENT, "dsa gpu score: device_ws is NULL");
+  INA_REQUIRE_VERSIONED(p, offsetof(ina_dsa_gpu_score_run_params_t, scores) + sizeof(float *),
+                        "dsa gpu score run params", "INA_DSA_GPU_SCORE_RUN_PARAMS_INIT");
+  /* A graph captured now may replay after a plan with more tokens: every pointer counts. */
+  INA_REQUIRE(p->q && p->weights && p->scores && p->kv_indptr && p->kv_indices && p->cache.keys,
+              INA_ERR_INVALID_ARGUMENT, "dsa gpu score: %s is NULL",
+              !p->q ? "q" : !p->weights ? "weights" : !p->scores ? "scores" : !p->kv_indptr ? "kv_indptr"
+              : !p->kv_indices ? "kv_indices" : "cache.keys");
+  INA_REQUIRE(p->cache.format != INA_DSA_KEY_F32, INA_ERR_UNSUPPORTED,
+              "dsa gpu score: f32 index keys have no GPU kernel (bf16 or FP8)");
+  INA_REQUIRE(p->cache.format == INA_DSA_KEY_BF16 || p->cache.format == INA_DSA_KEY_FP8,
+              INA_ERR_INVALID_ARGUMENT, "dsa gpu score: cache.format %d is not a key format",
+              (int)p->cache.format);
+  fp8 = p->cache.format == INA_DSA_KEY_FP8;
+  INA_REQUIRE(!fp8 || p->cache.scale_stride != 0, INA_ERR_INVALID_ARGUMENT,
+              "dsa gpu score: an FP8 index cache needs scale_stride != 0 (describe it with "
+              "ina_dsa_index_cache_fp8_inline or _fp8_paged, not _dense)");
+  INA_REQUIRE(p->cache.page_size == info->page_size && p->cache.head_dim == info->head_dim,
+              INA_ERR_INVALID_ARGUMENT, "dsa gpu score: cache page_size %d / head_dim %d, planned %d / %d",
+              p->cache.page_size, p->cache.head_dim, info->page_size, info->head_dim);
+  INA_REQUIRE(p->softmax_scale > 0 && isfinite(p->softmax_scale), INA_ERR_INVALID_ARGUMENT,
+              "dsa gpu score: softmax_scale %g is not a positive number", (double)p->softmax_scale);
+  base = (int64_t)(uintptr_t)p->cache.keys;
+  INA_REQUIRE(aligned(base, 4) && aligned(p->cache.page_stride, 4) && aligned(p->cache.token_stride, 4),
+              INA_ERR_UNSUPPORTED,
+              "dsa gpu score: key rows must be 4-byte aligned (keys %% 4 = %lld, page_stride %lld, "
+              "token_stride %lld)", (long long)(base % 4), (long long)p->cache.page_stride,
+              (long long)p->cache.token_stride);
+  INA_REQUIRE(!fp8 || (aligned(p->cache.scale_offset, 4) && aligned(p->cache.scale_stride, 4)),
+              INA_ERR_UNSUPPORTED,
+              "dsa gpu score: FP8 scales must be 4-byte aligned (scale_offset %lld, scale_stride %lld)",
+              (long long)p->cache.scale_offset, (long long)p->cache.scale_stride);
+  INA_REQUIRE(aligned((int64_t)(uintptr_t)p->q, 8), INA_ERR_UNSUPPORTED,
+              "dsa gpu score: q must be 8-byte aligned");
+  a.q = p->q;
+  a.weights = p->weights;
+  a.keys = (const char *)p->cache.keys;
+  a.page_stride = p->cache.page_stride;
+  a.token_stride = p->cache.token_stride;
+  a.scale_offset = p->cache.scale_offset;
+  a.scale_stride = p->cache.scale_stride;
+  a.kv_indptr = p->kv_indptr;
+  a.kv_indices = p->kv_indices;
+  a.header = (const ina_dsa_gpu_ws_header_t *)device_ws;
+  a.rows = (const ina_dsa_gpu_token_row_t *)((const char *)device_ws + sizeof(ina_dsa_gpu_ws_header_t));
+  a.softmax_scale = p->softmax_scale;
+  a.scores = p->scores;
+  a.score_stride = info->score_stride;
+  a.page_size = info->page_size;
+  a.num_heads = info->num_heads;
+  a.head_dim = info->head_dim;
+  a.row_words = fp8 ? fp8_row_words(info->head_dim) : bf16_row_words(info->head_dim);
+  a.copy16 = aligned(base, 16) && aligned(a.page_stride, 16) && aligned(a.token_stride, 16);
+  smem = smem_bytes(a.row_words);
+  grid = dim3((unsigned)info->max_tokens, (unsigned)((info->score_stride + kChunk - 1) / kChunk));
+  if (grid.y == 0) grid.y = 1;
+  INA_CUDA_CHECK(fp8 ? launch_heads<true>(a, grid, smem, (cudaStream_t)stream)
+                     : launch_heads<false>(a, grid, smem, (cudaStream_t)stream));
+fail:
+  return st;
+}
