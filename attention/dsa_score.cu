@@ -97,7 +97,8 @@ __device__ __forceinline__ void e4m3x4_to_bf16x2(uint32_t x, uint32_t &lo, uint3
  * the key rows of the visible positions, and for FP8 their scales. */
 template <bool FP8>
 __device__ __forceinline__ void issue_tile(const Args &a, uint32_t *stage_rows, float *stage_scales,
-                                           int32_t base, int32_t visible, int32_t page_base) {
+                                           int32_t base, int32_t visible, const int32_t *pages,
+                                           int32_t first_page) {
   const int row_bytes = FP8 ? a.head_dim : 2 * a.head_dim;
   const int unit = a.copy16 ? 16 : 4;
   const int units = row_bytes / unit;
@@ -105,8 +106,9 @@ __device__ __forceinline__ void issue_tile(const Args &a, uint32_t *stage_rows, 
     const int r = u / units, c = u - r * units;
     const int32_t pos = base + r;
     if (pos >= visible) continue; /* its row is never used: the epilogue writes -inf */
-    const int64_t page = a.kv_indices[page_base + pos / a.page_size];
-    const char *src = a.keys + page * a.page_stride + (int64_t)(pos % a.page_size) * a.token_stride + c * unit;
+    const int32_t pq = pos / a.page_size, slot = pos - pq * a.page_size;
+    const int64_t page = pages[pq - first_page];
+    const char *src = a.keys + page * a.page_stride + (int64_t)slot * a.token_stride + c * unit;
     const uint32_t dst = ina_ptx::smem_addr(stage_rows + r * a.row_words) + c * unit;
     if (a.copy16)
       ina_ptx::cp_async16(dst, src, 16);
@@ -117,8 +119,9 @@ __device__ __forceinline__ void issue_tile(const Args &a, uint32_t *stage_rows, 
     const int r = threadIdx.x;
     const int32_t pos = base + r;
     if (pos < visible) {
-      const int64_t page = a.kv_indices[page_base + pos / a.page_size];
-      const char *src = a.keys + page * a.page_stride + a.scale_offset + (int64_t)(pos % a.page_size) * a.scale_stride;
+      const int32_t pq = pos / a.page_size, slot = pos - pq * a.page_size;
+      const int64_t page = pages[pq - first_page];
+      const char *src = a.keys + page * a.page_stride + a.scale_offset + (int64_t)slot * a.scale_stride;
       ina_ptx::cp_async4(ina_ptx::smem_addr(stage_scales + r), src, 4);
     }
   }
@@ -143,11 +146,18 @@ __global__ void __launch_bounds__(kThreads, 2) dsa_score_kernel(const Args a) {
 
   uint32_t *rows_smem = smem;
   float *scales_smem = reinterpret_cast<float *>(smem + kStages * kTileRows * a.row_words);
+  /* The chunk's page ids, read once: the copies then find their page in shared memory
+   * instead of waiting on a global load each. */
+  __shared__ int32_t pages[kChunk + 1];
   const int32_t page_base = a.kv_indptr[row.request];
+  const int32_t first_page = begin / a.page_size, last_page = (live_end - 1) / a.page_size;
+  for (int32_t i = threadIdx.x; i <= last_page - first_page; i += kThreads)
+    pages[i] = a.kv_indices[page_base + first_page + i];
+  __syncthreads();
   for (int st = 0; st < kStages - 1; st++) {
     if (st < num_tiles)
       issue_tile<FP8>(a, rows_smem + st * kTileRows * a.row_words, scales_smem + st * kTileRows,
-                      begin + st * kTileRows, visible, page_base);
+                      begin + st * kTileRows, visible, pages, first_page);
     ina_ptx::cp_async_commit();
   }
 
@@ -183,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 2) dsa_score_kernel(const Args a) {
       if (next < num_tiles) {
         const int st = next % kStages;
         issue_tile<FP8>(a, rows_smem + st * kTileRows * a.row_words, scales_smem + st * kTileRows,
-                        begin + next * kTileRows, visible, page_base);
+                        begin + next * kTileRows, visible, pages, first_page);
       }
       ina_ptx::cp_async_commit();
     }
