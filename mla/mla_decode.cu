@@ -34,7 +34,8 @@ constexpr int kSmemBytes = kStages * kTileBytes + kPartialBytes;
  * group once the list is done, so group counting stays uniform) and advances. Eight
  * threads share a position: each warp instruction moves 128 contiguous bytes of 4
  * positions. */
-__device__ __forceinline__ void issue_block(const Args &a, Cursor &cur, char *stage) {
+template <bool kSparse>
+__device__ __forceinline__ void issue_block(const Args &a, Cursor<kSparse> &cur, char *stage) {
   if (cur.valid()) {
     const int sub = threadIdx.x & 7;
     const ina_mla_cache_t &c = a.cache;
@@ -47,7 +48,7 @@ __device__ __forceinline__ void issue_block(const Args &a, Cursor &cur, char *st
         rope = cur.entry(a, c.rope, c.rope_page_stride, c.rope_token_stride, pass);
       }
       const int bytes = ok ? 16 : 0;
-      const uint32_t dst = smem_addr(stage + Cursor::token(pass) * kRowBytes);
+      const uint32_t dst = smem_addr(stage + Cursor<kSparse>::token(pass) * kRowBytes);
       /* 72 chunks: 64 latent, 8 rope */
 #pragma unroll
       for (int i = 0; i < 9; i++) {
@@ -142,6 +143,7 @@ struct OutLayout {
   __device__ static float value(const ItemState &st, int i, int h, int e) { return st.o[i][2 * h + e]; }
 };
 
+template <bool kSparse>
 __global__ void __launch_bounds__(kThreads, INA_MLA_CTAS_PER_SM) mla_fast_kernel(const Args a) {
   allow_dependent_launch(); /* the combine pass may be scheduled behind this grid */
   extern __shared__ __align__(128) char smem[];
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, INA_MLA_CTAS_PER_SM) mla_fast_kernel
   const int it_begin = a.cta_indptr[blockIdx.x], it_end = a.cta_indptr[blockIdx.x + 1];
   if (it_begin >= it_end) return;
 
-  Cursor cur;
+  Cursor<kSparse> cur;
   cur.begin(a, it_begin, it_end);
 #pragma unroll
   for (int s = 0; s < kStages; s++) issue_block(a, cur, smem + s * kTileBytes);
@@ -179,9 +181,10 @@ __global__ void __launch_bounds__(kThreads, INA_MLA_CTAS_PER_SM) mla_fast_kernel
 
 cudaError_t launch_fast(const Args &a, bool fp8, int num_ctas, cudaStream_t stream) {
   if (fp8) return launch_fast_fp8(a, num_ctas, stream);
-  cudaError_t e = cudaFuncSetAttribute(mla_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  void (*kernel)(const Args) = a.sel ? mla_fast_kernel<true> : mla_fast_kernel<false>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
-  mla_fast_kernel<<<num_ctas, kThreads, kSmemBytes, stream>>>(a);
+  kernel<<<num_ctas, kThreads, kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }
 

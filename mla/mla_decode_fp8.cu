@@ -59,13 +59,14 @@ __device__ __forceinline__ int swizzle(int pos) {
   return 2 * ((((r >> 1) & 1) << 1) | ((r ^ (r >> 2)) & 1));
 }
 
-__device__ __forceinline__ void issue_block(const Args &a, Cursor &cur, char *stage) {
+template <bool kSparse>
+__device__ __forceinline__ void issue_block(const Args &a, Cursor<kSparse> &cur, char *stage) {
   if (cur.valid()) {
     const int sub = threadIdx.x & 7;
     const ina_mla_cache_t &c = a.cache;
 #pragma unroll
     for (int pass = 0; pass < kPasses; pass++) {
-      const int tok = Cursor::token(pass);
+      const int tok = Cursor<kSparse>::token(pass);
       const bool ok = cur.page[pass] >= 0;
       const char *lat = static_cast<const char *>(c.latent), *rope = lat, *scale = lat;
       if (ok) {
@@ -230,6 +231,7 @@ struct OutLayout {
   }
 };
 
+template <bool kSparse>
 __global__ void __launch_bounds__(kThreads, INA_MLA_CTAS_PER_SM) mla_fast_fp8_kernel(const Args a) {
   allow_dependent_launch(); /* the combine pass may be scheduled behind this grid */
   extern __shared__ __align__(128) char smem[];
@@ -238,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, INA_MLA_CTAS_PER_SM) mla_fast_fp8_ke
   const int it_begin = a.cta_indptr[blockIdx.x], it_end = a.cta_indptr[blockIdx.x + 1];
   if (it_begin >= it_end) return;
 
-  Cursor cur;
+  Cursor<kSparse> cur;
   cur.begin(a, it_begin, it_end);
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) issue_block(a, cur, smem + s * kStageBytes);
@@ -266,9 +268,10 @@ __global__ void __launch_bounds__(kThreads, INA_MLA_CTAS_PER_SM) mla_fast_fp8_ke
 }  // namespace
 
 cudaError_t launch_fast_fp8(const Args &a, int num_ctas, cudaStream_t stream) {
-  cudaError_t e = cudaFuncSetAttribute(mla_fast_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  void (*kernel)(const Args) = a.sel ? mla_fast_fp8_kernel<true> : mla_fast_fp8_kernel<false>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
-  mla_fast_fp8_kernel<<<num_ctas, kThreads, kSmemBytes, stream>>>(a);
+  kernel<<<num_ctas, kThreads, kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }
 

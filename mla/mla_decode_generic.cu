@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) mla_generic_kernel(const Args a) {
   for (int it = a.cta_indptr[blockIdx.x]; it < it_end; it++) {
     const ina_mla_sched_item_t item = a.items[it];
     const ina_mla_sched_request_t req = a.requests[item.request];
-    const int page_base = request_pages(a, item.request);
+    const int page_base = a.sel ? request_pages<true>(a, item.request) : request_pages<false>(a, item.request);
     for (int i = tid; i < INA_MLA_TILE_ROWS * D; i += kThreads) {
       const int r = i / D, d = i % D;
       const Row row = tile_row(req, item.tile, r, H);
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) mla_generic_kernel(const Args a) {
       __syncthreads(); /* the previous block (or item) is done with kv, q and o */
       if (tid < kBlock) {
         const bool ok = blk + tid < item.kv_end;
-        const int t = ok ? kv_position(a, item.request, blk + tid) : 0;
+        const int t = !ok ? 0 : a.sel ? kv_position<true>(a, item.request, blk + tid) : blk + tid;
         lat_ptr[tid] = ok ? cache_entry(a, c.latent, c.latent_page_stride, c.latent_token_stride, page_base, t)
                           : nullptr;
         rope_ptr[tid] = ok && R > 0 ? cache_entry(a, c.rope, c.rope_page_stride, c.rope_token_stride, page_base, t)

@@ -144,12 +144,13 @@ struct Smem {
 /* The next KV block to load: walks the CTA's groups in the order they are computed. The
  * page ids of this thread's 4 positions are fetched one block ahead, so issuing the
  * copies never waits on the page table. */
+template <bool kSparse>
 struct KvLoader {
   int it, it_end;
   Group g;
   int start, page_base;
   int page[4];
-  int pos[4]; /* cache positions of this thread's 4 (kv_position) */
+  int pos[4]; /* sparse plans: cache positions of this thread's 4 (kv_position) */
 
   __device__ bool valid() const { return it < it_end; }
   __device__ void fetch_pages(const Args &a, int ltid) {
@@ -157,15 +158,16 @@ struct KvLoader {
     for (int pass = 0; pass < 4; pass++) {
       const int t = start + pass * 16 + (ltid >> 3);
       const bool in = valid() && t < g.kv_end;
-      pos[pass] = in ? kv_position(a, g.request, t) : 0;
-      page[pass] = in ? __ldg(a.kv_indices + page_base + page_index(a, pos[pass])) : -1;
+      const int p = in ? kv_position<kSparse>(a, g.request, t) : 0;
+      if (kSparse) pos[pass] = p;
+      page[pass] = in ? __ldg(a.kv_indices + page_base + page_index(a, p)) : -1;
     }
   }
   __device__ void begin_group(const Args &a, int ltid) {
     if (valid()) {
       g = load_group(a, it);
       start = g.kv_begin;
-      page_base = request_pages(a, g.request);
+      page_base = request_pages<kSparse>(a, g.request);
     }
     fetch_pages(a, ltid);
   }
@@ -183,7 +185,8 @@ struct KvLoader {
 /* Copies the loader's block into a stage (positions past the chunk read as zeros) and
  * signals the stage's mbarrier when this thread's copies have landed. Eight threads share
  * a position: each warp instruction moves 128 contiguous bytes of 4 positions. */
-__device__ __forceinline__ void issue_block(const Args &a, KvLoader &ld, uint32_t stage, uint32_t bar,
+template <bool kSparse>
+__device__ __forceinline__ void issue_block(const Args &a, KvLoader<kSparse> &ld, uint32_t stage, uint32_t bar,
                                             int ltid) {
   const int sub = ltid & 7;
   const ina_mla_cache_t &c = a.cache;
@@ -194,7 +197,7 @@ __device__ __forceinline__ void issue_block(const Args &a, KvLoader &ld, uint32_
     const bool ok = page >= 0;
     const char *lat = static_cast<const char *>(c.latent), *rope = lat;
     if (ok) {
-      const int64_t slot = page_slot(a, ld.pos[pass]);
+      const int64_t slot = page_slot(a, kSparse ? ld.pos[pass] : ld.start + tok);
       lat += page * c.latent_page_stride + slot * c.latent_token_stride;
       rope = static_cast<const char *>(c.rope) + page * c.rope_page_stride + slot * c.rope_token_stride;
     }
@@ -416,9 +419,10 @@ __device__ __forceinline__ void run_scores(const Args &a, const Smem &sm, int it
 
 /* ---- WG1: loads, right half of P V --------------------------------------------------- */
 
+template <bool kSparse>
 __device__ __forceinline__ void run_values(const Args &a, const Smem &sm, int it, int it_end, int total) {
   const int ltid = threadIdx.x - kWgThreads, lane = threadIdx.x & 31, w = ltid >> 5, gq = lane >> 2;
-  KvLoader ld;
+  KvLoader<kSparse> ld;
   ld.it = it;
   ld.it_end = it_end;
   ld.begin_group(a, ltid);
@@ -483,6 +487,7 @@ __device__ __forceinline__ void run_values(const Args &a, const Smem &sm, int it
 
 #endif  // INA_MLA_WGMMA_CODE
 
+template <bool kSparse>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const Args a, int num_lists) {
 #if defined(__CUDA_ARCH__) && INA_MLA_WGMMA_CODE
   allow_dependent_launch(); /* the combine pass may be scheduled behind this grid */
@@ -507,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const Args a, in
   }
   __syncthreads();
   if (threadIdx.x < kWgThreads) run_scores(a, sm, it_begin, it_end, total);
-  else run_values(a, sm, it_begin, it_end, total);
+  else run_values<kSparse>(a, sm, it_begin, it_end, total);
 #else
   __trap(); /* launched only on sm_90 devices, which run the sm_90a code above */
 #endif
@@ -524,10 +529,11 @@ bool wgmma_supported() {
 }
 
 cudaError_t launch_wgmma(const Args &a, int num_ctas, cudaStream_t stream) {
-  cudaError_t e = cudaFuncSetAttribute(mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  void (*kernel)(const Args, int) = a.sel ? mla_wgmma_kernel<true> : mla_wgmma_kernel<false>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
   const int grid = (num_ctas + kListsPerCta - 1) / kListsPerCta;
-  mla_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream>>>(a, num_ctas);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a, num_ctas);
   return cudaGetLastError();
 }
 

@@ -91,15 +91,19 @@ __device__ __forceinline__ int page_slot(const Args &a, int t) {
   return a.page_shift >= 0 ? t & (a.cache.page_size - 1) : t % a.cache.page_size;
 }
 
-/* Where the page list of schedule request `request` starts in kv_indices. */
+/* Where the page list of schedule request `request` starts in kv_indices. kSparse: the
+ * plan is sparse (a.sel is set); the fast kernels are instantiated for each case, so the
+ * dense ones carry none of the sparse path's work. */
+template <bool kSparse>
 __device__ __forceinline__ int request_pages(const Args &a, int request) {
-  return __ldg(a.kv_indptr + (a.sel ? __ldg(a.token_request + request) : request));
+  return __ldg(a.kv_indptr + (kSparse ? __ldg(a.token_request + request) : request));
 }
 
 /* The cache position that KV position t of schedule request `request` reads: t itself,
  * or in a sparse plan the t-th selected position of that query token. */
+template <bool kSparse>
 __device__ __forceinline__ int kv_position(const Args &a, int request, int t) {
-  return a.sel ? __ldg(a.sel + (int64_t)request * a.sel_stride + t) : t;
+  return kSparse ? __ldg(a.sel + (int64_t)request * a.sel_stride + t) : t;
 }
 
 /* Byte address of part `base` (latent, rope or scale) of cache position t of a request
@@ -127,6 +131,7 @@ using ina_cuda::warp_max;
 using ina_cuda::warp_sum;
 
 /* Launchers: enqueue on `stream`, report launch errors. */
+/* The fast and wgmma kernels read a.sel (sparse plans) in instantiations of their own. */
 cudaError_t launch_fast(const Args &a, bool fp8, int num_ctas, cudaStream_t stream);
 cudaError_t launch_fast_fp8(const Args &a, int num_ctas, cudaStream_t stream); /* mla_decode_fp8.cu */
 cudaError_t launch_generic(const Args &a, int num_ctas, cudaStream_t stream);

@@ -77,13 +77,14 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
  * threads share a position. */
 constexpr int kPasses = kBlock / (kThreads / 8); /* positions per thread and block */
 
+template <bool kSparse>
 struct Cursor {
   int item, item_end; /* index into the schedule's items; end of this CTA's list */
   int start, kv_end;  /* the block's first position; the item's chunk end */
   int request;        /* the item's schedule request */
   int page_base;      /* where its page list starts (request_pages) */
   int page[kPasses];  /* page id of this thread's positions, -1 past the chunk end */
-  int pos[kPasses];   /* their cache positions (kv_position) */
+  int pos[kPasses];   /* sparse plans: their cache positions (kv_position) */
 
   __device__ bool valid() const { return item < item_end; }
   /* At the first block of the CTA's items [it_begin, it_end). */
@@ -99,8 +100,9 @@ struct Cursor {
     for (int pass = 0; pass < kPasses; pass++) {
       const int t = start + token(pass);
       const bool in = valid() && t < kv_end;
-      pos[pass] = in ? kv_position(a, request, t) : 0;
-      page[pass] = in ? __ldg(a.kv_indices + page_base + page_index(a, pos[pass])) : -1;
+      const int p = in ? kv_position<kSparse>(a, request, t) : 0;
+      if (kSparse) pos[pass] = p;
+      page[pass] = in ? __ldg(a.kv_indices + page_base + page_index(a, p)) : -1;
     }
   }
   __device__ void load_item(const Args &a) {
@@ -109,7 +111,7 @@ struct Cursor {
       start = it.kv_begin;
       kv_end = it.kv_end;
       request = it.request;
-      page_base = request_pages(a, request);
+      page_base = request_pages<kSparse>(a, request);
     }
     fetch_pages(a);
   }
@@ -125,7 +127,7 @@ struct Cursor {
   /* Byte address of part `base` of this thread's position in pass `pass` (page >= 0). */
   __device__ const char *entry(const Args &a, const void *base, int64_t page_stride, int64_t token_stride,
                                int pass) const {
-    const int64_t slot = page_slot(a, pos[pass]);
+    const int64_t slot = page_slot(a, kSparse ? pos[pass] : start + token(pass));
     return static_cast<const char *>(base) + page[pass] * page_stride + slot * token_stride;
   }
 };
