@@ -357,8 +357,10 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   INA_CHECK(start_server(agent, options));
   if (options->struct_size >= offsetof(ina_agent_options_t, chat_format) + sizeof(const char *) &&
       options->http_listen && options->http_listen[0]) {
+    const int has_tokenizer = options->struct_size >= offsetof(ina_agent_options_t, tokenizer) + sizeof(const char *);
     const agent_http_options_t ho = {options->http_listen, options->api_key, options->served_model_name,
-                                     options->chat_format, options->tls_cert_file, options->tls_key_file};
+                                     options->chat_format, options->tls_cert_file, options->tls_key_file,
+                                     has_tokenizer ? options->tokenizer : NULL};
     INA_CHECK(agent_http_start(agent, &ho, &agent->http));
   }
   INA_CHECK(agent_liveness_start(agent));

@@ -152,13 +152,18 @@ typedef struct ina_agent_options {
   const char *role;
   const char *prefill_agent;
   int64_t kv_transfer_timeout_ms;
+  /* Version 11. The HTTP API's tokenizer: a directory with tokenizer.json (and
+   * tokenizer_config.json), used instead of the model's own (NULL or "": a checkpoint's,
+   * or a built-in model's). It must cover the model's vocabulary; one that cannot be
+   * loaded, or is smaller, fails ina_agent_create. */
+  const char *tokenizer;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 10, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+  {sizeof(ina_agent_options_t), 11, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
    0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,       \
    NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0, 1024, NULL, 3.0, 0, 1, NULL, NULL, NULL, NULL, NULL,  \
-   NULL, 0}
+   NULL, 0, NULL}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 

@@ -128,6 +128,7 @@ typedef struct agent_http_options {
   const char *served_name;   /* the model's name in requests and /v1/models; NULL: --model */
   const char *chat_format;   /* NULL: recognized from the checkpoint's chat template */
   const char *tls_cert_file, *tls_key_file; /* both NULL: plain HTTP */
+  const char *tokenizer;     /* a tokenizer directory instead of the model's; NULL: the model's */
 } agent_http_options_t;
 /* Loads the model's tokenizer (a checkpoint's tokenizer.json, or a built-in model's own;
  * without one the text endpoints answer 400 saying why) and starts serving. A failure

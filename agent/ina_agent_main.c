@@ -44,6 +44,10 @@ static void usage(FILE *f) {
           "                       (default: --model)\n"
           "  --chat-format NAME   the chat format of /v1/chat/completions (default: recognized\n"
           "                       from the checkpoint's chat template)\n"
+          "  --tokenizer DIR      the HTTP API's tokenizer: DIR/tokenizer.json (and\n"
+          "                       tokenizer_config.json) instead of the model's own; it must\n"
+          "                       cover the model's vocabulary (default: the checkpoint's, or\n"
+          "                       a built-in model's)\n"
           "  --role R             both (default): serves Generate by itself; prefill: runs\n"
           "                       prompts for decode agents (ina.v1.KvTransfer/Prefill) and\n"
           "                       refuses Generate; decode: serves Generate, its prompts run\n"
@@ -372,7 +376,7 @@ int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
          O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_OPEN_ADMIN, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP,
          O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT, O_EXCHANGE, O_TBO, O_HTTP, O_API_KEY_FILE, O_SERVED,
-         O_CHAT_FORMAT, O_ROLE, O_PREFILL_AGENT, O_KV_TIMEOUT, O_PREFIX_PAGES };
+         O_CHAT_FORMAT, O_ROLE, O_PREFILL_AGENT, O_KV_TIMEOUT, O_PREFIX_PAGES, O_TOKENIZER };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -393,6 +397,7 @@ int main(int argc, char **argv) {
       {"role", required_argument, 0, O_ROLE},         {"prefill-agent", required_argument, 0, O_PREFILL_AGENT},
       {"kv-transfer-timeout-ms", required_argument, 0, O_KV_TIMEOUT},
       {"prefix-cache-pages", required_argument, 0, O_PREFIX_PAGES},
+      {"tokenizer", required_argument, 0, O_TOKENIZER},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512], api_key[512];
@@ -448,6 +453,7 @@ int main(int argc, char **argv) {
       break;
     case O_SERVED: o.served_model_name = optarg; break;
     case O_CHAT_FORMAT: o.chat_format = optarg; break;
+    case O_TOKENIZER: o.tokenizer = optarg; break;
     case O_ROLE:
       if (strcmp(optarg, "both") && strcmp(optarg, "prefill") && strcmp(optarg, "decode")) {
         fprintf(stderr, "ina-agent: --role '%s': expected both, prefill or decode\n", optarg);

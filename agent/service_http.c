@@ -909,7 +909,15 @@ ina_status_t agent_http_start(ina_agent_t *agent, const agent_http_options_t *o,
     h->api_key = strdup(o->api_key);
     INA_CHECK_ALLOC(h->api_key);
   }
-  {
+  if (o->tokenizer && o->tokenizer[0]) {
+    /* One the operator named: it must load and cover every id the model can produce. */
+    const int32_t vocab = ina_model_config(agent->model)->vocab_size;
+    INA_CHECK(ina_tokenizer_load_dir(o->tokenizer, &h->tokenizer));
+    INA_REQUIRE(ina_tokenizer_vocab_size(h->tokenizer) >= vocab, INA_ERR_INVALID_ARGUMENT,
+                "--tokenizer %s: %d ids, fewer than the model's vocabulary of %d", o->tokenizer,
+                ina_tokenizer_vocab_size(h->tokenizer), vocab);
+    INA_LOG_I(INA_LOG_SUBSYS, "tokenizer %s (%d ids)", o->tokenizer, ina_tokenizer_vocab_size(h->tokenizer));
+  } else {
     /* A checkpoint's own tokenizer, or the built-in one of a built-in model. */
     const ina_status_t ts = ina_model_from_checkpoint(agent->model) ? ina_tokenizer_load_dir(agent->model_name, &h->tokenizer)
                                                                      : ina_tokenizer_builtin(agent->model_name, &h->tokenizer);

@@ -175,6 +175,56 @@ def check_unknown_template(agent, ina, c):
         stop_agent(proc, c, "the template agent")
 
 
+def check_tokenizer_option(agent, c):
+    """--tokenizer DIR: the built-in tokenizer's files in a directory serve the same text as
+    the built-in itself; a directory without tokenizer.json, or a tokenizer with fewer ids
+    than the model's vocabulary, stops the agent at start with a message that says so."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    tok_dir = os.path.join(here, "..", "..", "..", "tokenizer")
+    work = tempfile.mkdtemp(prefix="ina_openai_tok_")
+    good = os.path.join(work, "good")
+    os.makedirs(good)
+    with open(os.path.join(tok_dir, "builtin_tiny.json")) as f:
+        tok = json.load(f)
+    with open(os.path.join(good, "tokenizer.json"), "w") as g:
+        json.dump(tok, g)
+    with open(os.path.join(tok_dir, "builtin_tiny_config.json")) as f, \
+            open(os.path.join(good, "tokenizer_config.json"), "w") as g:
+        g.write(f.read())
+    request = {"model": "tiny", "prompt": "The paged cache", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    texts = []
+    for extra in ([], ["--tokenizer", good]):
+        proc, log, port, _ = start_agent(agent, work, extra)
+        try:
+            status, body = raw(port, "POST", "/v1/completions", request)
+            c.equal(status, 200, f"--tokenizer ({extra}): status")
+            texts.append(body["choices"][0]["text"] if status == 200 else None)
+        finally:
+            stop_agent(proc, c, f"the agent with {extra}")
+    c.check(texts[0] is not None and texts[0] == texts[1],
+            f"--tokenizer with the built-in's files: the same text ({texts})")
+
+    small = os.path.join(work, "small")
+    os.makedirs(small)
+    keep = 1000  # tiny's vocabulary has 1024 ids
+    vocab = {t: i for t, i in tok["model"]["vocab"].items() if i < keep}
+    tok["model"]["vocab"] = vocab
+    tok["model"]["merges"] = [m for m in tok["model"]["merges"]
+                              if ("".join(m) if isinstance(m, list) else m.replace(" ", "")) in vocab]
+    tok["added_tokens"] = [a for a in tok.get("added_tokens", []) if a["id"] < keep]
+    with open(os.path.join(small, "tokenizer.json"), "w") as g:
+        json.dump(tok, g)
+    for path, want in ((os.path.join(work, "missing"), "tokenizer.json"), (small, "fewer than the model's vocabulary")):
+        log_path = os.path.join(work, "refused.log")
+        with open(log_path, "w") as log:
+            rc = subprocess.run([agent, "--model", "tiny", "--device", "cpu", "--http-listen", "127.0.0.1:0",
+                                 "--tokenizer", path], stdout=log, stderr=subprocess.STDOUT, timeout=60).returncode
+        with open(log_path) as f:
+            text = f.read()
+        c.check(rc != 0 and want in text and path in text,
+                f"--tokenizer {os.path.basename(path)}: refused at start, naming it (exit {rc}: {text[-300:]!r})")
+
+
 def check_queue_full(agent, c):
     """An agent that admits one request and queues one more answers 429 beyond that."""
     work = tempfile.mkdtemp(prefix="ina_openai_queue_")
@@ -448,6 +498,7 @@ def main():
     check_queue_full(args.agent, c)
     check_tls(args.agent, c)
     check_unknown_template(args.agent, args.ina, c)
+    check_tokenizer_option(args.agent, c)
     print(f"test_agent_openai: {c.passed} checks passed, {len(c.failed)} failed")
     return 1 if c.failed else 0
 
