@@ -16,10 +16,11 @@
 #   JSON_DIR       keep serving_bench's --json results there as cC.json (default: not kept)
 # Extra serving_bench.py options go in SERVING_BENCH_ARGS (e.g. "--request-rate 20").
 # SERVING_MODEL and SERVING_DEVICE replace the agent's --model tiny and --device cpu (e.g.
-# random:v2-lite and cuda on a GPU machine).
+# random:v2-lite and cuda on a GPU machine); SERVING_TOKENIZER gives the agent --tokenizer
+# (a built-in without a tokenizer of its own: bench/filler_tokenizer.py writes one).
 set -u
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 build=${1:-build} threads=${2:-$(nproc)} prompts=${3:-64} concs=${4:-1 4 16} json_dir=${5:-}
@@ -37,7 +38,7 @@ echo "serving-bench-key-$$-$RANDOM" >"$tmp/key"
 
 model=${SERVING_MODEL:-tiny}
 "$agent" --model "$model" --device "${SERVING_DEVICE:-cpu}" --threads "$threads" --http-listen 127.0.0.1:0 \
-  --served-model-name "$model" --api-key-file "$tmp/key" \
+  --served-model-name "$model" --api-key-file "$tmp/key" ${SERVING_TOKENIZER:+--tokenizer "$SERVING_TOKENIZER"} \
   >"$tmp/agent.log" 2>&1 &
 pid=$!
 port=
