@@ -30,6 +30,7 @@
 #include "attention/dsa_gpu.h"
 #include "bench/bench_util.h"
 #include "core/check.h"
+#include "core/cuda_check.h"
 #include "core/dtype.h"
 #include "core/log.h"
 #include "core/threadpool.h"
@@ -43,18 +44,6 @@
 #define MAX_SETS 8
 #define CHECK_REQUESTS 2
 #define GRAPH_CALLS 20
-
-#define CUDA_OK(call)                                                                      \
-  do {                                                                                     \
-    cudaError_t cuda_e_ = (call);                                                          \
-    if (cuda_e_ != cudaSuccess) {                                                          \
-      (void)cudaGetLastError();                                                            \
-      st = INA_ERR_CUDA;                                                                   \
-      ina_error(INA_LOG_SUBSYS, "%s failed: %s at %s:%d", #call, cudaGetErrorString(cuda_e_), \
-                __FILE__, __LINE__);                                                       \
-      goto fail;                                                                           \
-    }                                                                                      \
-  } while (0)
 
 typedef enum { LAYOUT_FP8_PAGED, LAYOUT_FP8_INLINE, LAYOUT_BF16 } layout_t;
 static const char *layout_names[] = {"fp8-paged", "fp8-inline", "bf16"};
@@ -114,7 +103,7 @@ static ina_status_t fill_pool(layout_t l, char *pool, int64_t pages, uint64_t *r
     }
   for (int64_t p = 0; p < pages; p += block_pages) {
     const int64_t n = pages - p < block_pages ? pages - p : block_pages;
-    CUDA_OK(cudaMemcpy(pool + p * page_bytes, block, (size_t)(n * page_bytes), cudaMemcpyHostToDevice));
+    INA_CUDA_CHECK(cudaMemcpy(pool + p * page_bytes, block, (size_t)(n * page_bytes), cudaMemcpyHostToDevice));
   }
 fail:
   free(block);
@@ -143,15 +132,15 @@ static ina_status_t check_shape(const char *name, layout_t l, int32_t kv_len, co
     const int32_t b = r == 0 ? 0 : BATCH - 1;
     for (int32_t p = 0; p < pages; p++) {
       const int32_t page = kv_indices[(int64_t)b * pages + p];
-      CUDA_OK(cudaMemcpy(cache + ((int64_t)r * pages + p) * page_bytes, pool_dev + (int64_t)page * page_bytes,
+      INA_CUDA_CHECK(cudaMemcpy(cache + ((int64_t)r * pages + p) * page_bytes, pool_dev + (int64_t)page * page_bytes,
                          (size_t)page_bytes, cudaMemcpyDeviceToHost));
       indices[r * pages + p] = r * pages + p;
     }
-    CUDA_OK(cudaMemcpy(q16 + r * HEADS * DIM, q_dev + (int64_t)b * HEADS * DIM, 2 * HEADS * DIM, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(w + r * HEADS, w_dev + (int64_t)b * HEADS, 4 * HEADS, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(got + (int64_t)r * kv_len, scores_dev + (int64_t)b * kv_len, 4 * (size_t)kv_len,
+    INA_CUDA_CHECK(cudaMemcpy(q16 + r * HEADS * DIM, q_dev + (int64_t)b * HEADS * DIM, 2 * HEADS * DIM, cudaMemcpyDeviceToHost));
+    INA_CUDA_CHECK(cudaMemcpy(w + r * HEADS, w_dev + (int64_t)b * HEADS, 4 * HEADS, cudaMemcpyDeviceToHost));
+    INA_CUDA_CHECK(cudaMemcpy(got + (int64_t)r * kv_len, scores_dev + (int64_t)b * kv_len, 4 * (size_t)kv_len,
                        cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(gi + r * TOPK, idx_dev + (int64_t)b * TOPK, 4 * TOPK, cudaMemcpyDeviceToHost));
+    INA_CUDA_CHECK(cudaMemcpy(gi + r * TOPK, idx_dev + (int64_t)b * TOPK, 4 * TOPK, cudaMemcpyDeviceToHost));
     qo[r] = r;
     kvl[r] = kv_len;
     indptr[r] = r * pages;
@@ -244,26 +233,26 @@ static ina_status_t bench_shape(const shape_t *sh, int do_check, double ceiling,
   cudaStream_t stream = NULL;
   bench_ctx_t c;
   memset(&c, 0, sizeof c);
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CUDA_OK(cudaMalloc((void **)&pool, (size_t)(pool_pages * page_bytes)));
-  CUDA_OK(cudaMalloc((void **)&q, 2 * (size_t)BATCH * HEADS * DIM));
-  CUDA_OK(cudaMalloc((void **)&w, 4 * (size_t)BATCH * HEADS));
-  CUDA_OK(cudaMalloc((void **)&scores, 4 * (size_t)BATCH * kv));
-  CUDA_OK(cudaMalloc((void **)&idx, 4 * (size_t)BATCH * TOPK));
-  CUDA_OK(cudaMalloc((void **)&indptr_dev, 4 * (BATCH + 1)));
+  INA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  INA_CUDA_CHECK(cudaMalloc((void **)&pool, (size_t)(pool_pages * page_bytes)));
+  INA_CUDA_CHECK(cudaMalloc((void **)&q, 2 * (size_t)BATCH * HEADS * DIM));
+  INA_CUDA_CHECK(cudaMalloc((void **)&w, 4 * (size_t)BATCH * HEADS));
+  INA_CUDA_CHECK(cudaMalloc((void **)&scores, 4 * (size_t)BATCH * kv));
+  INA_CUDA_CHECK(cudaMalloc((void **)&idx, 4 * (size_t)BATCH * TOPK));
+  INA_CUDA_CHECK(cudaMalloc((void **)&indptr_dev, 4 * (BATCH + 1)));
   INA_CHECK(fill_pool(sh->layout, pool, pool_pages, rng));
   INA_CHECK(ina_bench_fill_random_bf16(q, (size_t)BATCH * HEADS * DIM, ina_bench_splitmix64(rng), 1.0f));
   hw = malloc(sizeof(float) * BATCH * HEADS);
   INA_CHECK_ALLOC(hw);
   for (int i = 0; i < BATCH * HEADS; i++)
     hw[i] = (float)(((double)(ina_bench_splitmix64(rng) >> 11) / 9007199254740992.0 * 2.0 - 1.0) / 8.0);
-  CUDA_OK(cudaMemcpy(w, hw, 4 * (size_t)BATCH * HEADS, cudaMemcpyHostToDevice));
+  INA_CUDA_CHECK(cudaMemcpy(w, hw, 4 * (size_t)BATCH * HEADS, cudaMemcpyHostToDevice));
   for (int b = 0; b <= BATCH; b++) {
     qo[b] = b;
     indptr[b] = b * pages_per_req;
     if (b < BATCH) kvl[b] = kv;
   }
-  CUDA_OK(cudaMemcpy(indptr_dev, indptr, sizeof indptr, cudaMemcpyHostToDevice));
+  INA_CUDA_CHECK(cudaMemcpy(indptr_dev, indptr, sizeof indptr, cudaMemcpyHostToDevice));
   /* Set i's pages: a shuffled stretch i of the pool. */
   indices = malloc(sizeof(int32_t) * (size_t)BATCH * pages_per_req);
   INA_CHECK_ALLOC(indices);
@@ -276,8 +265,8 @@ static ina_status_t bench_shape(const shape_t *sh, int do_check, double ceiling,
       indices[j] = indices[k];
       indices[k] = t;
     }
-    CUDA_OK(cudaMalloc((void **)&indices_dev[i], 4 * (size_t)n));
-    CUDA_OK(cudaMemcpy(indices_dev[i], indices, 4 * (size_t)n, cudaMemcpyHostToDevice));
+    INA_CUDA_CHECK(cudaMalloc((void **)&indices_dev[i], 4 * (size_t)n));
+    INA_CUDA_CHECK(cudaMemcpy(indices_dev[i], indices, 4 * (size_t)n, cudaMemcpyHostToDevice));
     if (i == 0) break; /* keep set 0's table on the host for the check below */
   }
   for (int i = 1; i < sets; i++) {
@@ -285,8 +274,8 @@ static ina_status_t bench_shape(const shape_t *sh, int do_check, double ceiling,
     int32_t *tmp = malloc(sizeof(int32_t) * (size_t)n);
     INA_CHECK_ALLOC(tmp);
     for (int64_t j = 0; j < n; j++) tmp[j] = indices[j] + (int32_t)(i * n);
-    CUDA_OK(cudaMalloc((void **)&indices_dev[i], 4 * (size_t)n));
-    CUDA_OK(cudaMemcpy(indices_dev[i], tmp, 4 * (size_t)n, cudaMemcpyHostToDevice));
+    INA_CUDA_CHECK(cudaMalloc((void **)&indices_dev[i], 4 * (size_t)n));
+    INA_CUDA_CHECK(cudaMemcpy(indices_dev[i], tmp, 4 * (size_t)n, cudaMemcpyHostToDevice));
     free(tmp);
   }
   ina_dsa_gpu_plan_params_t pp = INA_DSA_GPU_PLAN_PARAMS_INIT;
@@ -301,8 +290,8 @@ static ina_status_t bench_shape(const shape_t *sh, int do_check, double ceiling,
   pp.topk = TOPK;
   size_t hb = 0, db = 0;
   INA_CHECK(ina_dsa_gpu_workspace_size(&pp, &hb, &db));
-  CUDA_OK(cudaHostAlloc(&host_ws, hb, cudaHostAllocDefault));
-  CUDA_OK(cudaMalloc(&ws, db));
+  INA_CUDA_CHECK(cudaHostAlloc(&host_ws, hb, cudaHostAllocDefault));
+  INA_CUDA_CHECK(cudaMalloc(&ws, db));
   INA_CHECK(ina_dsa_gpu_plan(&pp, host_ws, ws, stream, &c.info));
   c.ws = ws;
   c.sets = sets;
@@ -322,11 +311,11 @@ static ina_status_t bench_shape(const shape_t *sh, int do_check, double ceiling,
   kp.indices = idx;
   c.topk = kp;
   /* First run into poisoned outputs, then the check. */
-  CUDA_OK(cudaMemset(scores, 0xFF, 4 * (size_t)BATCH * kv));
-  CUDA_OK(cudaMemset(idx, 0x7F, 4 * (size_t)BATCH * TOPK));
+  INA_CUDA_CHECK(cudaMemset(scores, 0xFF, 4 * (size_t)BATCH * kv));
+  INA_CUDA_CHECK(cudaMemset(idx, 0x7F, 4 * (size_t)BATCH * TOPK));
   c.mode = 2;
   INA_CHECK(enqueue(&c, 0, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
+  INA_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (do_check) {
     const int failed_before = ina_bench_checks_failed();
     INA_CHECK(check_shape(name, sh->layout, kv, pool, indices, q, w, scores, idx, tp));

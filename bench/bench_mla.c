@@ -30,6 +30,7 @@
 
 #include "bench/bench_util.h"
 #include "core/check.h"
+#include "core/cuda_check.h"
 #include "core/dtype.h"
 #include "core/fp8_quant.h"
 #include "core/log.h"
@@ -56,19 +57,6 @@
 #define CHECK_POOL_TOKENS 32768
 #define CHECK_MAX_KV 3000
 #define BF16_NAN 0xFFFFu /* poison: every unwritten output element reads as NaN */
-
-/* A CUDA runtime call (core/cuda_check.h's contract, for this C file). */
-#define CUDA_OK(call)                                                                      \
-  do {                                                                                     \
-    cudaError_t cuda_e_ = (call);                                                          \
-    if (cuda_e_ != cudaSuccess) {                                                          \
-      (void)cudaGetLastError();                                                            \
-      st = INA_ERR_CUDA;                                                                   \
-      ina_error(INA_LOG_SUBSYS, "%s failed: %s at %s:%d", #call, cudaGetErrorString(cuda_e_), \
-                __FILE__, __LINE__);                                                       \
-      goto fail;                                                                           \
-    }                                                                                      \
-  } while (0)
 
 /* ---- shapes --------------------------------------------------------------------------- */
 
@@ -200,21 +188,21 @@ static ina_status_t fill_fp8_pool(pool_t *p, uint64_t seed) {
   const ina_mla_cache_t layout = ina_mla_cache_fp8_packed(p->base, 1, KV_LORA, ROPE);
   const size_t pitch = (size_t)layout.latent_token_stride, n = (size_t)p->tokens;
   const size_t scale_bytes = sizeof(float) * (KV_LORA / 128);
-  CUDA_OK(cudaMalloc(&latent_bf16, n * KV_LORA * 2));
-  CUDA_OK(cudaMalloc(&latent_fp8, n * KV_LORA));
-  CUDA_OK(cudaMalloc(&scales, n * scale_bytes));
+  INA_CUDA_CHECK(cudaMalloc(&latent_bf16, n * KV_LORA * 2));
+  INA_CUDA_CHECK(cudaMalloc(&latent_fp8, n * KV_LORA));
+  INA_CUDA_CHECK(cudaMalloc(&scales, n * scale_bytes));
   INA_CHECK(ina_bench_fill_random_bf16(latent_bf16, n * KV_LORA, seed, 1.0f));
   INA_CHECK(ina_cuda_fp8_quantize_blocks(latent_bf16, p->tokens, KV_LORA, 1, 128, latent_fp8,
                                          scales, NULL));
-  CUDA_OK(cudaMemcpy2D(layout.latent, pitch, latent_fp8, KV_LORA, KV_LORA, n,
+  INA_CUDA_CHECK(cudaMemcpy2D(layout.latent, pitch, latent_fp8, KV_LORA, KV_LORA, n,
                        cudaMemcpyDeviceToDevice));
-  CUDA_OK(cudaMemcpy2D(layout.scale, pitch, scales, scale_bytes, scale_bytes, n,
+  INA_CUDA_CHECK(cudaMemcpy2D(layout.scale, pitch, scales, scale_bytes, scale_bytes, n,
                        cudaMemcpyDeviceToDevice));
   /* The bf16 buffer is free again: its first n * ROPE values become the rope parts. */
   INA_CHECK(ina_bench_fill_random_bf16(latent_bf16, n * ROPE, seed + 1, 1.0f));
-  CUDA_OK(cudaMemcpy2D(layout.rope, pitch, latent_bf16, ROPE * 2, ROPE * 2, n,
+  INA_CUDA_CHECK(cudaMemcpy2D(layout.rope, pitch, latent_bf16, ROPE * 2, ROPE * 2, n,
                        cudaMemcpyDeviceToDevice));
-  CUDA_OK(cudaDeviceSynchronize());
+  INA_CUDA_CHECK(cudaDeviceSynchronize());
 fail:
   cudaFree(latent_bf16);
   cudaFree(latent_fp8);
@@ -228,7 +216,7 @@ static ina_status_t pool_create(pool_t *p, ina_mla_cache_format_t format, int64_
   p->format = format;
   p->tokens = (tokens + 63) / 64 * 64; /* whole pages of 64 */
   p->base = NULL;
-  CUDA_OK(cudaMalloc(&p->base, (size_t)(p->tokens * entry_bytes(format))));
+  INA_CUDA_CHECK(cudaMalloc(&p->base, (size_t)(p->tokens * entry_bytes(format))));
   if (format == INA_MLA_CACHE_FP8) {
     INA_CHECK(fill_fp8_pool(p, seed));
   } else {
@@ -407,7 +395,7 @@ static ina_status_t enqueue_run(void *ctx, int64_t iteration, void *stream) {
 static ina_status_t enqueue_graph(void *ctx, int64_t iteration, void *stream) {
   ina_status_t st = INA_OK;
   const run_ctx_t *c = ctx;
-  CUDA_OK(cudaGraphLaunch(c->graph, (cudaStream_t)stream));
+  INA_CUDA_CHECK(cudaGraphLaunch(c->graph, (cudaStream_t)stream));
 fail:
   return st;
 }
@@ -435,16 +423,16 @@ static ina_status_t ctx_setup(run_ctx_t *c, int with_lse, uint64_t seed) {
   const size_t index_count = (size_t)l->sets * (size_t)l->index_stride;
   size_t host_bytes = 0, device_bytes = 0;
   ina_mla_plan_params_t pp = INA_MLA_PLAN_PARAMS_INIT;
-  CUDA_OK(cudaMalloc((void **)&c->kv_indptr, sizeof(int32_t) * (size_t)(l->batch + 1)));
-  CUDA_OK(cudaMalloc((void **)&c->kv_indices, sizeof(int32_t) * (index_count ? index_count : 1)));
-  CUDA_OK(cudaMemcpy(c->kv_indptr, l->kv_indptr, sizeof(int32_t) * (size_t)(l->batch + 1),
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->kv_indptr, sizeof(int32_t) * (size_t)(l->batch + 1)));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->kv_indices, sizeof(int32_t) * (index_count ? index_count : 1)));
+  INA_CUDA_CHECK(cudaMemcpy(c->kv_indptr, l->kv_indptr, sizeof(int32_t) * (size_t)(l->batch + 1),
                      cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(c->kv_indices, l->kv_indices, sizeof(int32_t) * index_count,
+  INA_CUDA_CHECK(cudaMemcpy(c->kv_indices, l->kv_indices, sizeof(int32_t) * index_count,
                      cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMalloc((void **)&c->q_nope, q_rows * KV_LORA * 2));
-  CUDA_OK(cudaMalloc((void **)&c->q_pe, q_rows * ROPE * 2));
-  CUDA_OK(cudaMalloc((void **)&c->out, q_rows * KV_LORA * 2));
-  if (with_lse) CUDA_OK(cudaMalloc((void **)&c->lse, q_rows * sizeof(float)));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->q_nope, q_rows * KV_LORA * 2));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->q_pe, q_rows * ROPE * 2));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->out, q_rows * KV_LORA * 2));
+  if (with_lse) INA_CUDA_CHECK(cudaMalloc((void **)&c->lse, q_rows * sizeof(float)));
   INA_CHECK(ina_bench_fill_random_bf16(c->q_nope, q_rows * KV_LORA, seed, 1.0f));
   INA_CHECK(ina_bench_fill_random_bf16(c->q_pe, q_rows * ROPE, seed + 1, 1.0f));
 
@@ -457,11 +445,11 @@ static ina_status_t ctx_setup(run_ctx_t *c, int with_lse, uint64_t seed) {
   pp.rope_dim = ROPE;
   pp.page_size = l->page_size;
   INA_CHECK(ina_mla_workspace_size(&pp, &host_bytes, &device_bytes));
-  CUDA_OK(cudaHostAlloc(&c->host_ws, host_bytes ? host_bytes : 1, cudaHostAllocDefault));
-  CUDA_OK(cudaMalloc(&c->device_ws, device_bytes ? device_bytes : 1));
-  CUDA_OK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  INA_CUDA_CHECK(cudaHostAlloc(&c->host_ws, host_bytes ? host_bytes : 1, cudaHostAllocDefault));
+  INA_CUDA_CHECK(cudaMalloc(&c->device_ws, device_bytes ? device_bytes : 1));
+  INA_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   INA_CHECK(ina_mla_plan(&pp, c->host_ws, c->device_ws, c->stream, &c->info));
-  CUDA_OK(cudaStreamSynchronize(c->stream));
+  INA_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 fail:
   return st;
 }
@@ -478,13 +466,13 @@ static ina_status_t first_run(run_ctx_t *c, uint16_t *host, int64_t *nonfinite) 
   ina_status_t st = INA_OK;
   const int64_t n = out_elems(&c->lay);
   const ina_mla_run_params_t p = run_params(c, 0);
-  CUDA_OK(cudaMemsetAsync(c->out, 0xFF, (size_t)n * 2, c->stream)); /* bf16 0xFFFF: NaN */
+  INA_CUDA_CHECK(cudaMemsetAsync(c->out, 0xFF, (size_t)n * 2, c->stream)); /* bf16 0xFFFF: NaN */
   if (c->lse)
-    CUDA_OK(cudaMemsetAsync(c->lse, 0xFF, sizeof(float) * (size_t)(c->lay.q_tokens * c->lay.heads),
+    INA_CUDA_CHECK(cudaMemsetAsync(c->lse, 0xFF, sizeof(float) * (size_t)(c->lay.q_tokens * c->lay.heads),
                             c->stream)); /* f32 0xFFFFFFFF: NaN */
   INA_CHECK(ina_mla_run(&c->info, c->device_ws, &p, c->stream));
-  CUDA_OK(cudaStreamSynchronize(c->stream));
-  CUDA_OK(cudaMemcpy(host, c->out, (size_t)n * 2, cudaMemcpyDeviceToHost));
+  INA_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  INA_CUDA_CHECK(cudaMemcpy(host, c->out, (size_t)n * 2, cudaMemcpyDeviceToHost));
   *nonfinite = count_nonfinite_bf16(host, n);
 fail:
   return st;
@@ -560,11 +548,11 @@ static ina_status_t check_case(const check_case_t *k, const pool_t *pool, uint64
   INA_REQUIRE(nonfinite == 0, INA_ERR_INTERNAL,
               "bench_mla: check %s: %lld of %lld output values are NaN or infinite", k->name,
               (long long)nonfinite, (long long)n);
-  CUDA_OK(cudaMemcpy(lse, c.lse, sizeof(float) * (size_t)rows, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(qn_bits, c.q_nope, sizeof(uint16_t) * (size_t)n, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(qp_bits, c.q_pe, sizeof(uint16_t) * (size_t)(rows * ROPE),
+  INA_CUDA_CHECK(cudaMemcpy(lse, c.lse, sizeof(float) * (size_t)rows, cudaMemcpyDeviceToHost));
+  INA_CUDA_CHECK(cudaMemcpy(qn_bits, c.q_nope, sizeof(uint16_t) * (size_t)n, cudaMemcpyDeviceToHost));
+  INA_CUDA_CHECK(cudaMemcpy(qp_bits, c.q_pe, sizeof(uint16_t) * (size_t)(rows * ROPE),
                      cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(host_pool, pool->base, (size_t)(pool->tokens * entry_bytes(pool->format)),
+  INA_CUDA_CHECK(cudaMemcpy(host_pool, pool->base, (size_t)(pool->tokens * entry_bytes(pool->format)),
                      cudaMemcpyDeviceToHost));
   bf16_to_f32(out_bits, out, n);
   bf16_to_f32(qn_bits, qn, n);
@@ -736,8 +724,8 @@ static ina_status_t time_shape(const shape_t *s, const pool_t *pool, uint64_t se
 
   /* Set 0's output after all those replays must equal the first run's: a difference
    * means a race or a read of something the run did not write. */
-  CUDA_OK(cudaDeviceSynchronize());
-  CUDA_OK(cudaMemcpy(again, c.out, (size_t)n * 2, cudaMemcpyDeviceToHost));
+  INA_CUDA_CHECK(cudaDeviceSynchronize());
+  INA_CUDA_CHECK(cudaMemcpy(again, c.out, (size_t)n * 2, cudaMemcpyDeviceToHost));
   for (int64_t i = 0; i < n; i++) differing += first[i] != again[i];
   r->differing = differing;
   if (differing)

@@ -38,6 +38,7 @@
 #include "attention/dsa.h"
 #include "bench/bench_util.h"
 #include "core/check.h"
+#include "core/cuda_check.h"
 #include "core/fp8_quant.h"
 #include "core/log.h"
 #include "core/threadpool.h"
@@ -61,18 +62,6 @@
 #define CHECK_REQUESTS 3
 #define OUT_TOL 1e-2
 #define LSE_TOL 1e-3
-
-#define CUDA_OK(call)                                                                      \
-  do {                                                                                     \
-    cudaError_t cuda_e_ = (call);                                                          \
-    if (cuda_e_ != cudaSuccess) {                                                          \
-      (void)cudaGetLastError();                                                            \
-      st = INA_ERR_CUDA;                                                                   \
-      ina_error(INA_LOG_SUBSYS, "%s failed: %s at %s:%d", #call, cudaGetErrorString(cuda_e_), \
-                __FILE__, __LINE__);                                                       \
-      goto fail;                                                                           \
-    }                                                                                      \
-  } while (0)
 
 /* ---- shapes --------------------------------------------------------------------------- */
 
@@ -172,9 +161,9 @@ static ina_status_t fill_fp8(pool_t *p, uint64_t seed) {
   ina_status_t st = INA_OK;
   void *bf = NULL, *q = NULL, *sc = NULL;
   const size_t pitch = (size_t)entry_bytes(INA_MLA_CACHE_FP8), sbytes = 4 * (KV_LORA / 128);
-  CUDA_OK(cudaMalloc(&bf, (size_t)FILL_CHUNK_TOKENS * KV_LORA * 2));
-  CUDA_OK(cudaMalloc(&q, (size_t)FILL_CHUNK_TOKENS * KV_LORA));
-  CUDA_OK(cudaMalloc(&sc, (size_t)FILL_CHUNK_TOKENS * sbytes));
+  INA_CUDA_CHECK(cudaMalloc(&bf, (size_t)FILL_CHUNK_TOKENS * KV_LORA * 2));
+  INA_CUDA_CHECK(cudaMalloc(&q, (size_t)FILL_CHUNK_TOKENS * KV_LORA));
+  INA_CUDA_CHECK(cudaMalloc(&sc, (size_t)FILL_CHUNK_TOKENS * sbytes));
   for (int64_t t0 = 0; t0 < p->tokens; t0 += FILL_CHUNK_TOKENS) {
     const int64_t n = p->tokens - t0 < FILL_CHUNK_TOKENS ? p->tokens - t0 : FILL_CHUNK_TOKENS;
     const ina_mla_cache_t e = ina_mla_cache_fp8_packed((char *)p->base + t0 * (int64_t)pitch,
@@ -182,12 +171,12 @@ static ina_status_t fill_fp8(pool_t *p, uint64_t seed) {
     const uint64_t chunk_seed = seed + 7919ull * (uint64_t)(t0 / FILL_CHUNK_TOKENS);
     INA_CHECK(ina_bench_fill_random_bf16(bf, (size_t)n * KV_LORA, chunk_seed, 1.0f));
     INA_CHECK(ina_cuda_fp8_quantize_blocks(bf, n, KV_LORA, 1, 128, q, sc, NULL));
-    CUDA_OK(cudaMemcpy2D(e.latent, pitch, q, KV_LORA, KV_LORA, (size_t)n, cudaMemcpyDeviceToDevice));
-    CUDA_OK(cudaMemcpy2D(e.scale, pitch, sc, sbytes, sbytes, (size_t)n, cudaMemcpyDeviceToDevice));
+    INA_CUDA_CHECK(cudaMemcpy2D(e.latent, pitch, q, KV_LORA, KV_LORA, (size_t)n, cudaMemcpyDeviceToDevice));
+    INA_CUDA_CHECK(cudaMemcpy2D(e.scale, pitch, sc, sbytes, sbytes, (size_t)n, cudaMemcpyDeviceToDevice));
     INA_CHECK(ina_bench_fill_random_bf16(bf, (size_t)n * ROPE, chunk_seed + 1, 1.0f));
-    CUDA_OK(cudaMemcpy2D(e.rope, pitch, bf, ROPE * 2, ROPE * 2, (size_t)n, cudaMemcpyDeviceToDevice));
+    INA_CUDA_CHECK(cudaMemcpy2D(e.rope, pitch, bf, ROPE * 2, ROPE * 2, (size_t)n, cudaMemcpyDeviceToDevice));
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  INA_CUDA_CHECK(cudaDeviceSynchronize());
 fail:
   cudaFree(bf);
   cudaFree(q);
@@ -198,7 +187,7 @@ fail:
 static ina_status_t pool_create(pool_t *p, int64_t tokens, uint64_t seed) {
   ina_status_t st = INA_OK;
   p->tokens = (tokens + PAGE - 1) / PAGE * PAGE;
-  CUDA_OK(cudaMalloc(&p->base, (size_t)(p->tokens * entry_bytes(p->format))));
+  INA_CUDA_CHECK(cudaMalloc(&p->base, (size_t)(p->tokens * entry_bytes(p->format))));
   if (p->format == INA_MLA_CACHE_FP8) INA_CHECK(fill_fp8(p, seed));
   else INA_CHECK(ina_bench_fill_random_bf16(p->base, (size_t)p->tokens * QK_DIM, seed, 1.0f));
   return INA_OK;
@@ -339,20 +328,20 @@ static ina_status_t ctx_setup(ctx_t *c, const shape_t *s, const pool_t *pool, ui
     c->kv_indices[i] = order[i];
   }
 
-  CUDA_OK(cudaMalloc((void **)&c->d_kv_indptr, sizeof(int32_t) * (size_t)(s->batch + 1)));
-  CUDA_OK(cudaMalloc((void **)&c->d_kv_indices, sizeof(int32_t) * (size_t)need));
-  CUDA_OK(cudaMalloc((void **)&c->d_rows, sizeof(int32_t) * (size_t)(sets * row_elems)));
-  CUDA_OK(cudaMalloc((void **)&c->q_nope, q_rows * KV_LORA * 2));
-  CUDA_OK(cudaMalloc((void **)&c->q_pe, q_rows * ROPE * 2));
-  CUDA_OK(cudaMalloc((void **)&c->out, q_rows * KV_LORA * 2));
-  CUDA_OK(cudaMalloc((void **)&c->lse, q_rows * sizeof(float)));
-  CUDA_OK(cudaMemcpy(c->d_kv_indptr, c->kv_indptr, sizeof(int32_t) * (size_t)(s->batch + 1),
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->d_kv_indptr, sizeof(int32_t) * (size_t)(s->batch + 1)));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->d_kv_indices, sizeof(int32_t) * (size_t)need));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->d_rows, sizeof(int32_t) * (size_t)(sets * row_elems)));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->q_nope, q_rows * KV_LORA * 2));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->q_pe, q_rows * ROPE * 2));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->out, q_rows * KV_LORA * 2));
+  INA_CUDA_CHECK(cudaMalloc((void **)&c->lse, q_rows * sizeof(float)));
+  INA_CUDA_CHECK(cudaMemcpy(c->d_kv_indptr, c->kv_indptr, sizeof(int32_t) * (size_t)(s->batch + 1),
                      cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(c->d_kv_indices, c->kv_indices, sizeof(int32_t) * (size_t)need,
+  INA_CUDA_CHECK(cudaMemcpy(c->d_kv_indices, c->kv_indices, sizeof(int32_t) * (size_t)need,
                      cudaMemcpyHostToDevice));
   for (int64_t set = 0; set < sets; set++) {
     draw_rows(c, &rng, perm, set == 0 ? c->rows0 : rows);
-    CUDA_OK(cudaMemcpy(c->d_rows + set * row_elems, set == 0 ? c->rows0 : rows,
+    INA_CUDA_CHECK(cudaMemcpy(c->d_rows + set * row_elems, set == 0 ? c->rows0 : rows,
                        sizeof(int32_t) * (size_t)row_elems, cudaMemcpyHostToDevice));
   }
   INA_CHECK(ina_bench_fill_random_bf16(c->q_nope, q_rows * KV_LORA, seed + 1, 1.0f));
@@ -367,11 +356,11 @@ static ina_status_t ctx_setup(ctx_t *c, const shape_t *s, const pool_t *pool, ui
   pp.num_heads = s->heads;
   pp.page_size = PAGE;
   INA_CHECK(ina_mla_sparse_workspace_size(&pp, &host_bytes, &device_bytes));
-  CUDA_OK(cudaHostAlloc(&c->host_ws, host_bytes ? host_bytes : 1, cudaHostAllocDefault));
-  CUDA_OK(cudaMalloc(&c->device_ws, device_bytes ? device_bytes : 1));
-  CUDA_OK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  INA_CUDA_CHECK(cudaHostAlloc(&c->host_ws, host_bytes ? host_bytes : 1, cudaHostAllocDefault));
+  INA_CUDA_CHECK(cudaMalloc(&c->device_ws, device_bytes ? device_bytes : 1));
+  INA_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   INA_CHECK(ina_mla_sparse_plan(&pp, c->host_ws, c->device_ws, c->stream, &c->info));
-  CUDA_OK(cudaStreamSynchronize(c->stream));
+  INA_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 fail:
   free(order);
   free(perm);
@@ -419,13 +408,13 @@ static ina_status_t check_request(const ctx_t *c, int b, const uint16_t *out_bit
   for (int32_t i = 0; i < pages; i++) {
     const int64_t id = c->kv_indices[c->kv_indptr[b] + i]; /* set 0 */
     ids[i] = i;
-    CUDA_OK(cudaMemcpy(host_pages + i * page_bytes, (char *)c->pool->base + id * page_bytes,
+    INA_CUDA_CHECK(cudaMemcpy(host_pages + i * page_bytes, (char *)c->pool->base + id * page_bytes,
                        (size_t)page_bytes, cudaMemcpyDeviceToHost));
   }
-  CUDA_OK(cudaMemcpy(bits, c->q_nope + (int64_t)t0 * H * KV_LORA,
+  INA_CUDA_CHECK(cudaMemcpy(bits, c->q_nope + (int64_t)t0 * H * KV_LORA,
                      sizeof(uint16_t) * (size_t)(rows * KV_LORA), cudaMemcpyDeviceToHost));
   ina_bench_bf16_to_f32(bits, qn, rows * KV_LORA);
-  CUDA_OK(cudaMemcpy(bits, c->q_pe + (int64_t)t0 * H * ROPE, sizeof(uint16_t) * (size_t)(rows * ROPE),
+  INA_CUDA_CHECK(cudaMemcpy(bits, c->q_pe + (int64_t)t0 * H * ROPE, sizeof(uint16_t) * (size_t)(rows * ROPE),
                      cudaMemcpyDeviceToHost));
   ina_bench_bf16_to_f32(bits, qp, rows * ROPE);
   ina_bench_bf16_to_f32(out_bits + (int64_t)t0 * H * KV_LORA, got, rows * KV_LORA);
@@ -496,12 +485,12 @@ static int first_run_checked(const ctx_t *c, uint64_t seed, ina_threadpool_t *th
   snprintf(what, sizeof what, "mla_sparse_%s", s->name);
   INA_CHECK_ALLOC(lse);
   const ina_mla_run_params_t p = run_params(c, 0);
-  CUDA_OK(cudaMemsetAsync(c->out, 0xFF, (size_t)n * 2, c->stream)); /* bf16 NaN */
-  CUDA_OK(cudaMemsetAsync(c->lse, 0xFF, sizeof(float) * (size_t)rows, c->stream));
+  INA_CUDA_CHECK(cudaMemsetAsync(c->out, 0xFF, (size_t)n * 2, c->stream)); /* bf16 NaN */
+  INA_CUDA_CHECK(cudaMemsetAsync(c->lse, 0xFF, sizeof(float) * (size_t)rows, c->stream));
   INA_CHECK(ina_mla_run(&c->info, c->device_ws, &p, c->stream));
-  CUDA_OK(cudaStreamSynchronize(c->stream));
-  CUDA_OK(cudaMemcpy(first, c->out, (size_t)n * 2, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(lse, c->lse, sizeof(float) * (size_t)rows, cudaMemcpyDeviceToHost));
+  INA_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  INA_CUDA_CHECK(cudaMemcpy(first, c->out, (size_t)n * 2, cudaMemcpyDeviceToHost));
+  INA_CUDA_CHECK(cudaMemcpy(lse, c->lse, sizeof(float) * (size_t)rows, cudaMemcpyDeviceToHost));
   const int64_t bad = count_nonfinite_bf16(first, n) + ina_bench_count_nonfinite(lse, rows);
   if (bad) {
     ina_bench_check_failed(what, "%lld of %lld out + lse values are NaN or infinite (poisoned "
@@ -616,8 +605,8 @@ static ina_status_t run_shape(const shape_t *s, const pool_t *pool, uint64_t see
   }
   INA_CHECK(time_shape(&c, quick, r));
   /* Set 0's output after all the replays must equal the first run's. */
-  CUDA_OK(cudaDeviceSynchronize());
-  CUDA_OK(cudaMemcpy(again, c.out, (size_t)n * 2, cudaMemcpyDeviceToHost));
+  INA_CUDA_CHECK(cudaDeviceSynchronize());
+  INA_CUDA_CHECK(cudaMemcpy(again, c.out, (size_t)n * 2, cudaMemcpyDeviceToHost));
   for (int64_t i = 0; i < n; i++) r->differing += first[i] != again[i];
   if (r->differing)
     fprintf(stderr, "bench_mla_sparse: %s: WARNING: %lld of %lld output values differ between "

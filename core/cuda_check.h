@@ -1,4 +1,5 @@
-/* Check macros for CUDA runtime calls, for .cu files only (core/check.h's companions).
+/* Check macros for CUDA runtime calls (core/check.h's companions): for .cu files, and for
+ * the C tests and benchmarks that call the runtime themselves (CUDA builds only).
  *
  * Same contract as core/check.h: the function declares `ina_status_t st = INA_OK;` and
  * ends with a `fail:` label that releases what it holds and returns `st`. On failure a
