@@ -130,8 +130,8 @@ __device__ __forceinline__ void wait_for_prerequisite_grids() { ina_ptx::griddep
 using ina_cuda::warp_max;
 using ina_cuda::warp_sum;
 
-/* Launchers: enqueue on `stream`, report launch errors. */
-/* The fast and wgmma kernels read a.sel (sparse plans) in instantiations of their own. */
+/* Launchers: enqueue on `stream`, report launch errors. The fast and wgmma kernels take
+ * a sparse plan (a.sel set) in instantiations of their own. */
 cudaError_t launch_fast(const Args &a, bool fp8, int num_ctas, cudaStream_t stream);
 cudaError_t launch_fast_fp8(const Args &a, int num_ctas, cudaStream_t stream); /* mla_decode_fp8.cu */
 cudaError_t launch_generic(const Args &a, int num_ctas, cudaStream_t stream);
