@@ -270,8 +270,7 @@ const char *ina_engine_mutation_name(int32_t mutation) {
 ina_status_t ina_engine_set_mutation(ina_engine_t *e, int32_t mutation) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(e != NULL, INA_ERR_INVALID_ARGUMENT, "engine: NULL engine");
-  INA_REQUIRE(e->cpu != NULL, INA_ERR_UNSUPPORTED, "engine: mutations are a CPU engine's test hook");
-  return ina_engine_cpu_set_mutation(e->cpu, mutation);
+  return e->cpu ? ina_engine_cpu_set_mutation(e->cpu, mutation) : ina_engine_gpu_set_mutation(e->gpu, mutation);
 fail:
   return st;
 }

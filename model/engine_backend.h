@@ -109,6 +109,8 @@ ina_status_t ina_engine_gpu_get_placement(ina_engine_gpu_t *engine, ina_expert_p
 ina_status_t ina_engine_gpu_apply_placement(ina_engine_gpu_t *engine, const ina_expert_placement_t *p,
                                             int dry_run, int64_t *bytes_moved);
 ina_status_t ina_engine_gpu_step_split(ina_engine_gpu_t *engine, int reset, ina_engine_step_split_t *out);
+/* The CUDA backend's part of ina_engine_set_mutation: the mutations it can apply. */
+ina_status_t ina_engine_gpu_set_mutation(ina_engine_gpu_t *engine, int32_t mutation);
 /* Page-locked host memory (NULL when out of it), and its release. */
 void *ina_engine_gpu_host_alloc(size_t bytes);
 void ina_engine_gpu_host_free(void *p);

@@ -52,6 +52,7 @@
  * (grown, never shrunk). The page pool keeps only the bookkeeping
  * (store_entries 0); a copy on write of a shared last page is done here, on the device. */
 #define INA_LOG_SUBSYS "model"
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,7 @@
 #include "mla/mla_append.h"
 #include "model/engine_backend.h"
 #include "model/engine_gpu.h"
+#include "model/engine_test_hooks.h"
 #include "moe_ep/moe_gpu.h"
 
 /* HF builds q_a_layernorm and kv_a_layernorm without an eps argument: the latent norms
@@ -768,6 +770,40 @@ static ina_status_t sum_over(ina_custom_ar_t *ar, uint16_t *x, int64_t n, cudaSt
   return ina_custom_ar_run(ar, &a);
 }
 
+/* ---- test mutations (model/engine_test_hooks.h) ------------------------------------ */
+
+/* The mutations this engine applies, each where the CPU engine applies its twin, except
+ * that the softmax-scale ones reach every query row: one attention kernel serves prefill
+ * and decode here. The others are refused (INA_ERR_UNSUPPORTED). Captured decode graphs
+ * hold the old values, so they are dropped. */
+ina_status_t ina_engine_gpu_set_mutation(ina_engine_gpu_t *e, int32_t mutation) {
+  ina_status_t st = INA_OK;
+  INA_REQUIRE(mutation >= 0 && mutation < INA_MUTATION_COUNT, INA_ERR_INVALID_ARGUMENT,
+              "gpu engine: mutation %d out of range", mutation);
+  INA_REQUIRE(mutation == INA_MUTATION_NONE || mutation == INA_MUTATION_DECODE_SCALE ||
+                  mutation == INA_MUTATION_DECODE_NO_MSCALE || mutation == INA_MUTATION_LATENT_EPS ||
+                  mutation == INA_MUTATION_NO_SHARED,
+              INA_ERR_UNSUPPORTED, "gpu engine: the mutation '%s' is not applied by the CUDA engine",
+              ina_engine_mutation_name(mutation));
+  e->mutation = mutation;
+  gpu_drop_graphs(e);
+fail:
+  return st;
+}
+
+static float latent_eps(const ina_engine_gpu_t *e) {
+  return e->mutation == INA_MUTATION_LATENT_EPS ? 1e-5f : LATENT_NORM_EPS;
+}
+
+/* The mutations' softmax scale: x 0.95, or 1 / sqrt(qk_head_dim) without YaRN's mscale^2. */
+static float attention_scale(const ina_engine_gpu_t *e) {
+  const ina_model_config_t *c = e->cfg;
+  if (e->mutation == INA_MUTATION_DECODE_SCALE) return 0.95f * e->softmax_scale;
+  if (e->mutation == INA_MUTATION_DECODE_NO_MSCALE)
+    return 1.0f / sqrtf((float)(c->qk_nope_head_dim + c->qk_rope_head_dim));
+  return e->softmax_scale;
+}
+
 /* ---- one layer ---------------------------------------------------------------------- */
 
 typedef struct step_inputs {
@@ -790,7 +826,7 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
 
   if (c->q_lora_rank > 0) {
     INA_CHECK(linear(e, &L->q_a_proj, s->h, T, s->qa, INA_DTYPE_BF16, NULL));
-    INA_CHECK(rmsnorm(e, T, c->q_lora_rank, s->qa, NULL, L->q_a_norm, LATENT_NORM_EPS, s->qa));
+    INA_CHECK(rmsnorm(e, T, c->q_lora_rank, s->qa, NULL, L->q_a_norm, latent_eps(e), s->qa));
     INA_CHECK(linear(e, &L->q_b_proj, s->qa, T, s->q, INA_DTYPE_BF16, NULL));
   } else {
     INA_CHECK(linear(e, &L->q_proj, s->h, T, s->q, INA_DTYPE_BF16, NULL));
@@ -802,7 +838,7 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
     p.kv = s->kv;
     p.kv_stride = C + R;
     p.norm_weight = L->kv_a_norm;
-    p.eps = LATENT_NORM_EPS;
+    p.eps = latent_eps(e);
     p.inv_freq = e->inv_freq;
     p.attention_factor = e->attention_factor;
     p.rope_layout = c->rope_layout == INA_ROPE_PAIRS ? INA_MLA_ROPE_PAIRS : INA_MLA_ROPE_HALVES;
@@ -841,7 +877,7 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
     p.cache = cache;
     p.kv_indptr = in->kv_indptr;
     p.kv_indices = in->kv_indices;
-    p.softmax_scale = e->softmax_scale;
+    p.softmax_scale = attention_scale(e);
     p.out = s->o_lat;
     p.out_token_stride = H * C;
     p.out_head_stride = C;
@@ -1023,9 +1059,10 @@ static ina_status_t moe_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const i
     INA_CHECK(sum_over(e->ep_ar, s->ye, rows * Hd, e->stream));
     INA_CHECK(gpu_split_mark(&e->split, SPLIT_MOE, e->stream));
   }
-  if (L->has_shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
+  const int shared = L->has_shared && e->mutation != INA_MUTATION_NO_SHARED;
+  if (shared) INA_CHECK(mlp(e, &L->mlp, s->h, T, s->shared));
   INA_CHECK(ina_gpu_moe_combine(T, K, Hd, s->ye, rows, s->slot_of + mine * K, s->topk_weights + mine * K,
-                                L->has_shared ? s->shared : NULL, s->delta, e->stream));
+                                shared ? s->shared : NULL, s->delta, e->stream));
 fail:
   return st;
 }

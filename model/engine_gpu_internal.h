@@ -156,6 +156,7 @@ struct ina_engine_gpu {
   size_t cache_page_bytes, cache_layer_bytes;
   float *inv_freq;        /* device [rope / 2] */
   float attention_factor, softmax_scale;
+  int32_t mutation; /* ina_engine_mutation_t of model/engine_test_hooks.h: a test's deliberate bug */
   ina_router_config_t router;
   int32_t heads;          /* attention heads of this rank (num_heads / tp) */
   int32_t tp_size;

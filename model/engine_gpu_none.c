@@ -41,6 +41,14 @@ fail:
   return st;
 }
 
+ina_status_t ina_engine_gpu_set_mutation(ina_engine_gpu_t *engine, int32_t mutation) {
+  ina_status_t st = INA_OK;
+  (void)engine, (void)mutation;
+  INA_REQUIRE(0, INA_ERR_UNSUPPORTED, "gpu engine: this build has no CUDA");
+fail:
+  return st;
+}
+
 ina_status_t ina_engine_gpu_expert_load(ina_engine_gpu_t *engine, int reset, uint64_t *counts, int64_t capacity,
                                         int32_t *num_moe_layers) {
   ina_status_t st = INA_OK;
