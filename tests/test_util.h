@@ -95,6 +95,12 @@ static inline uint64_t test_rng_next(test_rng_t *r) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+/* Seconds on the monotonic clock, for timeouts and timings in tests. */
+static inline double test_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 /* Uniform in [0, 1). */
 static inline double test_rng_uniform(test_rng_t *r) {
   return (double)(test_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);

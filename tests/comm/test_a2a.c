@@ -36,12 +36,6 @@ static uint8_t byte_of(int i, int j, int p, int q, size_t b) {
   return (uint8_t)(b * 131u + (size_t)p * 17u + (size_t)q * 29u + (size_t)i * 7u + (size_t)j * 101u);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int main(int argc, char **argv) {
   ina_bootstrap_t *boot = NULL;
   if (ina_bootstrap_init(&argc, &argv, &boot) != INA_OK) return 1;
@@ -108,11 +102,11 @@ int main(int argc, char **argv) {
       CHECK_OK(ina_comm_a2a_start(late, (const void *const *)send[0], bytes[0]));
       const void *const *got = NULL;
       const size_t *got_bytes = NULL;
-      const double t0 = now_s();
+      const double t0 = test_now_s();
       ina_log_set_quiet_errors(1);
       const ina_status_t st = ina_comm_a2a_finish(late, &got, &got_bytes);
       ina_log_set_quiet_errors(0);
-      const double waited = now_s() - t0;
+      const double waited = test_now_s() - t0;
       char name[16];
       snprintf(name, sizeof name, "%d", n - 1);
       CHECKF(st == INA_ERR_MPI && strstr(ina_last_error(), "timed out") && strstr(ina_last_error(), name),

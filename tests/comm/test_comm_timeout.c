@@ -12,12 +12,6 @@
 #include "core/log.h"
 #include "tests/comm/comm_test_data.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int main(int argc, char **argv) {
   ina_bootstrap_t *boot = NULL;
   if (ina_bootstrap_init(&argc, &argv, &boot) != INA_OK) return 1;
@@ -41,9 +35,9 @@ int main(int argc, char **argv) {
     ina_status_t st = ina_comm_all_reduce(c, x, y, 16, INA_DTYPE_F32, NULL);
     CHECKF(st == INA_OK, "the late rank's all-reduce: %s", ina_last_error());
   } else {
-    double t0 = now_s();
+    double t0 = test_now_s();
     ina_status_t st = ina_comm_all_reduce(c, x, y, 16, INA_DTYPE_F32, NULL);
-    double waited = now_s() - t0;
+    double waited = test_now_s() - t0;
     CHECK(st == INA_ERR_MPI);
     CHECKF(strstr(ina_last_error(), "timed out") && strstr(ina_last_error(), "all_reduce"),
            "message: %s", ina_last_error());

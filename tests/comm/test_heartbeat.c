@@ -23,12 +23,6 @@
 #define PERIOD_S 0.05
 #define AGE_BOUND_MS ((int64_t)(4 * PERIOD_S * 1e3) + 100)
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   nanosleep(&ts, NULL);
@@ -37,7 +31,7 @@ static void sleep_s(double s) {
 /* The largest age of `rank` seen over `seconds` of sampling every 10 ms. */
 static int64_t max_age_over(const ina_heartbeat_t *hb, int rank, double seconds) {
   int64_t most = 0;
-  for (const double end = now_s() + seconds; now_s() < end; sleep_s(0.01)) {
+  for (const double end = test_now_s() + seconds; test_now_s() < end; sleep_s(0.01)) {
     const int64_t age = ina_heartbeat_age_ms(hb, rank);
     if (age > most) most = age;
   }
@@ -84,9 +78,9 @@ int main(int argc, char **argv) {
     raise(SIGSTOP); /* rank 0 sends SIGCONT */
   } else if (rank == 0) {
     CHECK_OK(ina_comm_barrier(c, NULL));
-    const double t0 = now_s();
+    const double t0 = test_now_s();
     int64_t age1 = 0, most2 = 0;
-    while (now_s() - t0 < 1.0) {
+    while (test_now_s() - t0 < 1.0) {
       age1 = ina_heartbeat_age_ms(hb, 1);
       const int64_t a2 = ina_heartbeat_age_ms(hb, 2);
       if (a2 > most2) most2 = a2;
@@ -111,10 +105,10 @@ int main(int argc, char **argv) {
   CHECK_OK(ina_comm_barrier(c, NULL));
 
   /* 3. Stop: the other ranks first, as the agent does. */
-  const double t0 = now_s();
+  const double t0 = test_now_s();
   if (rank == 0) sleep_s(0.2);
   ina_heartbeat_stop(hb);
-  const double took = now_s() - t0;
+  const double took = test_now_s() - t0;
   CHECKF(took < 1.0, "rank %d: stop took %.2f s", rank, took);
   CHECK_OK(ina_comm_barrier(c, NULL));
   printf("rank %d/%d: %s\n", rank, size, test_checks_failed_ ? "FAILED" : "ok");

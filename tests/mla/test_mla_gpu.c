@@ -95,12 +95,6 @@ static void draw_lengths(const spec_t *sp, test_rng_t *rng, int32_t *q_lens, int
   if (sp->dist == KV_SKEWED && q_lens[long_one] == 0) q_lens[long_one] = 1;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One spec with fresh random lengths and data: plan, run, compare. */
 static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool, double *ref_s,
                      double *gpu_s) {
@@ -121,13 +115,13 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool, 
   s.softmax_scale = (float)(test_rng_uniform(rng) * 0.2 + 0.02);
   draw_lengths(sp, rng, q_lens, kv_lens);
 
-  double t0 = now_s();
+  double t0 = test_now_s();
   const int built = mla_case_build(&c, &s, q_lens, kv_lens, rng, pool, 1);
-  *ref_s += now_s() - t0;
+  *ref_s += test_now_s() - t0;
   CHECKF(built, "%s: building the case failed: %s", sp->name, ina_last_error());
   if (!built) goto done;
 
-  t0 = now_s();
+  t0 = test_now_s();
   CHECK_OK(mla_dev_alloc(&d, &c, sp->num_sms));
   CHECK_OK(mla_dev_upload(&d, &c));
   ina_mla_plan_params_t pp = mla_plan_params(&c, sp->num_sms);
@@ -141,7 +135,7 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool, 
   if (!out || !lse) goto done;
   CHECK_OK(ina_cuda_memcpy_d2h(out, d.out, 2 * (size_t)c.out_elems));
   CHECK_OK(ina_cuda_memcpy_d2h(lse, d.lse, 4 * (size_t)(c.tokens > 0 ? c.tokens : 1) * (size_t)s.num_heads));
-  *gpu_s += now_s() - t0;
+  *gpu_s += test_now_s() - t0;
 
   const double lse_bound = s.format == INA_MLA_CACHE_FP8 && info.path == INA_MLA_PATH_FAST ? 1e-3 : 1e-4;
   double out_err = 0, lse_err = 0;

@@ -36,19 +36,13 @@ static const bucket_t buckets[] = {
      {6, 6, 3, 3, 64, 16, 16, INA_MLA_CACHE_BF16, MLA_LAYOUT_PACKED, 0, 0, 0.0f}, 2000, 4},
 };
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Polls the stream until it is idle; a GPU that does not finish within the deadline
  * ends the program (nothing later could run on it). */
 static int wait_stream(cudaStream_t stream, const char *what) {
-  const double deadline = now_s() + WAIT_SECONDS;
+  const double deadline = test_now_s() + WAIT_SECONDS;
   cudaError_t e;
   while ((e = cudaStreamQuery(stream)) == cudaErrorNotReady) {
-    if (now_s() > deadline) {
+    if (test_now_s() > deadline) {
       fprintf(stderr, "test_mla_graph: %s: no completion after %.0f s (hung kernel)\n", what, WAIT_SECONDS);
       fflush(stderr);
       _exit(1);

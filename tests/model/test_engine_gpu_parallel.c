@@ -417,12 +417,6 @@ static void check_expert_memory(ina_comm_t *ep, int32_t device) {
   ina_model_destroy(m);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The step split of an EP + attention-DP engine over a generation: every part that runs
  * takes time (no tensor parallelism: its part stays 0), the parts add up to no more than
  * the wall time, and timing the steps changes no token. */
@@ -436,9 +430,9 @@ static void check_step_split(const char *name, const fixture_t *f, const ina_mod
   ina_engine_t *e = NULL;
   CHECK_OK(ina_engine_create(part, &eo, &e));
   if (!e) return;
-  const double t0 = now_s();
+  const double t0 = test_now_s();
   const int ok = generate_on(e, f, timed);
-  const double wall_ms = 1e3 * (now_s() - t0);
+  const double wall_ms = 1e3 * (test_now_s() - t0);
   ina_engine_step_split_t sp;
   memset(&sp, 0, sizeof sp);
   CHECK_OK(ina_engine_step_split(e, 1, &sp));

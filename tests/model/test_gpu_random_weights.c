@@ -245,12 +245,6 @@ static void compare_weights(compare_t *c, const ina_model_config_t *cfg, const g
 
 /* ---- the cases ------------------------------------------------------------------------- */
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 typedef struct expect {
   int fp8_linears, bf16_linears, grouped; /* each: 1 = some, 0 = none, -1 = any */
 } expect_t;
@@ -613,9 +607,9 @@ static void time_v2_lite(uint64_t seed, cudaStream_t stream) {
     printf("  skipped: %.1f GiB free on the device\n", (double)free_b / gib);
     return;
   }
-  double t = now_s();
+  double t = test_now_s();
   CHECK_OK(ina_gpu_weights_random(&full, NULL, seed, INA_DTYPE_BF16, stream, &g));
-  t = now_s() - t;
+  t = test_now_s() - t;
   printf("  device path: %.2f GiB in %lld buffers, %.3f s (%.1f G values/s)\n", (double)g.device_bytes / gib,
          (long long)g.num_allocs, t, (double)params / t / 1e9);
   ina_gpu_weights_free(&g);
@@ -637,16 +631,16 @@ static void time_v2_lite(uint64_t seed, cudaStream_t stream) {
   compare_t c;
   memset(&c, 0, sizeof c);
   c.config = "v2-lite";
-  double t_gen = now_s();
+  double t_gen = test_now_s();
   CHECK_OK(ina_weights_random(&part, seed, INA_DTYPE_BF16, NULL, &w));
-  t_gen = now_s() - t_gen;
-  double t_up = now_s();
+  t_gen = test_now_s() - t_gen;
+  double t_up = test_now_s();
   CHECK_OK(ina_gpu_weights_upload(&w, &w.config, stream, &up));
-  t_up = now_s() - t_up;
+  t_up = test_now_s() - t_up;
   ina_weights_release(&w);
-  double t_dev = now_s();
+  double t_dev = test_now_s();
   CHECK_OK(ina_gpu_weights_random(&part, NULL, seed, INA_DTYPE_BF16, stream, &rnd));
-  t_dev = now_s() - t_dev;
+  t_dev = test_now_s() - t_dev;
   compare_weights(&c, &part, &up, &rnd);
   CHECKF(c.differences == 0, "v2-lite, %d layers: %d differences, the first: %s", part.num_layers, c.differences,
          c.first);

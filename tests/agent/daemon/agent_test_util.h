@@ -21,16 +21,12 @@
 #include "agent/agent.h"
 #include "agent/rpc/rpc_client.h"
 #include "agent/rpc/rpc_pb.h"
+#include "tests/test_util.h"
 
 #define AT_GENERATE "/ina.v1.Inference/Generate"
 #define AT_CANCEL "/ina.v1.Inference/Cancel"
 #define AT_MAX_TOKENS 4096
 
-static inline double at_now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static inline void at_sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -114,9 +110,9 @@ static inline int at_load(ina_rpc_client_t *c, Ina__V1__NodeLoad *out) {
 /* Polls GetLoad until no request is queued or running and kv_pages_used == pages;
  * returns whether it got there within timeout_ms. */
 static inline int at_wait_pages(ina_rpc_client_t *c, uint64_t pages, int timeout_ms) {
-  double end = at_now_s() + timeout_ms / 1000.0;
+  double end = test_now_s() + timeout_ms / 1000.0;
   Ina__V1__NodeLoad l;
-  while (at_now_s() < end) {
+  while (test_now_s() < end) {
     if (at_load(c, &l) == 0 && l.kv_pages_used == pages && l.running_requests == 0 && l.queued_requests == 0)
       return 1;
     at_sleep_ms(5);

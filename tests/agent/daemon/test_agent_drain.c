@@ -38,10 +38,10 @@ static void start_streams(stream_thread_t *t, int n, ina_rpc_client_t *c, test_r
 }
 
 static int all_started(stream_thread_t *t, int n, int timeout_ms) {
-  double end = at_now_s() + timeout_ms / 1000.0;
+  double end = test_now_s() + timeout_ms / 1000.0;
   for (int i = 0; i < n; i++)
     while (atomic_load(&t[i].stream.num_tokens) < 1) {
-      if (at_now_s() > end) return 0;
+      if (test_now_s() > end) return 0;
       at_sleep_ms(1);
     }
   return 1;
@@ -93,11 +93,11 @@ static void test_short_grace(uint64_t model_seed, test_rng_t *rng) {
 
   prober_t p = {c, 0, 0, 0};
   pthread_t prober_thread;
-  double t0 = at_now_s();
+  double t0 = test_now_s();
   ina_agent_request_stop(agent);
   CHECK(pthread_create(&prober_thread, NULL, probe, &p) == 0);
   CHECK_OK(ina_agent_wait(agent));
-  double took = at_now_s() - t0;
+  double took = test_now_s() - t0;
   atomic_store(&p.stop, 1);
   pthread_join(prober_thread, NULL);
   for (int i = 0; i < LONG; i++) pthread_join(long_streams[i].thread, NULL);
@@ -143,11 +143,11 @@ static void test_long_grace(uint64_t model_seed, test_rng_t *rng) {
   uint32_t max_tokens = (uint32_t)test_rng_int(rng, 20, 60);
   start_streams(streams, N, c, rng, "finish", max_tokens);
   CHECK(all_started(streams, N, 30000));
-  double t0 = at_now_s();
+  double t0 = test_now_s();
   ina_agent_request_stop(agent);
   ina_agent_request_stop(agent); /* repeated requests are harmless */
   CHECK_OK(ina_agent_wait(agent));
-  double took = at_now_s() - t0;
+  double took = test_now_s() - t0;
   for (int i = 0; i < N; i++) pthread_join(streams[i].thread, NULL);
   CHECKF(took < 30.0, "drain took %.3f s", took);
   for (int i = 0; i < N; i++) {

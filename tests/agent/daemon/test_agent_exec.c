@@ -15,12 +15,6 @@
 
 #include "tests/test_util.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* fork/exec with stdout to a pipe; returns the pid, *out_fd the pipe's read end. */
 static pid_t spawn(char *const argv[], int *out_fd) {
   int fds[2];
@@ -42,7 +36,7 @@ static pid_t spawn(char *const argv[], int *out_fd) {
 /* Reads from fd into buf (appending) until `needle` appears, EOF or the deadline. */
 static int read_until(int fd, char *buf, size_t cap, size_t *len, const char *needle, double deadline) {
   while (!strstr(buf, needle)) {
-    int left_ms = (int)((deadline - now_s()) * 1000);
+    int left_ms = (int)((deadline - test_now_s()) * 1000);
     if (left_ms <= 0) return 0;
     struct pollfd p = {fd, POLLIN, 0};
     if (poll(&p, 1, left_ms) <= 0) continue;
@@ -56,9 +50,9 @@ static int read_until(int fd, char *buf, size_t cap, size_t *len, const char *ne
 
 /* Waits for pid with a deadline; returns the wait status, or -1 on timeout (then kills). */
 static int wait_exit(pid_t pid, double timeout_s) {
-  double end = now_s() + timeout_s;
+  double end = test_now_s() + timeout_s;
   int status = 0;
-  while (now_s() < end) {
+  while (test_now_s() < end) {
     pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) return status;
     usleep(10000);
@@ -75,7 +69,7 @@ static int run(char *const argv[], char *buf, size_t cap) {
   buf[0] = '\0';
   pid_t pid = spawn(argv, &fd);
   if (pid < 0) return -1;
-  read_until(fd, buf, cap, &len, "\x01never", now_s() + 120);
+  read_until(fd, buf, cap, &len, "\x01never", test_now_s() + 120);
   close(fd);
   int status = wait_exit(pid, 120);
   return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -114,7 +108,7 @@ int main(int argc, char **argv) {
   pid_t agent = spawn(agent_argv, &agent_fd);
   CHECK(agent > 0);
   if (agent <= 0) return test_finish("test_agent_exec");
-  int up = read_until(agent_fd, agent_out, sizeof agent_out, &agent_len, "serving\n", now_s() + 120);
+  int up = read_until(agent_fd, agent_out, sizeof agent_out, &agent_len, "serving\n", test_now_s() + 120);
   CHECKF(up, "ina-agent did not say serving; output: %s", agent_out);
   char address[128] = "";
   const char *at = strstr(agent_out, "listening on ");
@@ -144,7 +138,7 @@ int main(int argc, char **argv) {
   }
 
   CHECK(kill(agent, SIGTERM) == 0);
-  read_until(agent_fd, agent_out, sizeof agent_out, &agent_len, "stopped\n", now_s() + 60);
+  read_until(agent_fd, agent_out, sizeof agent_out, &agent_len, "stopped\n", test_now_s() + 60);
   int status = wait_exit(agent, 60);
   CHECKF(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "ina-agent wait status %d", status);
   CHECK(strstr(agent_out, "ina-agent: stopped") != NULL);

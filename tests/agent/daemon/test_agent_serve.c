@@ -50,9 +50,9 @@ static void test_health_and_info(ina_agent_t *agent, ina_rpc_client_t *c) {
   Ina__V1__GetHealthRequest hreq = INA__V1__GET_HEALTH_REQUEST__INIT;
   uint8_t *resp = NULL;
   size_t n = 0;
-  double t0 = at_now_s();
+  double t0 = test_now_s();
   CHECK_OK(ina_agent_wait_serving(agent, 60000));
-  printf("warm-up of %d tokens ended %.3f s after the first calls\n", WARMUP_TOKENS, at_now_s() - t0);
+  printf("warm-up of %d tokens ended %.3f s after the first calls\n", WARMUP_TOKENS, test_now_s() - t0);
   CHECK(at_health(c) == 1);
   CHECK(at_unary(c, "/ina.v1.Node/GetHealth", &hreq.base, &resp, &n, NULL) == INA_RPC_OK);
   Ina__V1__NodeHealth *h = ina__v1__node_health__unpack(NULL, n, resp);
@@ -425,9 +425,9 @@ static void *run_long(void *arg) {
 }
 
 static int wait_tokens(at_stream_t *s, int n, int timeout_ms) {
-  double end = at_now_s() + timeout_ms / 1000.0;
+  double end = test_now_s() + timeout_ms / 1000.0;
   while (atomic_load(&s->num_tokens) < n) {
-    if (at_now_s() > end) return 0;
+    if (test_now_s() > end) return 0;
     at_sleep_ms(1);
   }
   return 1;

@@ -210,7 +210,7 @@ static void run_one(worker_t *w, int seq) {
 
 static void *worker_main(void *arg) {
   worker_t *w = arg;
-  for (int seq = 0; at_now_s() < w->end_s; seq++) run_one(w, seq);
+  for (int seq = 0; test_now_s() < w->end_s; seq++) run_one(w, seq);
   atomic_store(&w->done, 1);
   return NULL;
 }
@@ -300,7 +300,7 @@ static void soak_round(int round, double seconds, uint64_t seed, ina_rpc_client_
   pthread_t canceller, monitor, threads[NUM_THREADS];
   CHECK(pthread_create(&canceller, NULL, cancel_main, &ctl) == 0);
   CHECK(pthread_create(&monitor, NULL, monitor_main, &ctl) == 0);
-  double t0 = at_now_s();
+  double t0 = test_now_s();
   for (int i = 0; i < NUM_THREADS; i++) {
     worker_t *w = &g_workers[i];
     memset(w, 0, sizeof *w);
@@ -315,12 +315,12 @@ static void soak_round(int round, double seconds, uint64_t seed, ina_rpc_client_
 
   /* Bounded wait: a thread stuck past the margin fails the test instead of hanging it. */
   int all_done = 0;
-  while (!all_done && at_now_s() < t0 + seconds + MARGIN_SECONDS) {
+  while (!all_done && test_now_s() < t0 + seconds + MARGIN_SECONDS) {
     all_done = 1;
     for (int i = 0; i < NUM_THREADS; i++) all_done &= atomic_load(&g_workers[i].done);
     if (!all_done) at_sleep_ms(5);
   }
-  double elapsed = at_now_s() - t0;
+  double elapsed = test_now_s() - t0;
   CHECKF(all_done, "round %d: threads still running %.1f s after a %.1f s soak", round, elapsed - seconds, seconds);
   if (!all_done) {
     test_finish("test_agent_soak");
@@ -377,12 +377,12 @@ int main(void) {
   if (!agent) return test_finish("test_agent_soak");
 
   /* The references while the agent warms up. */
-  double t0 = at_now_s();
+  double t0 = test_now_s();
   at_reference_t ref;
   at_reference_open(&ref, model_seed);
   make_references(&ref, &rng);
   at_reference_close(&ref);
-  printf("references of %d prompts: %.2f s\n", NUM_PROMPTS, at_now_s() - t0);
+  printf("references of %d prompts: %.2f s\n", NUM_PROMPTS, test_now_s() - t0);
   CHECK_OK(ina_agent_wait_serving(agent, 30000));
 
   ina_rpc_client_t *clients[NUM_CLIENTS];

@@ -122,12 +122,6 @@ static response_t http_request(int port, const char *request) {
   return r;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void test_round_trip(ina_metrics_t *reg, test_rng_t *rng) {
   ina_metrics_http_t *srv = NULL;
   ina_metrics_http_options_t opt = INA_METRICS_HTTP_OPTIONS_INIT; /* 127.0.0.1, port 0 */
@@ -222,9 +216,9 @@ static void test_round_trip(ina_metrics_t *reg, test_rng_t *rng) {
   if (partial >= 0) CHECK(send_all(partial, "GET /metrics HTTP/1.1\r\nHos", 26));
   struct timespec pause = {0, 100 * 1000 * 1000}; /* let the server accept both */
   nanosleep(&pause, NULL);
-  double t0 = now_s();
+  double t0 = test_now_s();
   ina_metrics_http_stop(srv);
-  double stop_s = now_s() - t0;
+  double stop_s = test_now_s() - t0;
   printf("test_metrics_http: stop with 2 clients connected took %.3f s\n", stop_s);
   CHECKF(stop_s < 2.0, "stop took %.3f s", stop_s);
   /* Both clients see their connection closed (EOF or reset), not a timeout. */

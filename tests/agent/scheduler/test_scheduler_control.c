@@ -125,12 +125,6 @@ static ina_scheduler_t *make_scheduler(ina_engine_t *e, control_log_t *L, int32_
   return s;
 }
 
-static double now_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
   nanosleep(&ts, NULL);
@@ -255,7 +249,7 @@ static double wait_issued(issuer_t *is, double t0) {
     pthread_mutex_lock(&issuer_mu);
     const int done = is->done;
     pthread_mutex_unlock(&issuer_mu);
-    const double t = now_seconds() - t0;
+    const double t = test_now_s() - t0;
     if (done) return t;
     if (t > 30.0) {
       fprintf(stderr, "test_scheduler_control: a command issued to an idle scheduler did not return in 30 s\n");
@@ -285,7 +279,7 @@ static void test_run_loop(const ina_model_t *m, ina_engine_t *ref, test_rng_t *r
 
   /* Idle: the loop wakes for the command. */
   static issuer_t idle;
-  const double t0 = now_seconds();
+  const double t0 = test_now_s();
   issuer_start(&idle, s, rng, OP_OK);
   const double idle_seconds = wait_issued(&idle, t0);
   pthread_join(idle.thread, NULL);

@@ -129,12 +129,6 @@ static int all_finished(req_case_t *cases) {
   return done == NCASES;
 }
 
-static double now_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One command from the leader's main thread; checks its outcome. */
 static void issue(ina_scheduler_t *s, test_rng_t *rng, uint8_t op, size_t size) {
   uint8_t *bytes = malloc(size);
@@ -153,9 +147,9 @@ static void issue(ina_scheduler_t *s, test_rng_t *rng, uint8_t op, size_t size) 
 static void lead(ina_scheduler_t *s, req_case_t *cases, uint64_t seed, double *idle_seconds) {
   test_rng_t rng = {seed ^ 0x5eed};
   CHECK_OK(ina_scheduler_run_start(s));
-  double t0 = now_seconds();
+  double t0 = test_now_s();
   issue(s, &rng, OP_OK, (size_t)test_rng_int(&rng, 1, 64));
-  idle_seconds[0] = now_seconds() - t0;
+  idle_seconds[0] = test_now_s() - t0;
   for (int i = 0; i < NCASES; i++) {
     ina_request_t r = sched_test_request(&cases[i].col, cases[i].prompt, cases[i].prompt_len, cases[i].max_new);
     r.sampling = cases[i].sampling;
@@ -173,9 +167,9 @@ static void lead(ina_scheduler_t *s, req_case_t *cases, uint64_t seed, double *i
   for (int ms = 0; ms < 120000 && !all_finished(cases); ms++) usleep(1000);
   CHECK(all_finished(cases));
   usleep(500000); /* idle past a few heartbeats */
-  t0 = now_seconds();
+  t0 = test_now_s();
   issue(s, &rng, OP_OK, (size_t)test_rng_int(&rng, 1, 64));
-  idle_seconds[1] = now_seconds() - t0;
+  idle_seconds[1] = test_now_s() - t0;
   ina_scheduler_run_stop(s);
   for (int i = 0; i < NCASES; i++) {
     req_case_t *c = &cases[i];
