@@ -1,6 +1,8 @@
 /* Host cost of the MLA scheduler (ina_mla_plan): median wall time of one plan for decode
  * and speculative (MTP, two query tokens) steps at batch 256 and 1, with 16 heads and
- * DeepSeek-V3's 128. The target is <= 20 us at batch 256.
+ * DeepSeek-V3's 128. The target is <= 20 us at batch 256. The sparse plan of
+ * DeepSeek-V3.2 (ina_mla_sparse_plan, top-k 2048: every query token a unit of its own)
+ * is timed the same way on decode, MTP and a prefill chunk.
  *
  * Two figures per shape, each the median over RUNS calls:
  *   host        the plan alone: the schedule is written to the host workspace only
@@ -38,7 +40,21 @@ typedef struct shape {
   const char *name;
   int32_t batch, max_batch, q_len, heads;
   int32_t kv_min, kv_max;
+  int32_t topk; /* > 0: the sparse plan with this top-k */
 } shape_t;
+
+/* One step's plan, dense or sparse. */
+typedef struct planner {
+  ina_mla_plan_params_t dense;
+  ina_mla_sparse_plan_params_t sparse;
+  int is_sparse;
+} planner_t;
+
+static ina_status_t plan_once(const planner_t *p, void *host_ws, void *device_ws, void *stream,
+                              ina_mla_plan_info_t *info) {
+  return p->is_sparse ? ina_mla_sparse_plan(&p->sparse, host_ws, device_ws, stream, info)
+                      : ina_mla_plan(&p->dense, host_ws, device_ws, stream, info);
+}
 
 static double now_us(void) {
   struct timespec ts;
@@ -62,16 +78,15 @@ static int wait_idle(void *stream) {
 
 /* Median microseconds of RUNS plans (after a few for warm-up), each starting with
  * `stream` idle. */
-static int time_plan(const ina_mla_plan_params_t *p, void *host_ws, void *device_ws, void *stream,
-                     double *median_us) {
+static int time_plan(const planner_t *p, void *host_ws, void *device_ws, void *stream, double *median_us) {
   static double samples[RUNS];
   ina_mla_plan_info_t info;
   for (int i = 0; i < 10; i++)
-    if (!wait_idle(stream) || ina_mla_plan(p, host_ws, device_ws, stream, &info) != INA_OK) return 0;
+    if (!wait_idle(stream) || plan_once(p, host_ws, device_ws, stream, &info) != INA_OK) return 0;
   for (int i = 0; i < RUNS; i++) {
     if (!wait_idle(stream)) return 0;
     const double t0 = now_us();
-    const ina_status_t st = ina_mla_plan(p, host_ws, device_ws, stream, &info);
+    const ina_status_t st = plan_once(p, host_ws, device_ws, stream, &info);
     samples[i] = now_us() - t0;
     if (st != INA_OK) return 0;
   }
@@ -83,12 +98,15 @@ static int time_plan(const ina_mla_plan_params_t *p, void *host_ws, void *device
 
 int main(void) {
   static const shape_t shapes[] = {
-      {"decode_b256_h16", 256, 256, 1, 16, 1024, 32768},
-      {"decode_b1_h16", 1, 256, 1, 16, 8192, 8192},
-      {"mtp2_b256_h16", 256, 256, 2, 16, 1024, 32768},
-      {"decode_b256_h128", 256, 256, 1, 128, 1024, 32768},
-      {"decode_b1_h128", 1, 256, 1, 128, 8192, 8192},
-      {"mtp2_b256_h128", 256, 256, 2, 128, 1024, 32768},
+      {"decode_b256_h16", 256, 256, 1, 16, 1024, 32768, 0},
+      {"decode_b1_h16", 1, 256, 1, 16, 8192, 8192, 0},
+      {"mtp2_b256_h16", 256, 256, 2, 16, 1024, 32768, 0},
+      {"decode_b256_h128", 256, 256, 1, 128, 1024, 32768, 0},
+      {"decode_b1_h128", 1, 256, 1, 128, 8192, 8192, 0},
+      {"mtp2_b256_h128", 256, 256, 2, 128, 1024, 32768, 0},
+      {"sparse_decode_b256_h16_k2048", 256, 256, 1, 16, 1024, 32768, 2048},
+      {"sparse_mtp2_b128_h128_k2048", 128, 128, 2, 128, 1024, 32768, 2048},
+      {"sparse_prefill_4096_h128_k2048", 1, 1, 4096, 128, 8192, 8192, 2048},
   };
   static int32_t qo[257], kv[256];
   const int have_device = ina_cuda_device_count() > 0;
@@ -104,19 +122,28 @@ int main(void) {
       qo[b + 1] = qo[b] + sh->q_len;
       kv[b] = sh->kv_min + (int32_t)((seed >> 33) % (uint64_t)(sh->kv_max - sh->kv_min + 1));
     }
-    ina_mla_plan_params_t p = INA_MLA_PLAN_PARAMS_INIT;
-    p.batch = sh->batch;
-    p.max_batch = sh->max_batch;
-    p.max_q_len = sh->q_len;
-    p.qo_indptr = qo;
-    p.kv_len = kv;
-    p.num_heads = sh->heads;
-    p.num_sms = NUM_SMS;
+    planner_t p = {INA_MLA_PLAN_PARAMS_INIT, INA_MLA_SPARSE_PLAN_PARAMS_INIT, sh->topk > 0};
+    p.dense.batch = sh->batch;
+    p.dense.max_batch = sh->max_batch;
+    p.dense.max_q_len = sh->q_len;
+    p.dense.qo_indptr = qo;
+    p.dense.kv_len = kv;
+    p.dense.num_heads = sh->heads;
+    p.dense.num_sms = NUM_SMS;
+    p.sparse.batch = sh->batch;
+    p.sparse.max_tokens = sh->max_batch * sh->q_len;
+    p.sparse.qo_indptr = qo;
+    p.sparse.kv_len = kv;
+    p.sparse.topk = sh->topk > 0 ? sh->topk : 1;
+    p.sparse.num_heads = sh->heads;
+    p.sparse.num_sms = NUM_SMS;
     size_t host_bytes = 0, device_bytes = 0;
     void *host_ws = NULL;
     double us = 0;
     char name[96], formula[256];
-    if (ina_mla_workspace_size(&p, &host_bytes, &device_bytes) != INA_OK || !(host_ws = malloc(host_bytes)) ||
+    const ina_status_t sized = p.is_sparse ? ina_mla_sparse_workspace_size(&p.sparse, &host_bytes, &device_bytes)
+                                           : ina_mla_workspace_size(&p.dense, &host_bytes, &device_bytes);
+    if (sized != INA_OK || !(host_ws = malloc(host_bytes)) ||
         !time_plan(&p, host_ws, NULL, NULL, &us)) {
       fprintf(stderr, "bench_mla_plan: %s: %s\n", sh->name, ina_last_error());
       free(host_ws);
@@ -125,9 +152,10 @@ int main(void) {
     }
     snprintf(name, sizeof name, "mla_plan_%s_host", sh->name);
     snprintf(formula, sizeof formula,
-             "median wall time of ina_mla_plan over %d runs, host workspace only (%zu bytes), "
+             "median wall time of %s over %d runs, host workspace only (%zu bytes), "
              "kv_len uniform in [%d, %d], q_len %d, %d SMs",
-             RUNS, host_bytes, sh->kv_min, sh->kv_max, sh->q_len, NUM_SMS);
+             p.is_sparse ? "ina_mla_sparse_plan (each query token its top-k)" : "ina_mla_plan", RUNS, host_bytes,
+             sh->kv_min, sh->kv_max, sh->q_len, NUM_SMS);
     ina_bench_result(name, us, "us", formula);
     free(host_ws);
     host_ws = NULL;
