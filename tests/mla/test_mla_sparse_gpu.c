@@ -206,7 +206,6 @@ static int64_t count_over(const mla_case_t *c, const uint16_t *out, const float 
 typedef struct gpu_run {
   mla_dev_t d;
   void *indices; /* device [tokens, topk] */
-  ina_mla_sparse_plan_params_t pp;
 } gpu_run_t;
 
 static ina_mla_sparse_plan_params_t sparse_params(const mla_case_t *c, const spec_t *sp) {
@@ -237,8 +236,8 @@ static void gpu_attend(gpu_run_t *g, const mla_case_t *c, const spec_t *sp, cons
   const size_t tokens = (size_t)(c->tokens > 0 ? c->tokens : 1);
   CHECK_OK(mla_dev_upload(&g->d, c));
   CHECK_OK(ina_cuda_memcpy_h2d(g->indices, indices, 4 * tokens * (size_t)sp->topk));
-  g->pp = sparse_params(c, sp);
-  CHECK_OK(ina_mla_sparse_plan(&g->pp, g->d.host_ws, g->d.ws, NULL, &info));
+  const ina_mla_sparse_plan_params_t pp = sparse_params(c, sp);
+  CHECK_OK(ina_mla_sparse_plan(&pp, g->d.host_ws, g->d.ws, NULL, &info));
   CHECK_OK(ina_cuda_synchronize()); /* the schedule's copy on the default stream */
   ina_mla_run_params_t rp = mla_run_params(c, &g->d);
   rp.indices = g->indices;
