@@ -123,7 +123,10 @@ ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *device_ws,
  * The plan is ina_mla_plan's with the bucket in query tokens (max_tokens): the same
  * workspaces, the same fixed grid, the same run (which sees info.sparse_topk and reads
  * run_params.indices) and picks its kernel as for a dense plan. The sparse plan takes
- * DeepSeek's dims only (kv_lora_rank 512, rope 64; others: INA_ERR_UNSUPPORTED). */
+ * the dims the dense plan takes: DeepSeek's 512 + 64 on the tensor-core kernels (and on
+ * the generic one for an f32 cache or unaligned layouts), any other kv_lora_rank >= 1,
+ * rope_dim >= 0 with kv_lora_rank + rope_dim <= 640 on the generic fp32 kernel; larger
+ * dims are INA_ERR_UNSUPPORTED. */
 typedef struct ina_mla_sparse_plan_params {
   size_t struct_size; /* sizeof(ina_mla_sparse_plan_params_t), set by the INIT macro */
   uint32_t version;   /* 1 */
@@ -133,8 +136,8 @@ typedef struct ina_mla_sparse_plan_params {
   const int32_t *kv_len;    /* host [batch] */
   int32_t topk;             /* entries per index row, >= 1 */
   int32_t num_heads;        /* 1..128 */
-  int32_t kv_lora_rank;     /* 512 */
-  int32_t rope_dim;         /* 64 */
+  int32_t kv_lora_rank;     /* 512 for DeepSeek; other dims as for ina_mla_plan */
+  int32_t rope_dim;         /* 64 for DeepSeek */
   int32_t page_size;        /* >= 1 */
   int32_t num_sms;          /* 0: the current device's */
 } ina_mla_sparse_plan_params_t;

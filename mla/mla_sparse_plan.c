@@ -8,7 +8,14 @@
  *
  * A token's work is its selected positions plus the fixed chunk cost, so the scheduler
  * balances tokens across CTAs as it balances requests, and cuts a long list (prefill
- * with a large top-k, or many heads) over several CTAs, merged by the combine pass. */
+ * with a large top-k, or many heads) over several CTAs, merged by the combine pass.
+ *
+ * Dims. The plan takes those of the dense plan: 512 + 64 for the tensor-core kernels,
+ * anything up to kv_lora_rank + rope_dim = 640 for the generic fp32 kernel. Each kernel
+ * sees a sparse plan only through the schedule (requests of one query token, so the
+ * causal limit of a row is the whole list and a tile's rows are that token's heads),
+ * token_request (the page list) and kv_position (the list's t-th entry), and the combine
+ * pass merges split tokens as it merges split requests. */
 #define INA_LOG_SUBSYS "mla"
 #include <string.h>
 
@@ -28,9 +35,9 @@ static ina_status_t dense_bucket(const ina_mla_sparse_plan_params_t *p, ina_mla_
   INA_REQUIRE(p->max_tokens >= 1, INA_ERR_INVALID_ARGUMENT, "mla sparse plan: max_tokens %d < 1",
               p->max_tokens);
   INA_REQUIRE(p->topk >= 1, INA_ERR_INVALID_ARGUMENT, "mla sparse plan: topk %d < 1", p->topk);
-  INA_REQUIRE(p->kv_lora_rank == 512 && p->rope_dim == 64, INA_ERR_UNSUPPORTED,
-              "mla sparse plan: kv_lora_rank %d, rope_dim %d: the sparse kernels take 512 + 64 only",
-              p->kv_lora_rank, p->rope_dim);
+  /* The dims are ina_mla_check_bucket's to judge: every kernel takes a sparse plan (the
+   * generic one reads the selection as the fast ones do), so the sparse plan accepts
+   * what the dense one does. */
   ina_mla_plan_params_t b = INA_MLA_PLAN_PARAMS_INIT;
   b.max_batch = p->max_tokens;
   b.max_q_len = 1;
@@ -115,7 +122,7 @@ ina_status_t ina_mla_sparse_plan(const ina_mla_sparse_plan_params_t *p, void *ho
   info->kv_lora_rank = p->kv_lora_rank;
   info->rope_dim = p->rope_dim;
   info->page_size = p->page_size;
-  info->path = INA_MLA_PATH_FAST;
+  info->path = p->kv_lora_rank == 512 && p->rope_dim == 64 ? INA_MLA_PATH_FAST : INA_MLA_PATH_GENERIC;
   info->sparse_topk = p->topk;
 fail:
   if (st != INA_OK && info) memset(info, 0, sizeof *info);

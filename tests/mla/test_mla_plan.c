@@ -476,10 +476,15 @@ static void validation(void) {
 /* Sparse plans (ina_mla_sparse_plan): a step's query tokens become one-token requests
  * whose KV length is min(topk, visible). The schedule must be the dense plan's of exactly
  * those requests (which plan_and_check validates in full), byte for byte, and
- * token_request must name each token's request. Then the sparse plan's own refusals. */
+ * token_request must name each token's request. The dims are the dense plan's: DeepSeek's
+ * 512 + 64 (the fast path) and the generic kernel's smaller ones, with the path the dense
+ * plan reports. Then the dims at the generic kernel's limit, and the sparse plan's own
+ * refusals. */
 static void sparse_plans(test_rng_t *rng) {
-  for (int trial = 0; trial < 60; trial++) {
+  static const int32_t dims[][2] = {{512, 64}, {32, 8}, {64, 16}, {128, 16}, {256, 0}, {576, 64}};
+  for (int trial = 0; trial < 72; trial++) {
     const int32_t batch = (int32_t)test_rng_int(rng, 0, 12), heads = trial % 3 == 0 ? 128 : trial % 3 == 1 ? 16 : 3;
+    const int32_t C = dims[(trial / 3) % 6][0], R = dims[(trial / 3) % 6][1];
     const int32_t topk = trial % 2 ? 2048 : (int32_t)test_rng_int(rng, 1, 100);
     const int32_t num_sms = (int32_t)test_rng_int(rng, 1, 140);
     int32_t qo_indptr[13] = {0}, kv_len[12], vqo[13 * 8], vkv[12 * 8];
@@ -505,10 +510,15 @@ static void sparse_plans(test_rng_t *rng) {
     sp.kv_len = kv_len;
     sp.topk = topk;
     sp.num_heads = heads;
+    sp.kv_lora_rank = C;
+    sp.rope_dim = R;
     sp.num_sms = num_sms;
-    const ina_mla_plan_params_t dp = params(tokens, max_tokens, 1, heads, vqo, vkv, num_sms);
-    char what[96];
-    snprintf(what, sizeof what, "sparse trial %d (%d tokens, %d heads, top-k %d)", trial, tokens, heads, topk);
+    ina_mla_plan_params_t dp = params(tokens, max_tokens, 1, heads, vqo, vkv, num_sms);
+    dp.kv_lora_rank = C;
+    dp.rope_dim = R;
+    char what[128];
+    snprintf(what, sizeof what, "sparse trial %d (%d tokens, %d heads, top-k %d, dims %d + %d)", trial, tokens,
+             heads, topk, C, R);
     plan_and_check(&dp, what);
     size_t sh = 0, sd = 0, dh = 0, dd = 0;
     CHECK_OK(ina_mla_sparse_workspace_size(&sp, &sh, &sd));
@@ -527,8 +537,11 @@ static void sparse_plans(test_rng_t *rng) {
       CHECKF(memcmp(a, b, v.l.token_request) == 0 && memcmp(a + v.l.merges, b + v.l.merges, used - v.l.merges) == 0,
              "%s: the schedule differs from the dense plan of its one-token requests", what);
       CHECKF(si.sparse_topk == topk && di.sparse_topk == 0 && si.batch == tokens && si.total_tokens == tokens &&
-                 si.num_ctas == di.num_ctas && si.num_splits_max == di.num_splits_max && si.max_q_len == 1,
+                 si.num_ctas == di.num_ctas && si.num_splits_max == di.num_splits_max && si.max_q_len == 1 &&
+                 si.path == di.path && si.kv_lora_rank == C && si.rope_dim == R,
              "%s: plan info", what);
+      CHECKF(si.path == (C == 512 && R == 64 ? INA_MLA_PATH_FAST : INA_MLA_PATH_GENERIC), "%s: path %d", what,
+             si.path);
       const int32_t *token_request = (const int32_t *)(a + v.l.token_request);
       for (int32_t r = 0; r < batch; r++)
         for (int32_t t = qo_indptr[r]; t < qo_indptr[r + 1]; t++)
@@ -551,13 +564,52 @@ static void sparse_plans(test_rng_t *rng) {
   CHECK_OK(ina_mla_sparse_workspace_size(&base, &hb, &db));
   void *ws = malloc(hb);
   CHECK(ws != NULL);
+  /* Dims at the edge of the generic kernel (kv_lora_rank + rope_dim <= 640): accepted on
+   * the generic path up to the limit, INA_ERR_UNSUPPORTED past it, as ina_mla_plan. The
+   * rank-256 bucket is no larger than base's, so base's workspace holds its schedule. */
+  static const struct {
+    int32_t C, R;
+    ina_status_t want;
+  } edge[] = {{576, 64, INA_OK}, {512, 128, INA_OK}, {640, 0, INA_OK}, {1, 0, INA_OK}, {256, 64, INA_OK},
+              {577, 64, INA_ERR_UNSUPPORTED}, {600, 64, INA_ERR_UNSUPPORTED}, {512, 129, INA_ERR_UNSUPPORTED},
+              {641, 0, INA_ERR_UNSUPPORTED}, {0, 64, INA_ERR_INVALID_ARGUMENT}, {64, -1, INA_ERR_INVALID_ARGUMENT}};
+  ina_log_set_quiet_errors(1);
+  for (size_t e = 0; e < sizeof edge / sizeof edge[0] && ws; e++) {
+    ina_mla_sparse_plan_params_t p = base;
+    p.kv_lora_rank = edge[e].C;
+    p.rope_dim = edge[e].R;
+    ina_mla_plan_params_t dp = params(5, 5, 1, 16, NULL, NULL, 4);
+    dp.kv_lora_rank = edge[e].C;
+    dp.rope_dim = edge[e].R;
+    size_t sh = 0, sd = 0, dh = 0, dd = 0;
+    const ina_status_t sw = ina_mla_sparse_workspace_size(&p, &sh, &sd);
+    const ina_status_t dw = ina_mla_workspace_size(&dp, &dh, &dd);
+    CHECKF(sw == edge[e].want && dw == edge[e].want && sh == dh && sd == dd,
+           "sparse dims %d + %d: workspace status %d (dense %d), expected %d", edge[e].C, edge[e].R, (int)sw,
+           (int)dw, (int)edge[e].want);
+    ina_mla_plan_info_t info;
+    memset(&info, 0x33, sizeof info);
+    void *pws = sh > hb ? malloc(sh) : ws;
+    const ina_status_t st = pws ? ina_mla_sparse_plan(&p, pws, NULL, NULL, &info) : INA_ERR_OUT_OF_MEMORY;
+    CHECKF(st == edge[e].want, "sparse dims %d + %d: plan status %d, expected %d", edge[e].C, edge[e].R, (int)st,
+           (int)edge[e].want);
+    if (st == INA_OK)
+      CHECKF(info.path == INA_MLA_PATH_GENERIC && info.kv_lora_rank == edge[e].C && info.rope_dim == edge[e].R &&
+                 info.sparse_topk == 16 && info.num_ctas == 8,
+             "sparse dims %d + %d: info (path %d)", edge[e].C, edge[e].R, info.path);
+    else
+      CHECKF(info.num_ctas == 0 && info.sparse_topk == 0, "sparse dims %d + %d: info not zeroed", edge[e].C,
+             edge[e].R);
+    if (pws != ws) free(pws);
+  }
+  ina_log_set_quiet_errors(0);
   for (int k = 0; k < 5 && ws; k++) {
     ina_mla_sparse_plan_params_t p = base;
     const int32_t short_kv[2] = {1, 9};
     const char *why = "";
     if (k == 0) p.max_tokens = 4, why = "5 tokens over max_tokens 4";
     if (k == 1) p.topk = 0, why = "topk 0";
-    if (k == 2) p.kv_lora_rank = 256, why = "kv_lora_rank 256";
+    if (k == 2) p.kv_lora_rank = 600, why = "kv_lora_rank 600 + rope 64, past the generic kernel's 640";
     if (k == 3) p.kv_len = short_kv, why = "q_len 2 > kv_len 1";
     if (k == 4) p.version = 2, why = "version 2";
     ina_mla_plan_info_t info;
