@@ -19,17 +19,31 @@
  * Semantics: exactly dsa.h's ops 1 and 2 (requests, causal visibility, -INFINITY from the
  * visible length to score_stride - 1, the top-k order and tie rule, -1 tails), with q in
  * bf16 instead of f32. The top-k is bit-exact: the reference (INA_DSA_BACKEND_REF) given
- * the same scores returns the same indices. The scores are fp32 tensor-core sums (bf16 q
- * times bf16 or FP8-converted keys, fp32 accumulation in an unspecified order), so they
- * differ from the reference's double sums by rounding only; the order of summation is
- * fixed, so a run is deterministic.
+ * the same scores returns the same indices. The scores are fp32 sums (bf16 q times bf16
+ * or FP8-converted keys, fp32 accumulation), so they differ from the reference's double
+ * sums by rounding only; each kernel's order of summation is fixed, so a run is
+ * deterministic.
  *
- * GPU limits (INA_ERR_UNSUPPORTED with a message): num_heads 1 .. 64, head_dim a multiple
- * of 16 in 16 .. 128, topk 1 .. INA_DSA_GPU_MAX_TOPK, key formats INA_DSA_KEY_BF16 and
- * INA_DSA_KEY_FP8 (inline or paged layout), with 4-byte aligned key rows and scales
- * (16-byte aligned rows take a faster copy path). Page ids and kv_indptr live in device
- * memory and are not checked (a page table that does not cover a request's kv_len is
- * undefined behaviour).
+ * Two score kernels; the run picks one from the shape and the alignment it is given:
+ *   tensor cores (mma.sync): num_heads 1 .. INA_DSA_GPU_MMA_MAX_HEADS (64), head_dim a
+ *     multiple of 16 in 16 .. INA_DSA_GPU_MMA_MAX_HEAD_DIM (128), key rows, page_stride,
+ *     token_stride and FP8 scales 4-byte aligned, q 8-byte aligned (16-byte aligned rows
+ *     take a faster copy path). V3.2's 64 heads x 128 dims run here.
+ *   CUDA cores (fp32 fma, one thread per position): every other shape within the GPU
+ *     limits below, and the shapes above with misaligned rows; much slower, meant for
+ *     small models and test fixtures (e.g. 4 heads x 40 dims). It needs only natural
+ *     alignment: bf16 key rows (keys, page_stride, token_stride) 2-byte aligned, FP8
+ *     rows and scales any alignment.
+ * Both compute the same function with the same rounding model (tests/attention/
+ * test_dsa_gpu.c bounds each element against the reference with one formula), but not
+ * bit-identically to each other.
+ *
+ * GPU limits (INA_ERR_UNSUPPORTED with a message): num_heads 1 .. INA_DSA_GPU_MAX_HEADS
+ * (128), head_dim 1 .. INA_DSA_GPU_MAX_HEAD_DIM (256), topk 1 .. INA_DSA_GPU_MAX_TOPK, key
+ * formats INA_DSA_KEY_BF16 and INA_DSA_KEY_FP8 (inline or paged layout), bf16 key rows
+ * 2-byte aligned, q 2-byte and weights 4-byte aligned. Page ids and kv_indptr live in
+ * device memory and are not checked (a page table that does not cover a request's kv_len
+ * is undefined behaviour).
  *
  * Ownership: the caller owns both workspaces and every tensor; nothing is kept after a
  * call. Thread safety: plans and runs on different workspaces may run concurrently; runs
@@ -47,10 +61,13 @@
 extern "C" {
 #endif
 
-#define INA_DSA_GPU_MAX_HEADS 64
-#define INA_DSA_GPU_MAX_HEAD_DIM 128
+#define INA_DSA_GPU_MAX_HEADS 128
+#define INA_DSA_GPU_MAX_HEAD_DIM 256
 #define INA_DSA_GPU_MAX_TOPK 2048
-/* 65535 score CTAs of 1024 positions per row. */
+/* The tensor-core score kernel's shapes (the rest take the CUDA-core kernel). */
+#define INA_DSA_GPU_MMA_MAX_HEADS 64
+#define INA_DSA_GPU_MMA_MAX_HEAD_DIM 128
+/* 65535 score CTAs of 1024 positions per row (both score kernels). */
 #define INA_DSA_GPU_MAX_SCORE_STRIDE (65535 * 1024)
 
 typedef struct ina_dsa_gpu_plan_params {
@@ -63,7 +80,7 @@ typedef struct ina_dsa_gpu_plan_params {
   int32_t max_kv_len;       /* bucket: the longest kv_len a step may have (>= 1) */
   int32_t page_size;        /* >= 1, that of the index cache */
   int32_t num_heads;        /* index heads, 1 .. INA_DSA_GPU_MAX_HEADS (V3.2: 64) */
-  int32_t head_dim;         /* multiple of 16, 16 .. INA_DSA_GPU_MAX_HEAD_DIM (V3.2: 128) */
+  int32_t head_dim;         /* 1 .. INA_DSA_GPU_MAX_HEAD_DIM (V3.2: 128) */
   int32_t topk;             /* k, 1 .. INA_DSA_GPU_MAX_TOPK (V3.2: 2048) */
   int32_t score_stride;     /* elements per score row, >= max_kv_len; 0: max_kv_len */
 } ina_dsa_gpu_plan_params_t;
@@ -113,11 +130,13 @@ typedef struct ina_dsa_gpu_score_run_params {
 
 #define INA_DSA_GPU_SCORE_RUN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_gpu_score_run_params_t), .version = 1}
 
-/* Enqueues the score kernel on `stream`. The FP8 descriptor must have scale_stride != 0
- * (ina_dsa_index_cache_fp8_inline or _fp8_paged). Errors: INA_ERR_INVALID_ARGUMENT for an
- * unplanned info, NULL pointers, a cache that does not match the plan, a bad scale;
- * INA_ERR_UNSUPPORTED for F32 keys or misaligned key rows / scales; INA_ERR_CUDA for a
- * failed launch. */
+/* Enqueues one score kernel on `stream` (which one: see above; the choice depends only on
+ * the plan's shape and the pointers and strides given here, so a captured graph keeps
+ * it). The FP8 descriptor must have scale_stride != 0 (ina_dsa_index_cache_fp8_inline or
+ * _fp8_paged). Errors: INA_ERR_INVALID_ARGUMENT for an unplanned info, NULL pointers, a
+ * cache that does not match the plan, a bad scale; INA_ERR_UNSUPPORTED for F32 keys,
+ * bf16 key rows that are not 2-byte aligned, q not 2-byte or weights not 4-byte aligned;
+ * INA_ERR_CUDA for a failed launch. */
 ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *info, const void *device_ws,
                                    const ina_dsa_gpu_score_run_params_t *p, void *stream);
 

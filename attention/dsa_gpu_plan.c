@@ -25,12 +25,12 @@ static ina_status_t check_shape(const ina_dsa_gpu_plan_params_t *p) {
   INA_REQUIRE(p->page_size >= 1, INA_ERR_INVALID_ARGUMENT, "dsa gpu: page_size %d < 1", p->page_size);
   INA_REQUIRE(p->num_heads >= 1, INA_ERR_INVALID_ARGUMENT, "dsa gpu: num_heads %d < 1", p->num_heads);
   INA_REQUIRE(p->num_heads <= INA_DSA_GPU_MAX_HEADS, INA_ERR_UNSUPPORTED,
-              "dsa gpu: num_heads %d: the kernel keeps at most %d heads of q in registers",
+              "dsa gpu: num_heads %d: the score kernels take at most %d index heads",
               p->num_heads, INA_DSA_GPU_MAX_HEADS);
   INA_REQUIRE(p->head_dim >= 1, INA_ERR_INVALID_ARGUMENT, "dsa gpu: head_dim %d < 1", p->head_dim);
-  INA_REQUIRE(p->head_dim % 16 == 0 && p->head_dim <= INA_DSA_GPU_MAX_HEAD_DIM, INA_ERR_UNSUPPORTED,
-              "dsa gpu: head_dim %d: the tensor-core kernel needs a multiple of 16 up to %d",
-              p->head_dim, INA_DSA_GPU_MAX_HEAD_DIM);
+  INA_REQUIRE(p->head_dim <= INA_DSA_GPU_MAX_HEAD_DIM, INA_ERR_UNSUPPORTED,
+              "dsa gpu: head_dim %d: the score kernels take at most %d dims", p->head_dim,
+              INA_DSA_GPU_MAX_HEAD_DIM);
   INA_REQUIRE(p->topk >= 1, INA_ERR_INVALID_ARGUMENT, "dsa gpu: topk (k) %d < 1", p->topk);
   INA_REQUIRE(p->topk <= INA_DSA_GPU_MAX_TOPK, INA_ERR_UNSUPPORTED,
               "dsa gpu: topk %d: the selection sorts at most %d entries in shared memory", p->topk,

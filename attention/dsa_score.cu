@@ -1,5 +1,7 @@
-/* The lightning indexer's scores on tensor cores (attention/dsa_gpu.h):
+/* The lightning indexer's scores (attention/dsa_gpu.h):
  *   score[s, t] = sum_h w[s, h] * relu(softmax_scale * scale_t * (q[s, h, :] . k[t, :]))
+ * on tensor cores for the shapes DeepSeek-V3.2 has, and on CUDA cores for the others (the
+ * fallback at the end of this file).
  *
  * Work split. CTA (token s, chunk c) scores positions [c * kChunk, (c + 1) * kChunk) of
  * row s, the grid (max_tokens x score_stride / kChunk) fixed by the bucket: a CTA whose
@@ -50,8 +52,9 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kTileRows = 16 * kWarps; /* positions per pipeline stage */
 constexpr int kStages = 4;
 constexpr int kChunk = 1024; /* positions per CTA */
-constexpr int kMaxKSteps = INA_DSA_GPU_MAX_HEAD_DIM / 16;
+constexpr int kMaxKSteps = INA_DSA_GPU_MMA_MAX_HEAD_DIM / 16;
 static_assert(kChunk * 65535LL == INA_DSA_GPU_MAX_SCORE_STRIDE, "the header's stride limit is this grid's");
+static_assert(INA_DSA_GPU_MMA_MAX_HEADS <= 64, "launch_heads keeps at most 8 tiles of 8 heads");
 
 struct Args {
   const uint16_t *q;
@@ -265,6 +268,85 @@ static cudaError_t launch_heads(const Args &a, dim3 grid, size_t smem, cudaStrea
   return launch<8, FP8>(a, grid, smem, stream);
 }
 
+/* ---- the CUDA-core fallback ------------------------------------------------------------
+ *
+ * For the shapes the tensor-core kernel does not take (head_dim not a multiple of 16 or
+ * above 128, more than 64 heads, rows not 4-byte aligned): V3.2's own shape never comes
+ * here, so the kernel stays as plain as the reference. The grid is the tensor-core
+ * kernel's (token s x chunks of kChunk positions, fixed by the bucket); thread i of a CTA
+ * takes positions begin + i, begin + i + kGenThreads, ... of its chunk and, for each,
+ * walks the heads in order 0 .. H-1 and the dims in order 0 .. D-1:
+ *   dot = fma(q_hd, k_d, dot)                  (d ascending, from 0)
+ *   sum = fma(w_h, max(dot * c, 0), sum)       (h ascending, from 0), c = softmax_scale * scale_t
+ * with every operation in round-to-nearest (the _rn intrinsics: no contraction or fast-math
+ * flag can reorder them), so a run is deterministic and obeys the tensor-core kernel's
+ * error model: D fp32 roundings in the dot product, one each for c and dot * c, H in the
+ * sum over heads. Keys are read per element (bf16 as 16-bit loads, FP8 bytewise) and q and
+ * w straight from global memory (one address per warp: a broadcast the L1 serves), so no
+ * shared memory and no alignment beyond the elements' own is needed. A key row is re-read
+ * once per head from L1; at the shapes this serves (a few heads) that is cheap. */
+
+constexpr int kGenThreads = 128;
+
+/* An e4m3 byte as f32, exactly (every e4m3 value is an f16). */
+__device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+/* A little-endian f32 at any alignment. */
+__device__ __forceinline__ float load_f32_bytes(const char *p) {
+  const uint8_t *b = reinterpret_cast<const uint8_t *>(p);
+  return __uint_as_float((uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) |
+                         ((uint32_t)b[3] << 24));
+}
+
+template <bool FP8>
+__device__ __forceinline__ float key_at(const char *row, int d) {
+  if (FP8) return e4m3_to_f32((uint8_t)row[d]);
+  return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t *>(row)[d] << 16);
+}
+
+template <bool FP8>
+__global__ void __launch_bounds__(kGenThreads) dsa_score_generic_kernel(const Args a) {
+  const int32_t s = blockIdx.x;
+  if (s >= a.header->total_tokens) return;
+  const ina_dsa_gpu_token_row_t row = a.rows[s];
+  const int32_t begin = blockIdx.y * kChunk;
+  const int32_t end = min(begin + kChunk, a.score_stride);
+  float *out = a.scores + (int64_t)s * a.score_stride;
+  const int32_t page_base = a.kv_indptr[row.request];
+  const uint16_t *q = a.q + (int64_t)s * a.num_heads * a.head_dim;
+  const float *w = a.weights + (int64_t)s * a.num_heads;
+  for (int32_t t = begin + (int32_t)threadIdx.x; t < end; t += kGenThreads) {
+    if (t >= row.visible) { /* the causal bound and the padding alike */
+      out[t] = -INFINITY;
+      continue;
+    }
+    const int32_t pq = t / a.page_size, slot = t - pq * a.page_size;
+    const int64_t page = a.kv_indices[page_base + pq];
+    const char *page_bytes = a.keys + page * a.page_stride;
+    const char *key = page_bytes + (int64_t)slot * a.token_stride;
+    float c = a.softmax_scale;
+    if (FP8) c = __fmul_rn(c, load_f32_bytes(page_bytes + a.scale_offset + (int64_t)slot * a.scale_stride));
+    float sum = 0.0f;
+    for (int32_t h = 0; h < a.num_heads; h++) {
+      const uint16_t *qh = q + (int64_t)h * a.head_dim;
+      float dot = 0.0f;
+      for (int32_t d = 0; d < a.head_dim; d++)
+        dot = __fmaf_rn(__uint_as_float((uint32_t)__ldg(qh + d) << 16), key_at<FP8>(key, d), dot);
+      sum = __fmaf_rn(__ldg(w + h), fmaxf(__fmul_rn(dot, c), 0.0f), sum);
+    }
+    out[t] = sum;
+  }
+}
+
+template <bool FP8>
+static cudaError_t launch_generic(const Args &a, dim3 grid, cudaStream_t stream) {
+  dsa_score_generic_kernel<FP8><<<grid, kGenThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 }  // namespace ina_dsa_score
 
 using namespace ina_dsa_score;
@@ -283,7 +365,7 @@ extern "C" ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *inf
                                               const ina_dsa_gpu_score_run_params_t *p, void *stream) {
   ina_status_t st = INA_OK;
   Args a = {};
-  bool fp8 = false;
+  bool fp8 = false, mma = false;
   int64_t base = 0;
   size_t smem = 0;
   dim3 grid;
@@ -312,17 +394,20 @@ extern "C" ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *inf
   INA_REQUIRE(p->softmax_scale > 0 && isfinite(p->softmax_scale), INA_ERR_INVALID_ARGUMENT,
               "dsa gpu score: softmax_scale %g is not a positive number", (double)p->softmax_scale);
   base = (int64_t)(uintptr_t)p->cache.keys;
-  INA_REQUIRE(aligned(base, 4) && aligned(p->cache.page_stride, 4) && aligned(p->cache.token_stride, 4),
+  /* Both kernels read bf16 keys as 16-bit values, q as bf16 and the weights as f32. */
+  INA_REQUIRE(fp8 || (aligned(base, 2) && aligned(p->cache.page_stride, 2) && aligned(p->cache.token_stride, 2)),
               INA_ERR_UNSUPPORTED,
-              "dsa gpu score: key rows must be 4-byte aligned (keys %% 4 = %lld, page_stride %lld, "
-              "token_stride %lld)", (long long)(base % 4), (long long)p->cache.page_stride,
+              "dsa gpu score: bf16 key rows must be 2-byte aligned (keys %% 2 = %lld, page_stride "
+              "%lld, token_stride %lld)", (long long)(base % 2), (long long)p->cache.page_stride,
               (long long)p->cache.token_stride);
-  INA_REQUIRE(!fp8 || (aligned(p->cache.scale_offset, 4) && aligned(p->cache.scale_stride, 4)),
-              INA_ERR_UNSUPPORTED,
-              "dsa gpu score: FP8 scales must be 4-byte aligned (scale_offset %lld, scale_stride %lld)",
-              (long long)p->cache.scale_offset, (long long)p->cache.scale_stride);
-  INA_REQUIRE(aligned((int64_t)(uintptr_t)p->q, 8), INA_ERR_UNSUPPORTED,
-              "dsa gpu score: q must be 8-byte aligned");
+  INA_REQUIRE(aligned((int64_t)(uintptr_t)p->q, 2) && aligned((int64_t)(uintptr_t)p->weights, 4),
+              INA_ERR_UNSUPPORTED, "dsa gpu score: q must be 2-byte and weights 4-byte aligned");
+  /* The tensor-core kernel's shapes and alignment; anything else takes the fallback. */
+  mma = info->num_heads <= INA_DSA_GPU_MMA_MAX_HEADS && info->head_dim % 16 == 0 &&
+        info->head_dim <= INA_DSA_GPU_MMA_MAX_HEAD_DIM && aligned(base, 4) &&
+        aligned(p->cache.page_stride, 4) && aligned(p->cache.token_stride, 4) &&
+        (!fp8 || (aligned(p->cache.scale_offset, 4) && aligned(p->cache.scale_stride, 4))) &&
+        aligned((int64_t)(uintptr_t)p->q, 8);
   a.q = p->q;
   a.weights = p->weights;
   a.keys = (const char *)p->cache.keys;
@@ -340,11 +425,16 @@ extern "C" ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *inf
   a.page_size = info->page_size;
   a.num_heads = info->num_heads;
   a.head_dim = info->head_dim;
+  grid = dim3((unsigned)info->max_tokens, (unsigned)((info->score_stride + kChunk - 1) / kChunk));
+  if (grid.y == 0) grid.y = 1;
+  if (!mma) {
+    INA_CUDA_CHECK(fp8 ? launch_generic<true>(a, grid, (cudaStream_t)stream)
+                       : launch_generic<false>(a, grid, (cudaStream_t)stream));
+    return st;
+  }
   a.row_words = fp8 ? fp8_row_words(info->head_dim) : bf16_row_words(info->head_dim);
   a.copy16 = aligned(base, 16) && aligned(a.page_stride, 16) && aligned(a.token_stride, 16);
   smem = smem_bytes(a.row_words);
-  grid = dim3((unsigned)info->max_tokens, (unsigned)((info->score_stride + kChunk - 1) / kChunk));
-  if (grid.y == 0) grid.y = 1;
   INA_CUDA_CHECK(fp8 ? launch_heads<true>(a, grid, smem, (cudaStream_t)stream)
                      : launch_heads<false>(a, grid, smem, (cudaStream_t)stream));
 fail:
