@@ -2,8 +2,9 @@
  * (model/engine_cpu.c, model/cpu_ops.h, model/sampler.h) that the GPU forward pass
  * strings together:
  *   embedding gather, RMSNorm (optionally fused with the residual add and FP8
- *   quantization), RoPE of the query's rope part, SiLU(gate) * up (optionally FP8),
- *   greedy argmax and temperature / top-k / top-p sampling.
+ *   quantization), LayerNorm with bias (DeepSeek-V3.2's indexer key norm), RoPE of the
+ *   query's rope part, SiLU(gate) * up (optionally FP8), greedy argmax and
+ *   temperature / top-k / top-p sampling.
  * The MoE ops (router, permutation, combine) are in moe_ep/moe_gpu.h, under the same
  * contract and error word.
  *
@@ -114,7 +115,55 @@ typedef struct ina_gpu_rmsnorm_params {
  * vectorized path. One CTA per row. */
 ina_status_t ina_gpu_rmsnorm(const ina_gpu_rmsnorm_params_t *p, void *stream);
 
-/* ---- 3. RoPE -------------------------------------------------------------------------- */
+/* ---- 3. LayerNorm ---------------------------------------------------------------------- */
+
+/* Row by row over [rows, cols], torch.nn.LayerNorm with the biased variance (DeepSeek-
+ * V3.2's indexer k_norm, eps 1e-6):
+ *   mean = sum(x) / cols,  var = sum((x - mean)^2) / cols,  inv = 1 / sqrt(var + eps),
+ *   y = bf16(((x - mean) * inv) * weight + bias)
+ * in fp32, every operation one correctly rounded fp32 operation (the two sums in a fixed
+ * order: each thread's columns in order, then the warp tree, then the warps; no fused
+ * multiply-add in the last line), y rounded once to bf16.
+ *
+ * Error against ina_cpu_layernorm (model/cpu_ops.c, mean and variance in double) on the
+ * same bf16 inputs, for rows whose sums stay finite in fp32: with u = 2^-24, t and inv
+ * the exact values, m1 = sum|x| / cols and S = ceil(cols / 512) + 10 (the longest chain
+ * of roundings in either sum: a thread's columns, then the two 32-lane trees), the fp32
+ * value before the bf16 rounding differs from the CPU's float by at most
+ *   u * ((S / 2 + 12) |t w| + (S + 1) |w| inv m1 + 2 |b|)
+ * to first order in u. The mean's error, up to (S + 1) u m1, enters through x - mean;
+ * the variance gets its S + 3 roundings, not the mean's error, which cancels to first
+ * order because the deviations from the mean sum to zero; the square root and the
+ * reciprocal halve the first and add two; the CPU's own float roundings are counted in
+ * the bound. That is a few fp32 ulp of the result for rows whose mean is small against
+ * their spread; the bf16 rounding then adds at most half a bf16 ulp. A constant row with
+ * eps 0 gives 0 * inf = NaN, as the CPU and torch do.
+ *
+ * Aliasing: y may be x itself (same pointer and stride); otherwise they must not
+ * overlap. */
+typedef struct ina_gpu_layernorm_params {
+  size_t struct_size; /* sizeof(ina_gpu_layernorm_params_t), set by the INIT macro */
+  uint32_t version;   /* 1 */
+  int64_t rows;       /* >= 0 */
+  int64_t cols;       /* 1 .. 32768 (128, the indexer's head_dim, in V3.2) */
+  const uint16_t *x;  /* bf16 [rows, x_stride] */
+  int64_t x_stride;   /* elements between rows, >= cols; 0 = cols */
+  const float *weight; /* f32 [cols] */
+  const float *bias;   /* f32 [cols] */
+  float eps;           /* finite, >= 0 */
+  uint16_t *y;         /* bf16 [rows, y_stride]; may be x itself (same pointer and stride) */
+  int64_t y_stride;    /* 0 = cols */
+} ina_gpu_layernorm_params_t;
+
+#define INA_GPU_LAYERNORM_PARAMS_INIT                                                    \
+  {sizeof(ina_gpu_layernorm_params_t), 1, 0, 0, NULL, 0, NULL, NULL, 1e-6f, NULL, 0}
+
+/* x, weight, bias and y must not be NULL and are aligned to their element size (no
+ * other alignment is needed). One CTA per row (the grid is rows), of one thread per
+ * column up to 512 threads. */
+ina_status_t ina_gpu_layernorm(const ina_gpu_layernorm_params_t *p, void *stream);
+
+/* ---- 4. RoPE -------------------------------------------------------------------------- */
 
 /* Rotates, in place, the rope part of every head of every token, as ina_cpu_rope:
  * for i < rope_dim / 2, with (a, b) = dims (2i, 2i+1) when pairs_layout is nonzero
@@ -153,7 +202,7 @@ typedef struct ina_gpu_rope_params {
 /* The heads of a token must not overlap one another (nor other tokens' rope parts). */
 ina_status_t ina_gpu_rope(const ina_gpu_rope_params_t *p, void *stream);
 
-/* ---- 4. SiLU(gate) * up ---------------------------------------------------------------- */
+/* ---- 5. SiLU(gate) * up ---------------------------------------------------------------- */
 
 /* out[r, i] = bf16(silu(gate[r, i]) * up[r, i]) with silu(g) = g / (1 + exp(-g)) in fp32
  * (ina_cpu_silu_mul), for r < rows, i < inter. Row r of gate starts at
@@ -169,7 +218,7 @@ ina_status_t ina_gpu_silu_mul(int64_t rows, int64_t inter, const uint16_t *gate,
                               const uint16_t *up, int64_t in_stride, uint16_t *out,
                               uint8_t *out_fp8, float *out_scale_inv, void *stream);
 
-/* ---- 5. Sampling ----------------------------------------------------------------------- */
+/* ---- 6. Sampling ----------------------------------------------------------------------- */
 
 /* Greedy: out[r] = the first index of the largest logit of row r, NaN entries skipped;
  * 0 when every entry is NaN (ina_argmax_f32, which it matches exactly).

@@ -22,6 +22,10 @@ ina_status_t ina_gpu_rmsnorm(const ina_gpu_rmsnorm_params_t *p, void *stream) {
   return unsupported("ina_gpu_rmsnorm");
 }
 
+ina_status_t ina_gpu_layernorm(const ina_gpu_layernorm_params_t *p, void *stream) {
+  return unsupported("ina_gpu_layernorm");
+}
+
 ina_status_t ina_gpu_rope(const ina_gpu_rope_params_t *p, void *stream) {
   return unsupported("ina_gpu_rope");
 }
