@@ -1,6 +1,7 @@
 /* The lightning indexer of DeepSeek Sparse Attention on the GPU: the index scores over the
  * paged index-key cache and the top-k selection (attention/dsa.h defines both; the GPU
- * computes the same thing). One step plan serves both runs:
+ * computes the same thing), and the append of new index keys into that cache
+ * (ina_dsa_gpu_append, at the end; it needs no plan). One step plan serves both runs:
  *
  *   size:  ina_dsa_gpu_workspace_size(&plan_params, &host_bytes, &device_bytes)
  *   plan:  ina_dsa_gpu_plan(&plan_params, host_ws, device_ws, stream, &info) -- on the
@@ -152,6 +153,48 @@ typedef struct ina_dsa_gpu_topk_run_params {
 /* Enqueues the top-k kernel on `stream` (one CTA per query token of the bucket). */
 ina_status_t ina_dsa_gpu_topk_run(const ina_dsa_gpu_plan_info_t *info, const void *device_ws,
                                   const ina_dsa_gpu_topk_run_params_t *p, void *stream);
+
+/* ---- index-key append ---------------------------------------------------------------- */
+
+/* Writes each token's index key into the paged index-key cache, converted to the cache's
+ * format exactly as ina_dsa_index_key_store does on the host (dsa.h), byte for byte:
+ *   BF16: the bf16 row, copied;
+ *   FP8:  the row's values (bf16 widened to f32) quantized by ina_dsa_index_key_quantize_fp8's
+ *         rule (amax / 448 as the scale, e4m3 bytes of value / scale rounded to nearest
+ *         even and saturated), bytes and f32 scale where the descriptor puts them (inline
+ *         or paged layout; the scale is written bytewise, any alignment).
+ * Row i goes to slot slots[i] of page page_ids[i]; a negative page id (the padding rows of
+ * a CUDA-graph bucket) or a slot outside 0 .. page_size - 1 skips the row (the kernel
+ * cannot report it), and nothing else in the cache is touched. Two rows naming the same
+ * slot race (undefined which one lands). A key with a NaN or an infinity, which the host
+ * quantizer refuses, is written as an FP8 row of unspecified bytes. */
+typedef struct ina_dsa_gpu_append_params {
+  size_t struct_size;  /* sizeof, set by the INIT macro */
+  uint32_t version;    /* 1 */
+  int32_t num_tokens;  /* >= 0 rows of k */
+  const uint16_t *k;   /* device bf16 [num_tokens, k_stride]: the keys, already normalized and roped */
+  int64_t k_stride;    /* elements between rows, >= head_dim; 0 = head_dim */
+  const int32_t *page_ids; /* device [num_tokens]: page of each token; a negative id skips the row (padding rows of a CUDA-graph bucket) */
+  const int32_t *slots;    /* device [num_tokens]: slot within the page, 0 .. page_size-1 */
+  ina_dsa_index_cache_t cache; /* device keys, written (BF16 or FP8, inline or paged layout) */
+} ina_dsa_gpu_append_params_t;
+
+#define INA_DSA_GPU_APPEND_PARAMS_INIT {.struct_size = sizeof(ina_dsa_gpu_append_params_t), .version = 1}
+
+/* Enqueues the append on `stream` (a cudaStream_t, NULL = the default stream); returns at
+ * once. The grid depends only on num_tokens (one warp per row), so a graph captured for a
+ * bucket of num_tokens rows replays with other page ids, slots and keys in the same
+ * buffers. num_tokens 0 enqueues nothing (the pointers may then be NULL). Every argument
+ * is checked before anything is enqueued. Errors: INA_ERR_INVALID_ARGUMENT (naming the
+ * argument) for NULL params, a missing INIT, num_tokens < 0, NULL k / page_ids / slots /
+ * cache.keys, k_stride < head_dim, page_size or head_dim < 1, an unknown format,
+ * token_stride shorter than a key, page_stride < 1, an FP8 cache whose scale_stride is
+ * under 4 (0: ina_dsa_index_cache_dense's FP8 descriptor); INA_ERR_UNSUPPORTED for F32
+ * keys (no GPU kernel), a BF16 cache whose keys, page_stride or token_stride is odd, k
+ * not 2-byte aligned, and in builds without CUDA; INA_ERR_CUDA for a failed launch. The
+ * caller owns every buffer; nothing is kept. Thread safety: as the CUDA runtime; appends
+ * into disjoint slots may run concurrently. */
+ina_status_t ina_dsa_gpu_append(const ina_dsa_gpu_append_params_t *p, void *stream);
 
 /* ---- internal: shared by the plan (C) and the kernels (CUDA) ---------------------- */
 

@@ -1,5 +1,5 @@
-/* Builds without CUDA: the GPU indexer's runs and the schedule copy refuse with
- * INA_ERR_UNSUPPORTED (the plan, plain C, still validates and plans host-only). */
+/* Builds without CUDA: the GPU indexer's runs, the key append and the schedule copy refuse
+ * with INA_ERR_UNSUPPORTED (the plan, plain C, still validates and plans host-only). */
 #define INA_LOG_SUBSYS "dsa_gpu"
 #include "attention/dsa_gpu.h"
 
@@ -37,4 +37,10 @@ ina_status_t ina_dsa_gpu_topk_run(const ina_dsa_gpu_plan_info_t *info, const voi
   (void)p;
   (void)stream;
   return no_cuda("topk");
+}
+
+ina_status_t ina_dsa_gpu_append(const ina_dsa_gpu_append_params_t *p, void *stream) {
+  (void)p;
+  (void)stream;
+  return no_cuda("append");
 }
