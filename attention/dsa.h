@@ -206,7 +206,8 @@ ina_status_t ina_dsa_index_key_quantize_fp8(const float *key, int32_t head_dim, 
  * ina_dsa_index_key_quantize_fp8, key bytes and scale where the descriptor puts them).
  * cache->keys must point to writable memory. Refuses an unknown format, an FP8 cache
  * with scale_stride 0, a slot outside 0 .. page_size - 1, page < 0, a head_dim that is
- * not the cache's, and (FP8) a non-finite value; nothing is written then. */
+ * not the cache's, and (FP8) a non-finite value; nothing is written then. The GPU's
+ * ina_dsa_gpu_append (dsa_gpu.h) writes bf16 keys the same way, byte for byte. */
 ina_status_t ina_dsa_index_key_store(const ina_dsa_index_cache_t *cache, int64_t page,
                                      int32_t slot, const float *key, int32_t head_dim);
 

@@ -158,7 +158,8 @@ ina_status_t ina_dsa_gpu_topk_run(const ina_dsa_gpu_plan_info_t *info, const voi
 
 /* Writes each token's index key into the paged index-key cache, converted to the cache's
  * format exactly as ina_dsa_index_key_store does on the host (dsa.h), byte for byte:
- *   BF16: the bf16 row, copied;
+ *   BF16: the bf16 row, copied (NaN payloads aside: a copy keeps a signaling NaN's bits,
+ *         where the host's f32 -> bf16 conversion sets its quiet bit);
  *   FP8:  the row's values (bf16 widened to f32) quantized by ina_dsa_index_key_quantize_fp8's
  *         rule (amax / 448 as the scale, e4m3 bytes of value / scale rounded to nearest
  *         even and saturated), bytes and f32 scale where the descriptor puts them (inline
