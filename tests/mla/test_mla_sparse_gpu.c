@@ -3,7 +3,10 @@
  * with INA_DSA_BACKEND_REF) on fresh random problems: decode, MTP (q_len 2-4) and
  * prefill chunks; 1 / 3 / 16 / 20 / 64 / 128 heads; top-k 7 / 64 / 2048 with visible
  * lengths below and above k; page sizes 1 / 16 / 64 on shuffled page ids; bf16 caches
- * (packed and separate padded) and the 656-byte FP8 entry. Index rows are what the top-k
+ * (packed and separate padded) and the 656-byte FP8 entry. Besides DeepSeek's 512 + 64
+ * on the tensor-core kernels, small dims (32 + 8, 64 + 16, 64 + 0, 128 + 16 with FP8)
+ * and 512 + 64 over an f32 cache run on the generic fp32 kernel, with 3 / 4 / 17 / 20
+ * heads, decode, MTP, prefill chunks of 5-20 tokens and splits. Index rows are what the top-k
  * writes: min(k, visible) distinct visible positions in random order, then -1. The cache
  * slots no request owns hold NaN, and outputs are poisoned before each run.
  *
@@ -28,6 +31,26 @@
  * the test takes |gpu - ref| <= (2^-8 + 2 r_s) A_d + 2^-8 |ref_d| + 1e-30 for every
  * element (the doubled terms cover the f32 arithmetic of the normalization and of the
  * reference itself). lse: |gpu - ref| <= 2 scale max_t E_t + 2^-20 (1 + |lse|).
+ *
+ * The generic kernel (dims other than 512 + 64, or an f32 cache) computes in fp32 with
+ * no tensor cores, so only the score term changes. A score is D = C + R sequential fmaf
+ * in the order d = 0 .. D - 1 (latent, then rope), each rounding once, by at most 2^-24
+ * of the partial sum it produces: with S_t = sum_k |sum_{d < k} q_d k_td| (exact prefix
+ * sums, k = 1 .. D; the computed ones differ by second-order terms, under D^2 2^-48
+ * sum_d |q_d k_td|) that is 2^-24 S_t in all. Add one rounding of an FP8 entry's value
+ * * scale, three of the base-2 scale (log2(e), scale * log2(e), score * that), two of
+ * score - max (relative to the largest sum_d |q_d k_td|) and the reference's own f32
+ * score, each within 2^-24 sum_d |q_d k_td|: E_t = 2^-24 (S_t + 7 sum_d |q_d k_td|) +
+ * D^2 2^-48 sum_d |q_d k_td|, into r_s as above. (The a-priori D 2^-24 sum_d |q_d k_td|
+ * would be some sqrt(D) times wider: at 512 + 64 over latents up to 2^4 it would hide
+ * a 5 % error.) P V accumulates p_t (unrounded) into fp32 outputs,
+ * at most 33 roundings per block of 32 positions and a few more to normalize and merge
+ * splits: (35 ceil(m / 32) + 20) * 2^-24 A_d <= 2^-12.8 A_d for m = min(topk, visible)
+ * <= 2048, plus 2^-21 A_d for ex2.approx and the reference's f32 sum (m + 2) * 2^-24 A_d,
+ * well inside the 2^-8 A_d above (which there also paid for p in bf16). Its softmax sum
+ * takes two roundings per block and five in the warp tree, and the combine one per
+ * split (at most one per 64 positions), so its lse gets (3 ceil(m / 32) + 16) * 2^-24
+ * more.
  * The latents span 2^-8 .. 2^4 per position and the scores are peaked, so a few
  * positions carry most of the weight: then A_d ~ |out_d| and the bound is about 1 % of
  * the output. The test shows what it rejects on each case, with mutations applied to
@@ -52,14 +75,19 @@
 
 typedef struct spec {
   const char *name;
-  int32_t batch, max_q, heads, topk, page_size, kv_min, kv_max;
+  int32_t C, R; /* kv_lora_rank, rope_dim */
+  int32_t batch, min_q, max_q, heads, topk, page_size, kv_min, kv_max;
   ina_mla_cache_format_t format;
   mla_layout_t layout;
   int32_t num_sms; /* 0: the device's */
 } spec_t;
 
-#define SPEC(name, batch, max_q, heads, topk, page, kv_min, kv_max, fmt, layout, sms) \
-  {name, batch, max_q, heads, topk, page, kv_min, kv_max, INA_MLA_CACHE_##fmt, MLA_LAYOUT_##layout, sms}
+#define SPEC(name, batch, max_q, heads, topk, page, kv_min, kv_max, fmt, layout, sms)                      \
+  {name, 512, 64, batch, 1, max_q, heads, topk, page, kv_min, kv_max, INA_MLA_CACHE_##fmt, MLA_LAYOUT_##layout, \
+   sms}
+/* Other dims (the generic kernel), with the least q_len a request draws. */
+#define GSPEC(name, C, R, batch, min_q, max_q, heads, topk, page, kv_min, kv_max, fmt, sms)                   \
+  {name, C, R, batch, min_q, max_q, heads, topk, page, kv_min, kv_max, INA_MLA_CACHE_##fmt, MLA_LAYOUT_PACKED, sms}
 
 static const spec_t specs[] = {
     SPEC("decode h16 k2048 bf16 p64", 8, 1, 16, 2048, 64, 1500, 9000, BF16, PACKED, 0),
@@ -76,6 +104,18 @@ static const spec_t specs[] = {
     SPEC("prefill q1..24 h128 k2048 fp8 p64", 2, 24, 128, 2048, 64, 24, 3000, FP8, PACKED, 0),
     SPEC("decode h16 k2048 bf16 p16, 5 CTAs", 6, 1, 16, 2048, 16, 100, 4000, BF16, PACKED, 5),
     SPEC("decode h128 k2048 bf16 p1, 300 CTAs", 2, 1, 128, 2048, 1, 2000, 3000, BF16, PACKED, 300),
+    GSPEC("generic 32+8 decode h3 k7 bf16 p1", 32, 8, 8, 1, 1, 3, 7, 1, 1, 40, BF16, 0),
+    GSPEC("generic 64+16 decode h4 k16 bf16 p16", 64, 16, 8, 1, 1, 4, 16, 16, 1, 60, BF16, 0),
+    GSPEC("generic 32+8 mtp q2..4 h4 k16 bf16 p64", 32, 8, 6, 2, 4, 4, 16, 64, 4, 50, BF16, 0),
+    GSPEC("generic 64+16 mtp q1..4 h3 k64 bf16 p1", 64, 16, 5, 1, 4, 3, 64, 1, 2, 300, BF16, 0),
+    GSPEC("generic 32+8 prefill q5..20 h3 k16 bf16 p16", 32, 8, 3, 5, 20, 3, 16, 16, 5, 80, BF16, 0),
+    GSPEC("generic 64+16 prefill q5..20 h4 k64 bf16 p64", 64, 16, 3, 5, 20, 4, 64, 64, 20, 400, BF16, 0),
+    GSPEC("generic 64+16 prefill q5..20 h4 k32 f32 p16", 64, 16, 3, 5, 20, 4, 32, 16, 5, 200, F32, 0),
+    GSPEC("generic 64+0 mtp q1..4 h4 k16 bf16 p16", 64, 0, 5, 1, 4, 4, 16, 16, 1, 100, BF16, 0),
+    GSPEC("generic 128+16 mtp q1..3 h3 k48 fp8 p16", 128, 16, 5, 1, 3, 3, 48, 16, 1, 300, FP8, 0),
+    GSPEC("generic 64+16 decode h20 k2048 bf16 p64", 64, 16, 4, 1, 1, 20, 2048, 64, 1500, 6000, BF16, 0),
+    GSPEC("generic 32+8 q1..4 h17 k300 bf16 p1, 3 CTAs", 32, 8, 6, 1, 4, 17, 300, 1, 10, 1000, BF16, 3),
+    GSPEC("generic 512+64 f32 mtp q1..2 h16 k256 p64", 512, 64, 4, 1, 2, 16, 256, 64, 100, 1000, F32, 0),
 };
 
 /* The row of query token s: visible positions drawn without replacement, then -1. */
@@ -109,6 +149,14 @@ static void read_entry(const mla_case_t *c, int32_t b, int32_t t, double *v) {
   const int64_t page = c->kv_indices[c->kv_indptr[b] + t / ps], slot = t % ps;
   const uint8_t *lat = (const uint8_t *)k->latent + page * k->latent_page_stride + slot * k->latent_token_stride;
   const uint8_t *rope = (const uint8_t *)k->rope + page * k->rope_page_stride + slot * k->rope_token_stride;
+  if (k->format == INA_MLA_CACHE_F32) {
+    for (int32_t d = 0; d < C + R; d++) {
+      float x;
+      memcpy(&x, d < C ? lat + 4 * d : rope + 4 * (d - C), 4);
+      v[d] = x;
+    }
+    return;
+  }
   for (int32_t d = 0; d < C; d++) {
     if (k->format == INA_MLA_CACHE_FP8) {
       float sc;
@@ -128,11 +176,18 @@ static void read_entry(const mla_case_t *c, int32_t b, int32_t t, double *v) {
   }
 }
 
+/* Whether a case runs on the generic fp32 kernel (ina_mla_run's choice for the layouts
+ * this test builds, all of them aligned for the fast kernels). */
+static int runs_generic(const mla_shape_t *s) {
+  return !(s->kv_lora_rank == 512 && s->rope_dim == 64) || s->format == INA_MLA_CACHE_F32;
+}
+
 /* Per-element bounds of the error model above: bound[s, h, d] for out, lse_bound[s, h]. */
 static int error_bounds(const mla_case_t *c, const int32_t *indices, int32_t topk, const float *ref_out,
                         const float *ref_lse, float *bound, float *lse_bound) {
   const int32_t H = c->s.num_heads, C = c->s.kv_lora_rank, R = c->s.rope_dim, D = C + R;
   const double scale = c->s.softmax_scale;
+  const int generic = runs_generic(&c->s);
   double *kv = malloc(sizeof(double) * (size_t)topk * (size_t)D);
   double *score = malloc(sizeof(double) * (size_t)topk), *err = malloc(sizeof(double) * (size_t)topk);
   double *a = malloc(sizeof(double) * (size_t)C);
@@ -151,11 +206,12 @@ static int error_bounds(const mla_case_t *c, const int32_t *indices, int32_t top
         double mx = -INFINITY, max_err = 0.0, l = 0.0;
         for (int32_t i = 0; i < m; i++) {
           const double *k = kv + (int64_t)i * D;
-          double dot = 0.0, mag = 0.0;
-          for (int32_t d = 0; d < C; d++) dot += qn[d] * k[d], mag += fabs(qn[d] * k[d]);
-          for (int32_t d = 0; d < R; d++) dot += qp[d] * k[C + d], mag += fabs(qp[d] * k[C + d]);
+          double dot = 0.0, mag = 0.0, prefix = 0.0; /* prefix: S_t, the generic kernel's partial sums */
+          for (int32_t d = 0; d < C; d++) dot += qn[d] * k[d], mag += fabs(qn[d] * k[d]), prefix += fabs(dot);
+          for (int32_t d = 0; d < R; d++) dot += qp[d] * k[C + d], mag += fabs(qp[d] * k[C + d]), prefix += fabs(dot);
           score[i] = scale * dot;
-          err[i] = (double)(D / 8 + 8) * ldexp(1.0, -23) * mag;
+          err[i] = generic ? ldexp(1.0, -24) * (prefix + 7.0 * mag) + (double)D * D * ldexp(1.0, -48) * mag
+                           : (double)(D / 8 + 8) * ldexp(1.0, -23) * mag;
           mx = score[i] > mx ? score[i] : mx;
           max_err = err[i] > max_err ? err[i] : max_err;
         }
@@ -169,8 +225,9 @@ static int error_bounds(const mla_case_t *c, const int32_t *indices, int32_t top
         const int64_t o = ((int64_t)s * H + h) * C;
         for (int32_t d = 0; d < C; d++)
           bound[o + d] = (float)((ldexp(1.0, -8) + 2.0 * r_s) * a[d] + ldexp(1.0, -8) * fabs(ref_out[o + d]) + 1e-30);
+        const double sum_err = generic ? (double)(3 * ((m + 31) / 32) + 16) * ldexp(1.0, -24) : 0.0;
         lse_bound[(int64_t)s * H + h] =
-            (float)(2.0 * scale * max_err + ldexp(1.0, -20) * (1.0 + fabs(ref_lse[(int64_t)s * H + h])));
+            (float)(2.0 * scale * max_err + ldexp(1.0, -20) * (1.0 + fabs(ref_lse[(int64_t)s * H + h])) + sum_err);
       }
     }
   }
@@ -216,6 +273,8 @@ static ina_mla_sparse_plan_params_t sparse_params(const mla_case_t *c, const spe
   p.kv_len = c->kv_len;
   p.topk = sp->topk;
   p.num_heads = sp->heads;
+  p.kv_lora_rank = sp->C;
+  p.rope_dim = sp->R;
   p.page_size = sp->page_size;
   p.num_sms = sp->num_sms;
   return p;
@@ -263,7 +322,7 @@ static void gpu_attend(gpu_run_t *g, const mla_case_t *c, const spec_t *sp, cons
 
 static void draw_lengths(const spec_t *sp, test_rng_t *rng, int32_t *q_lens, int32_t *kv_lens) {
   for (int32_t b = 0; b < sp->batch; b++) {
-    q_lens[b] = (int32_t)test_rng_int(rng, 1, sp->max_q);
+    q_lens[b] = (int32_t)test_rng_int(rng, sp->min_q, sp->max_q);
     kv_lens[b] = (int32_t)test_rng_int(rng, sp->kv_min, sp->kv_max);
     if (kv_lens[b] < q_lens[b]) kv_lens[b] = q_lens[b];
   }
@@ -329,7 +388,7 @@ static int build(solved_t *x, const spec_t *sp, float scale, test_rng_t *rng, in
   memset(x, 0, sizeof *x);
   int32_t q_lens[64], kv_lens[64];
   draw_lengths(sp, rng, q_lens, kv_lens);
-  mla_shape_t s = {sp->batch, sp->batch, sp->max_q, sp->heads, 512, 64, sp->page_size, sp->format,
+  mla_shape_t s = {sp->batch, sp->batch, sp->max_q, sp->heads, sp->C, sp->R, sp->page_size, sp->format,
                    sp->layout, sp->layout == MLA_LAYOUT_SEPARATE, 0, 0.0f};
   s.softmax_scale = scale > 0.0f ? scale : (float)(test_rng_uniform(rng) * 0.05 + 0.02);
   if (!mla_case_build(&x->c, &s, q_lens, kv_lens, rng, pool, 0)) return 0;
@@ -404,7 +463,7 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
 
   /* Mutations, applied to the reference's side: the comparison must reject the GPU's
    * (correct) output against them wherever they are measurable. */
-  const int32_t H = sp->heads, C = 512, tokens = x.c.tokens;
+  const int32_t H = sp->heads, C = sp->C, R = sp->R, tokens = x.c.tokens;
   int caught_index = -1, caught_q = -1, caught_out = 0;
   int64_t rows_5pct = 0; /* rows where a 5 % output error exceeds the bound */
   {
@@ -420,14 +479,14 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
     }
     if (s_pick >= 0) {
       int32_t *row = x.indices + (int64_t)s_pick * sp->topk;
-      const float *qn = x.c.q_nope_f + (int64_t)s_pick * H * C, *qp = x.c.q_pe_f + (int64_t)s_pick * H * 64;
-      double kv[576], best = -INFINITY;
+      const float *qn = x.c.q_nope_f + (int64_t)s_pick * H * C, *qp = x.c.q_pe_f + (int64_t)s_pick * H * R;
+      double kv[640], best = -INFINITY; /* C + R <= 640 */
       int32_t best_i = 0;
       for (int32_t i = 0; i < sp->topk; i++) {
         read_entry(&x.c, b_pick, row[i], kv);
         double dot = 0.0;
         for (int32_t d = 0; d < C; d++) dot += qn[d] * kv[d];
-        for (int32_t d = 0; d < 64; d++) dot += qp[d] * kv[C + d];
+        for (int32_t d = 0; d < R; d++) dot += qp[d] * kv[C + d];
         if (dot > best) best = dot, best_i = i;
       }
       char *taken = calloc((size_t)vis_pick, 1);
@@ -453,9 +512,9 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
     /* (2) head 0 of token 0 with its query scaled by 1.05 */
     solved_t m = {.c = x.c, .indices = x.indices};
     float *qn = x.c.q_nope_f, *qp = x.c.q_pe_f;
-    float saved_q[576];
+    float saved_q[640];
     for (int32_t d = 0; d < C; d++) saved_q[d] = qn[d], qn[d] *= 1.05f;
-    for (int32_t d = 0; d < 64; d++) saved_q[C + d] = qp[d], qp[d] *= 1.05f;
+    for (int32_t d = 0; d < R; d++) saved_q[C + d] = qp[d], qp[d] *= 1.05f;
     if (reference(&m, sp->topk, pool)) {
       int64_t rb = 0;
       double w = 0;
@@ -464,7 +523,7 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
       caught_q = rows == 0 ? -1 : o > 0;
     }
     for (int32_t d = 0; d < C; d++) qn[d] = saved_q[d];
-    for (int32_t d = 0; d < 64; d++) qp[d] = saved_q[C + d];
+    for (int32_t d = 0; d < R; d++) qp[d] = saved_q[C + d];
     free(m.ref_out), free(m.ref_lse), free(m.bound), free(m.lse_bound);
     /* (3) one row's output 5 % off (a normalization error). Whether 5 % shows depends
      * on the row: with weight spread over many positions A_d >> |out_d| and the bound
