@@ -40,8 +40,9 @@ static int64_t stored_bytes(const ina_weights_t *w, const ina_weight_spec_t *s, 
     return n + 4 * blocks; /* e4m3 values + f32 block scales */
   }
   case INA_WEIGHT_LINEAR_BF16:
-  case INA_WEIGHT_EMBEDDING:
-  case INA_WEIGHT_BIAS: return 2 * n;
+  case INA_WEIGHT_EMBEDDING: return 2 * n;
+  case INA_WEIGHT_BIAS: /* V3.2's index k_norm bias is kept in f32 like its weight */
+    return L && s->tensor == &L->index_k_norm_bias ? 4 * n : 2 * n;
   case INA_WEIGHT_ROUTER: return dtype == INA_DTYPE_F32 ? 4 * n : 2 * n; /* f32: bf16 hi + lo */
   case INA_WEIGHT_NORM: return L && s->tensor == &L->kv_a_norm ? 2 * n : 4 * n;
   case INA_WEIGHT_ROUTER_BIAS: return 4 * n;
@@ -68,11 +69,23 @@ ina_status_t ina_decode_roofline(const ina_model_config_t *cfg, ina_dtype_t dtyp
   INA_CHECK(ina_weight_specs(&w, &specs, &count));
   const ina_model_config_t *c = &w.config;
   const int64_t hidden = c->hidden_size, layers = c->num_layers, vocab = c->vocab_size;
-  const double kv = (double)batch * (double)context * (double)(c->kv_lora_rank + c->qk_rope_head_dim) * 2.0 *
-                    (double)layers;
+  const double entry = (double)(c->kv_lora_rank + c->qk_rope_head_dim) * 2.0; /* one latent entry, bf16 */
+  double kv, index_keys = 0.0, latent, scores = 0.0;
+  if (ina_cfg_has_indexer(c)) {
+    /* The indexer reads every visible position's index key and writes and reads back one
+     * f32 score per position; sparse MLA then reads the index_topk entries it kept. */
+    const double kept = (double)(context < c->index_topk ? context : c->index_topk);
+    index_keys = (double)batch * (double)context * (double)c->index_head_dim * 2.0 * (double)layers;
+    latent = (double)batch * kept * entry * (double)layers;
+    scores = (double)batch * (double)context * 4.0 * 2.0 * (double)layers;
+  } else {
+    latent = (double)batch * (double)context * entry * (double)layers;
+  }
+  kv = latent + index_keys;
   const double act = (double)batch * (double)hidden * 2.0 * INA_DECODE_ACT_PASSES_PER_LAYER * (double)layers +
                      (double)batch * (double)vocab * 4.0;
-  INA_REQUIRE(kv < MAX_COUNTED_BYTES && act < MAX_COUNTED_BYTES, INA_ERR_INVALID_ARGUMENT,
+  INA_REQUIRE(kv < MAX_COUNTED_BYTES && scores < MAX_COUNTED_BYTES && act < MAX_COUNTED_BYTES,
+              INA_ERR_INVALID_ARGUMENT,
               "decode roofline: batch %lld x context %lld is too large to count", (long long)batch,
               (long long)context);
 
@@ -104,10 +117,16 @@ ina_status_t ina_decode_roofline(const ina_model_config_t *cfg, ina_dtype_t dtyp
     out->routed_bytes = (double)routed_all * out->experts_hit / (double)c->n_routed_experts;
   }
   out->kv_bytes = (int64_t)kv;
+  if (ina_cfg_has_indexer(c)) {
+    out->index_key_bytes = (int64_t)index_keys;
+    out->latent_bytes = (int64_t)latent;
+    out->score_bytes = (int64_t)scores;
+  }
   out->activation_bytes = (int64_t)act;
   out->weight_bytes = (double)out->embedding_bytes + (double)out->lm_head_bytes +
                       (double)out->other_weight_bytes + out->routed_bytes;
-  out->total_bytes = out->weight_bytes + (double)out->kv_bytes + (double)out->activation_bytes;
+  out->total_bytes =
+      out->weight_bytes + (double)out->kv_bytes + (double)out->score_bytes + (double)out->activation_bytes;
 fail:
   free(specs);
   ina_weights_release(&w);

@@ -1,4 +1,4 @@
-/* The memory roofline of one decode step of a DeepSeek-V2/V3 model on the CUDA engine:
+/* The memory roofline of one decode step of a DeepSeek-V2/V3/V3.2 model on the CUDA engine:
  * the bytes a step of `batch` sequences (one new token each) attending `context` cached
  * positions must move at least once, counted from the model's weight spec list
  * (model/weights.h) with the storage rules of the CUDA engine (model/engine_gpu.h).
@@ -13,15 +13,28 @@
  *   routed      per MoE layer, the expected number of distinct routed experts that
  *               batch tokens hit under uniform routing (each token picks top_k of E
  *               experts): E * (1 - (1 - top_k / E)^batch), times one expert's bytes
- *   kv          batch * context * (kv_lora_rank + qk_rope_head_dim) * 2 (bf16 latent
- *               cache) * layers
+ *   kv          the cache entries the step reads, bf16 (2 bytes), per layer:
+ *               dense MLA (V2, V3): batch * context * (kv_lora_rank + qk_rope_head_dim)
+ *               * 2 * layers: every visible latent entry;
+ *               DeepSeek-V3.2 (ina_cfg_has_indexer): the indexer scores every visible
+ *               position and sparse MLA reads only the index_topk it keeps, so per
+ *               sequence and layer context * index_head_dim * 2 (the index keys, which
+ *               the engine stores in bf16 beside the latent in each cache entry) plus
+ *               min(context, index_topk) * (kv_lora_rank + qk_rope_head_dim) * 2; times
+ *               batch * layers
+ *   scores      V3.2 only: the indexer's f32 score rows, written once and read once by
+ *               the top-k: batch * context * 4 * 2 * layers (0 for dense models)
  *   activations batch * hidden * 2 (bf16) * INA_DECODE_ACT_PASSES_PER_LAYER * layers
  *               + batch * vocab * 4 (the f32 logits, written once)
+ * total = weights + kv + scores + activations. The indexer's own weights (wq_b, wk,
+ * k_norm, weights_proj) are among `other`; its queries and keys of the new tokens are
+ * activations too small to count.
  * Stored sizes per element, as the CUDA engine keeps them: FP8 linears (dtype fp8_e4m3,
  * N and K multiples of 16) 1 byte plus one f32 scale per 128 x 128 block; kv_b_proj
  * (the absorption GEMMs read bf16), other linears, the LM head, the embedding and the
  * router 2 bytes (an f32 router is kept as two bf16 matrices: 4); RMSNorm weights 4
- * (f32), except kv_a_layernorm 2; the router's correction bias 4; linear biases 2.
+ * (f32), except kv_a_layernorm 2; the router's correction bias 4; linear biases 2, but
+ * V3.2's index k_norm bias 4 (f32, as its weight); the indexer's weights_proj as a router.
  *
  * Thread safety: pure functions, thread-safe. */
 #ifndef INA_BENCH_DECODE_ROOFLINE_H
@@ -51,12 +64,16 @@ typedef struct ina_decode_roofline {
   int64_t expert_bytes;        /* one routed expert: gate + up + down (+ scales) */
   double experts_hit;          /* expected distinct routed experts per MoE layer */
   double routed_bytes;         /* moe_layers * experts_hit * expert_bytes */
-  int64_t kv_bytes;
+  int64_t kv_bytes;            /* cache entries read: latent (+ V3.2's index keys) */
   int64_t activation_bytes;
   double weight_bytes;         /* embedding + lm_head + other + routed */
-  double total_bytes;          /* weight_bytes + kv_bytes + activation_bytes */
+  double total_bytes;          /* weight_bytes + kv_bytes + score_bytes + activation_bytes */
   int64_t model_bytes;         /* every weight as the engine stores it (all experts, the
                                   whole embedding): what its device copy should take */
+  /* DeepSeek-V3.2 (0 for dense models): the parts of kv_bytes, and the score rows. */
+  int64_t index_key_bytes;     /* batch * context * index_head_dim * 2 * layers */
+  int64_t latent_bytes;        /* batch * min(context, index_topk) * (kv_lora_rank + rope) * 2 * layers */
+  int64_t score_bytes;         /* batch * context * 4 * 2 * layers */
 } ina_decode_roofline_t;
 
 /* Expected number of distinct experts that `tokens` tokens hit when each picks top_k
