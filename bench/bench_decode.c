@@ -1,13 +1,16 @@
-/* Decode steps of the whole GPU forward pass (model/model.h's CUDA engine) on
- * DeepSeek-V2-Lite shapes with random weights, against their memory roofline, plus the
- * prefill throughput of one long prompt.
+/* Decode steps of the whole GPU forward pass (model/model.h's CUDA engine) on a built-in
+ * model with random weights (--model: DeepSeek-V2-Lite's shapes by default, DeepSeek-V3's
+ * in 4 layers, or those with DeepSeek-V3.2's lightning indexer), against their memory
+ * roofline, plus the prefill throughput of one long prompt.
  *
  * Decode. For each dtype (bf16, FP8 e4m3 with 128x128 block scales), context and batch:
  * `batch` sequences are grown to context - 1 cached positions through the engine's page
- * pool without running the model (the latent cache starts zeroed; the bytes a step reads
- * do not depend on the values), then steps of one random token per sequence run through
- * ina_engine_forward. After every step the sequences are truncated back by one token, so
- * every step attends exactly `context` positions (its own included) on the same pages.
+ * pool without running the model (the whole cache is filled with random bf16 in [-1, 1)
+ * once after the check: the bytes a dense step reads do not depend on the values, but
+ * V3.2's top-k should not choose among ties), then steps of one random token per
+ * sequence run through ina_engine_forward. After every step the sequences are truncated
+ * back by one token, so every step attends exactly `context` positions (its own
+ * included) on the same pages.
  * The first warm-up step of a batch bucket captures its CUDA graph; the later ones
  * replay it (--no-cuda-graphs: every step eager).
  *   step time  = median over the timed steps of the wall time of one ina_engine_forward
@@ -20,11 +23,19 @@
  *                bench/decode_roofline.h: weights as the engine stores them (batch rows
  *                of the embedding, the whole LM head, every other non-routed weight once,
  *                per MoE layer the expected distinct experts of uniform routing
- *                E * (1 - (1 - k/E)^batch) times one expert), the latent cache
- *                batch * context * 576 * 2 * layers, and activations (8 passes over the
- *                bf16 [batch, hidden] rows per layer + the f32 logits).
- *   ratio      = step time / roofline; target <= 1.3 at batch 1, 8 and 64 (batch 256:
- *                tokens/s reported, no target). Missed targets are reported, not errors.
+ *                E * (1 - (1 - k/E)^batch) times one expert), the cache, and
+ *                activations (8 passes over the bf16 [batch, hidden] rows per layer +
+ *                the f32 logits). The cache of a dense model (V2, V3): the latent of
+ *                every attended position, batch * context * (512 + 64) * 2 * layers.
+ *                DeepSeek-V3.2 (an indexer): per sequence and layer, the bf16 index key
+ *                of every visible position (context * index_head_dim * 2; the engine
+ *                keeps it beside the latent in each cache entry) plus the
+ *                min(context, index_topk) latent entries sparse MLA reads
+ *                ((512 + 64) * 2 each); plus the indexer's f32 score rows, written and
+ *                read once: batch * context * 4 * 2 * layers.
+ *   ratio      = step time / roofline; for random:v2-lite target <= 1.3 at batch 1, 8
+ *                and 64 (batch 256: tokens/s reported, no target); other models: the
+ *                ratio reported, no target. Missed targets are reported, not errors.
  * A batch that is not a power of two runs its graph bucket's rows (the next power of
  * two); the roofline counts the batch's own tokens.
  *
@@ -36,14 +47,22 @@
  * sequences (a prefill, then a decode step from the batch's graph), and the first of them
  * are compared row by row with the GPU engine's oracle on the host's copy of the same
  * random weights (bench_decode_check.c). A dtype whose check fails prints no figure.
- * The host copy costs the weights' size in host memory and a minute or two (--no-check
- * skips it; the figures are then marked unchecked). random:v2-lite's random router puts
- * its top scores within the noise of 64 experts, so every row may sit at a near-tie; the
- * check is then undecided (finite logits only) and the figures are marked so.
+ * The host copy costs the weights' size in host memory and a minute or two (more for
+ * the V3 shapes: ~39 GB in FP8, ~74 GB in bf16); --no-check skips it, and so does a host
+ * without that much memory available; the figures are then marked unchecked.
+ * random:v2-lite's random router puts its top scores within the noise of 64 experts, so
+ * every row may sit at a near-tie; the check is then undecided (finite logits only) and
+ * the figures are marked so.
  *
- * Usage: bench_decode [--quick] [--dtype bf16,fp8] [--batch 1,8,64,256]
+ * Memory. The page pool holds the largest batch x context (and the prompt); before the
+ * engine is made, the weights plus that cache are compared with the device's free memory
+ * (V3.2 at batch 64 x 131072: (512 + 64 + 128) * 2 bytes * 4 layers per token, ~47 GB,
+ * beside ~39 GB of FP8 weights), and a dtype that cannot fit is refused, naming both.
+ *
+ * Usage: bench_decode [--model SPEC] [--quick] [--dtype bf16,fp8] [--batch 1,8,64,256]
  *                     [--context 1024,4096] [--steps N] [--prompt N] [--seed N]
  *                     [--no-cuda-graphs] [--no-check] [--help]
+ * SPEC: random:v2-lite (default), random:v3-layers, random:v3.2-layers (k_model_specs).
  * Progress goes to stderr; figures (`name value unit formula`), the JSON line and a
  * summary table to stdout. Exit 77 without a device, 2 for bad options, 1 when a shape
  * failed. */
@@ -56,6 +75,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench/bench_decode_check.h"
 #include "bench/bench_util.h"
@@ -65,7 +85,8 @@
 #include "kvcache/kv_seq.h"
 #include "model/model.h"
 
-#define MODEL_SPEC "random:v2-lite"
+#define DEFAULT_MODEL "random:v2-lite"
+#define TARGET_MODEL DEFAULT_MODEL /* the model the ratio target is set for */
 #define PAGE_SIZE 64
 #define WARMUP_STEPS 3  /* the first captures the bucket's graph */
 #define DEFAULT_STEPS 20
@@ -76,12 +97,22 @@
 #define TARGET_MAX_BATCH 64 /* larger batches: tokens/s reported, no target */
 #define MAX_LIST 8
 #define MAX_BATCH 4096
+/* Positions per sequence the parser takes; device memory is the real bound, checked
+ * against the cache before the engine is made (the V3 shapes' YaRN covers 163840). */
+#define MAX_CONTEXT (1 << 20)
 #define WEIGHT_SEED 0x5EEDull
+#define CACHE_SEED 0xCAC4Eull
+#define CHECK_HOST_SLACK 1.3 /* host memory the check may take per weight byte */
+
+/* The models the bench takes: built-in configurations (model/config.c) with random
+ * weights generated on the device. */
+static const char *const k_model_specs[] = {"random:v2-lite", "random:v3-layers", "random:v3.2-layers", NULL};
 
 static const ina_dtype_t k_dtypes[2] = {INA_DTYPE_BF16, INA_DTYPE_FP8_E4M3};
 static const char *const k_dtype_names[2] = {"bf16", "fp8"};
 
 typedef struct options {
+  const char *model; /* one of k_model_specs */
   int dtype[2]; /* selected: bf16, fp8 */
   int64_t batch[MAX_LIST], context[MAX_LIST];
   int num_batch, num_context;
@@ -121,21 +152,49 @@ static void progress(const char *fmt, ...) {
 /* ---- options ------------------------------------------------------------------------ */
 
 static void usage(FILE *f, const char *program) {
+  ina_model_config_t v32;
+  const int topk = ina_model_config_builtin("v3.2-layers", &v32) == INA_OK ? v32.index_topk : 0;
   fprintf(f,
-          "usage: %s [--quick] [--dtype bf16,fp8] [--batch 1,8,64,256] [--context 1024,4096]\n"
-          "          [--steps N] [--prompt N] [--seed N] [--no-cuda-graphs] [--no-check] [--help]\n"
-          "  decode steps of %s (random weights) against their memory roofline, and\n"
-          "  the prefill throughput of one prompt\n"
+          "usage: %s [--model SPEC] [--quick] [--dtype bf16,fp8] [--batch 1,8,64,256]\n"
+          "          [--context 1024,4096] [--steps N] [--prompt N] [--seed N] [--no-cuda-graphs]\n"
+          "          [--no-check] [--help]\n"
+          "  decode steps of a model with random weights (generated on device 0) against\n"
+          "  their memory roofline, and the prefill throughput of one prompt\n"
+          "  --model SPEC      the model (default %s), one of:\n"
+          "                      random:v2-lite       DeepSeek-V2-Lite's shapes, 27 layers; the ratio\n"
+          "                                           target <= %.1f applies to it at batch <= %d\n"
+          "                      random:v3-layers     DeepSeek-V3's shapes in 4 layers, 256 experts\n"
+          "                                           (dense MLA; ratio reported, no target)\n"
+          "                      random:v3.2-layers   the same with DeepSeek-V3.2's lightning indexer\n"
+          "                                           (64 heads x 128, top-%d; sparse MLA; no target)\n"
           "  --quick           context 1024, batch 1 and 64, %d steps (unless given)\n"
           "  --dtype           weights: bf16, fp8 or both (default both)\n"
           "  --batch           sequences per step, 1..%d (default 1,8,64,256)\n"
-          "  --context         positions each step attends (default 1024,4096)\n"
+          "  --context         positions each step attends, 1..%d (default 1024,4096); the\n"
+          "                    cache holds the largest batch x context on the device\n"
           "  --steps N         timed steps per shape after %d warm-up steps (default %d)\n"
           "  --prompt N        prefill prompt length, 0 for none (default %d)\n"
           "  --no-cuda-graphs  run decode steps eagerly (to compare with graph replay)\n"
           "  --no-check        skip the check against the CPU oracle before timing (it needs\n"
           "                    the weights' size in host memory); figures are marked unchecked\n",
-          program, MODEL_SPEC, QUICK_STEPS, MAX_BATCH, WARMUP_STEPS, DEFAULT_STEPS, DEFAULT_PROMPT);
+          program, DEFAULT_MODEL, RATIO_TARGET, TARGET_MAX_BATCH, topk, QUICK_STEPS, MAX_BATCH, MAX_CONTEXT,
+          WARMUP_STEPS, DEFAULT_STEPS, DEFAULT_PROMPT);
+}
+
+/* SPEC, or a built-in name without "random:", -> its k_model_specs entry; NULL if none. */
+static const char *find_model(const char *text) {
+  for (int i = 0; k_model_specs[i]; i++)
+    if (strcmp(text, k_model_specs[i]) == 0 || strcmp(text, k_model_specs[i] + strlen("random:")) == 0)
+      return k_model_specs[i];
+  return NULL;
+}
+
+/* The built-in configuration name of a k_model_specs entry. */
+static const char *builtin_name(const char *spec) { return spec + strlen("random:"); }
+
+/* The ratio target applies to the model it was set for, at batch <= TARGET_MAX_BATCH. */
+static int has_target(const options_t *o, int64_t batch) {
+  return strcmp(o->model, TARGET_MODEL) == 0 && batch <= TARGET_MAX_BATCH;
 }
 
 /* "bf16", "fp8" or "bf16,fp8" -> selected[2]; 0 on success. */
@@ -156,6 +215,7 @@ static int parse_dtypes(const char *text, int *selected) {
 static int parse_options(int argc, char **argv, options_t *o) {
   int quick = 0, have_batch = 0, have_context = 0, have_steps = 0;
   memset(o, 0, sizeof *o);
+  o->model = DEFAULT_MODEL;
   o->dtype[0] = o->dtype[1] = 1;
   o->steps = DEFAULT_STEPS;
   o->prompt = DEFAULT_PROMPT;
@@ -174,6 +234,14 @@ static int parse_options(int argc, char **argv, options_t *o) {
       o->cuda_graphs = 0;
     } else if (strcmp(a, "--no-check") == 0) {
       o->check = 0;
+    } else if (strcmp(a, "--model") == 0 && v) {
+      i++;
+      o->model = find_model(v);
+      if (!o->model) {
+        fprintf(stderr, "%s: unknown model '%s'\n", argv[0], v);
+        o->model = DEFAULT_MODEL;
+        bad = 1;
+      }
     } else if (strcmp(a, "--dtype") == 0 && v) {
       i++;
       bad = parse_dtypes(v, o->dtype);
@@ -183,7 +251,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
       have_batch = 1;
     } else if (strcmp(a, "--context") == 0 && v) {
       i++;
-      bad = ina_bench_parse_list(v, 1, INT32_MAX, o->context, MAX_LIST, &o->num_context);
+      bad = ina_bench_parse_list(v, 1, MAX_CONTEXT, o->context, MAX_LIST, &o->num_context);
       have_context = 1;
     } else if (strcmp(a, "--steps") == 0 && v) {
       i++;
@@ -334,26 +402,40 @@ static void report_shape(const shape_result_t *r, const options_t *o, double cei
            "%d MoE layers x %.2f experts hit (E(1-(1-k/E)^batch), uniform routing) x %.2f MB per expert",
            y->moe_layers, y->experts_hit, (double)y->expert_bytes / 1e6);
   result(p, "bytes_routed_experts", y->routed_bytes / 1e6, "MB", f);
-  result(p, "bytes_kv", (double)y->kv_bytes / 1e6, "MB", "batch x context x (kv_lora_rank + rope) x 2 x layers");
+  if (y->score_bytes > 0) {
+    /* V3.2: the indexer reads every index key, sparse MLA the kept latent entries. */
+    result(p, "bytes_kv", (double)y->kv_bytes / 1e6, "MB", "index keys + kept latent entries (below)");
+    result(p, "bytes_index_keys", (double)y->index_key_bytes / 1e6, "MB",
+           "batch x context x index_head_dim x 2 (bf16) x layers");
+    result(p, "bytes_latent", (double)y->latent_bytes / 1e6, "MB",
+           "batch x min(context, index_topk) x (kv_lora_rank + rope) x 2 x layers");
+    result(p, "bytes_scores", (double)y->score_bytes / 1e6, "MB",
+           "batch x context x 4 (f32 index scores) x 2 (written, read by the top-k) x layers");
+  } else {
+    result(p, "bytes_kv", (double)y->kv_bytes / 1e6, "MB", "batch x context x (kv_lora_rank + rope) x 2 x layers");
+  }
   snprintf(f, sizeof f, "batch x hidden x 2 x %d passes x layers + batch x vocab x 4 (f32 logits)",
            INA_DECODE_ACT_PASSES_PER_LAYER);
   result(p, "bytes_activations", (double)y->activation_bytes / 1e6, "MB", f);
-  result(p, "bytes_total", y->total_bytes / 1e6, "MB", "weights + kv + activations");
+  result(p, "bytes_total", y->total_bytes / 1e6, "MB",
+         y->score_bytes > 0 ? "weights + kv + scores + activations" : "weights + kv + activations");
   result(p, "roofline_time", r->roofline_ms * 1e3, "us", "total bytes / read ceiling (same run)");
   result(p, "achieved", y->total_bytes / (r->step_ms * 1e-3) / 1e12, "TB/s", "total bytes / step time");
-  if (r->batch <= TARGET_MAX_BATCH)
+  if (has_target(o, r->batch))
     snprintf(f, sizeof f, "step time / roofline time; ceiling %.3f TB/s; target <= %.1f", ceiling_tbs, RATIO_TARGET);
-  else
+  else if (strcmp(o->model, TARGET_MODEL) == 0)
     snprintf(f, sizeof f, "step time / roofline time; ceiling %.3f TB/s; no target (tokens/s reported)", ceiling_tbs);
+  else
+    snprintf(f, sizeof f, "step time / roofline time; ceiling %.3f TB/s; no target (%s)", ceiling_tbs, o->model);
   result(p, "roofline_ratio", r->step_ms / r->roofline_ms, "x", f);
 }
 
 static void print_summary(const shape_result_t *results, int count, const prefill_result_t *prefill,
                           const options_t *o, double ceiling_tbs) {
-  printf("\n== bench_decode summary: %s, page %d, decode %s, read ceiling %.3f TB/s (same run) ==\n", MODEL_SPEC,
+  printf("\n== bench_decode summary: %s, page %d, decode %s, read ceiling %.3f TB/s (same run) ==\n", o->model,
          PAGE_SIZE, o->cuda_graphs ? "graph-replayed" : "eager", ceiling_tbs);
-  printf("%-5s %6s %5s %10s %10s %9s %8s %7s %9s %10s %6s %6s %-8s %s\n", "dtype", "ctx", "batch", "step_us",
-         "tok/s", "weight_MB", "kv_MB", "act_MB", "total_MB", "roofl_us", "TB/s", "ratio", "goal", "met");
+  printf("%-5s %6s %5s %10s %10s %9s %8s %8s %7s %9s %10s %6s %6s %-8s %s\n", "dtype", "ctx", "batch", "step_us",
+         "tok/s", "weight_MB", "kv_MB", "score_MB", "act_MB", "total_MB", "roofl_us", "TB/s", "ratio", "goal", "met");
   for (int i = 0; i < count; i++) {
     const shape_result_t *r = &results[i];
     if (!r->ran) {
@@ -361,14 +443,15 @@ static void print_summary(const shape_result_t *results, int count, const prefil
       continue;
     }
     const double ratio = r->step_ms / r->roofline_ms;
-    const int has_target = r->batch <= TARGET_MAX_BATCH;
+    const int target = has_target(o, r->batch);
     char goal[16];
     snprintf(goal, sizeof goal, "<=%.1f", RATIO_TARGET);
-    printf("%-5s %6" PRId64 " %5" PRId64 " %10.1f %10.1f %9.1f %8.1f %7.1f %9.1f %10.1f %6.3f %6.3f %-8s %s\n",
+    printf("%-5s %6" PRId64 " %5" PRId64 " %10.1f %10.1f %9.1f %8.1f %8.1f %7.1f %9.1f %10.1f %6.3f %6.3f %-8s %s\n",
            k_dtype_names[r->dtype], r->context, r->batch, r->step_ms * 1e3, (double)r->batch / (r->step_ms * 1e-3),
-           r->bytes.weight_bytes / 1e6, (double)r->bytes.kv_bytes / 1e6, (double)r->bytes.activation_bytes / 1e6,
+           r->bytes.weight_bytes / 1e6, (double)r->bytes.kv_bytes / 1e6, (double)r->bytes.score_bytes / 1e6,
+           (double)r->bytes.activation_bytes / 1e6,
            r->bytes.total_bytes / 1e6, r->roofline_ms * 1e3, r->bytes.total_bytes / (r->step_ms * 1e-3) / 1e12,
-           ratio, has_target ? goal : "report", has_target ? (ratio <= RATIO_TARGET ? "yes" : "NO") : "-");
+           ratio, target ? goal : "report", target ? (ratio <= RATIO_TARGET ? "yes" : "NO") : "-");
   }
   for (int d = 0; d < 2; d++) {
     if (!o->dtype[d] || o->prompt == 0) continue;
@@ -395,6 +478,45 @@ static int64_t kv_tokens_needed(const options_t *o) {
   return need;
 }
 
+/* Host memory the kernel says can be had without swapping; -1 when unknown. */
+static double host_available_bytes(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[256];
+  long long kb = -1;
+  if (f) {
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    fclose(f);
+  }
+  if (kb >= 0) return (double)kb * 1024.0;
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? (double)pages * (double)page : -1.0;
+}
+
+/* Bytes of the engine's KV cache for max_tokens: every layer's pages of entries of the
+ * latent, the rope key and V3.2's index key (model/engine_gpu.c), bf16. */
+static double cache_bytes(const ina_model_config_t *cfg, int64_t max_tokens) {
+  const int64_t entry =
+      cfg->kv_lora_rank + cfg->qk_rope_head_dim + (ina_cfg_has_indexer(cfg) ? cfg->index_head_dim : 0);
+  return (double)round_up(max_tokens, PAGE_SIZE) * (double)entry * 2.0 * cfg->num_layers;
+}
+
+/* Fills the engine's whole KV cache with random bf16 in [-1, 1): the timed sequences'
+ * cached positions then hold distinct values (V3.2's indexer scores them, and its top-k
+ * should not run on ties of zeros). */
+static ina_status_t fill_cache(ina_engine_t *e, uint64_t seed) {
+  ina_status_t st = INA_OK;
+  void *base = NULL;
+  size_t bytes = 0;
+  int on_device = 0;
+  int32_t device = 0;
+  INA_CHECK(ina_engine_kv_storage(e, &base, &bytes, &on_device, &device));
+  INA_REQUIRE(on_device && device == 0, INA_ERR_INTERNAL, "the engine's KV cache is not on device 0");
+  INA_CHECK(ina_bench_fill_random_bf16((uint16_t *)base, bytes / sizeof(uint16_t), seed, 1.0f));
+fail:
+  return st;
+}
+
 /* Runs every selected shape of dtype d on one model and engine; results appended at
  * *count. Returns the number of failures. */
 static int run_dtype(int d, const options_t *o, double ceiling_tbs, float *logits, shape_result_t *results,
@@ -405,6 +527,7 @@ static int run_dtype(int d, const options_t *o, double ceiling_tbs, float *logit
   ina_engine_options_t eo = INA_ENGINE_OPTIONS_INIT;
   uint64_t rng = o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)d;
   size_t free_before = 0, free_after = 0, total = 0;
+  const char *dn = k_dtype_names[d];
   int failed = 0;
   mo.seed = WEIGHT_SEED;
   mo.dtype = k_dtypes[d];
@@ -413,34 +536,61 @@ static int run_dtype(int d, const options_t *o, double ceiling_tbs, float *logit
   eo.page_size = PAGE_SIZE;
   eo.max_tokens = kv_tokens_needed(o);
   eo.cuda_graphs = o->cuda_graphs;
-  if (ina_model_open(MODEL_SPEC, &mo, &model) != INA_OK) {
-    fprintf(stderr, "bench_decode: %s %s: %s\n", MODEL_SPEC, k_dtype_names[d], ina_last_error());
+  if (ina_model_open(o->model, &mo, &model) != INA_OK) {
+    fprintf(stderr, "bench_decode: %s %s: %s\n", o->model, dn, ina_last_error());
     return 1;
   }
   const ina_model_config_t *cfg = ina_model_config(model);
   ina_decode_roofline_t whole;
   if (ina_decode_roofline(cfg, k_dtypes[d], 1, 1, &whole) != INA_OK) {
-    fprintf(stderr, "bench_decode: roofline of %s: %s\n", MODEL_SPEC, ina_last_error());
+    fprintf(stderr, "bench_decode: roofline of %s: %s\n", o->model, ina_last_error());
     ina_model_destroy(model);
     return 1;
   }
-  progress("%s: generating %.2f GB of random weights on device 0, latent cache for %" PRId64 " tokens",
-           k_dtype_names[d], (double)whole.model_bytes / 1e9, eo.max_tokens);
+  const double weights = (double)whole.model_bytes, cache = cache_bytes(cfg, eo.max_tokens);
   (void)cudaMemGetInfo(&free_before, &total);
+  /* Weights and cache are what the engine must hold at least (its step buffers and
+   * workspaces come on top): refuse at once what cannot fit rather than after the
+   * weights were generated. */
+  if (free_before > 0 && weights + cache > (double)free_before) {
+    fprintf(stderr,
+            "bench_decode: %s %s: %.2f GB of weights + %.2f GB of KV cache (%" PRId64
+            " tokens: the largest batch x context) exceed the %.2f GB free on device 0; lower --batch or "
+            "--context, or use --dtype fp8\n",
+            o->model, dn, weights / 1e9, cache / 1e9, eo.max_tokens, (double)free_before / 1e9);
+    ina_model_destroy(model);
+    return 1;
+  }
+  progress("%s %s: generating %.2f GB of random weights on device 0, KV cache for %" PRId64 " tokens (%.2f GB; "
+           "%.2f GB free)",
+           o->model, dn, weights / 1e9, eo.max_tokens, cache / 1e9, (double)free_before / 1e9);
   if (ina_engine_create(model, &eo, &engine) != INA_OK) {
-    fprintf(stderr, "bench_decode: engine for %s %s: %s\n", MODEL_SPEC, k_dtype_names[d], ina_last_error());
+    fprintf(stderr, "bench_decode: engine for %s %s: %s\n", o->model, dn, ina_last_error());
     ina_model_destroy(model);
     return 1;
   }
   (void)cudaMemGetInfo(&free_after, &total);
-  if (o->check) {
+  int check = o->check;
+  if (check) {
+    /* The oracle's host copy of the weights, about their size, must fit beside the rest. */
+    const double host = host_available_bytes();
+    if (host >= 0.0 && weights * CHECK_HOST_SLACK > host) {
+      fprintf(stderr,
+              "bench_decode: %s %s: the check needs about %.1f GB of host memory for the oracle's weights, %.1f GB "
+              "available; skipped (figures marked unchecked)\n",
+              o->model, dn, weights * CHECK_HOST_SLACK / 1e9, host / 1e9);
+      check = 0;
+    }
+  }
+  if (check) {
     int64_t largest = 1;
     for (int b = 0; b < o->num_batch; b++)
       if (o->batch[b] > largest) largest = o->batch[b];
-    progress("%s: checking a batch of %" PRId64 " against the CPU oracle", k_dtype_names[d], largest);
+    progress("%s %s: checking a batch of %" PRId64 " against the CPU oracle (%.2f GB of weights on the host)",
+             o->model, dn, largest, weights / 1e9);
     int undecided = 0;
-    if (!bench_decode_check(engine, MODEL_SPEC, &mo, PAGE_SIZE, largest, &rng, k_dtype_names[d], &undecided)) {
-      fprintf(stderr, "bench_decode: %s: the check failed; no figures for this dtype\n", k_dtype_names[d]);
+    if (!bench_decode_check(engine, o->model, &mo, PAGE_SIZE, largest, &rng, dn, &undecided)) {
+      fprintf(stderr, "bench_decode: %s %s: the check failed; no figures for this dtype\n", o->model, dn);
       ina_engine_destroy(engine);
       ina_model_destroy(model);
       return 1;
@@ -450,15 +600,19 @@ static int run_dtype(int d, const options_t *o, double ceiling_tbs, float *logit
                        "every row the check compared sat at a routing near-tie: only their finiteness was checked");
   } else {
     ina_bench_result(d == 0 ? "unchecked_bf16" : "unchecked_fp8", 1, "flag",
-                     "--no-check: these figures were not compared with the oracle");
+                     o->check ? "the host lacked the memory for the check: these figures were not compared with the "
+                                "oracle"
+                              : "--no-check: these figures were not compared with the oracle");
   }
-  {
-    const double cache = (double)round_up(eo.max_tokens, PAGE_SIZE) * (cfg->kv_lora_rank + cfg->qk_rope_head_dim) *
-                         2.0 * cfg->num_layers;
-    progress("%s: engine ready: %.2f GB of device memory taken (weights %.2f GB accounted + latent cache %.2f GB)",
-             k_dtype_names[d], (double)(free_before - free_after) / 1e9, (double)whole.model_bytes / 1e9,
-             cache / 1e9);
+  if (fill_cache(engine, CACHE_SEED + (uint64_t)d) != INA_OK) {
+    fprintf(stderr, "bench_decode: %s %s: filling the KV cache: %s\n", o->model, dn, ina_last_error());
+    ina_engine_destroy(engine);
+    ina_model_destroy(model);
+    return 1;
   }
+  progress("%s %s: engine ready: %.2f GB of device memory taken (weights %.2f GB accounted + KV cache %.2f GB, "
+           "filled random)",
+           o->model, dn, (double)(free_before - free_after) / 1e9, weights / 1e9, cache / 1e9);
   for (int c = 0; c < o->num_context; c++)
     for (int b = 0; b < o->num_batch; b++) {
       shape_result_t *r = &results[(*count)++];
@@ -466,11 +620,11 @@ static int run_dtype(int d, const options_t *o, double ceiling_tbs, float *logit
       r->dtype = d;
       r->context = o->context[c];
       r->batch = o->batch[b];
-      progress("%s context %" PRId64 " batch %" PRId64 ": %d warm-up + %d timed steps", k_dtype_names[d], r->context,
+      progress("%s %s context %" PRId64 " batch %" PRId64 ": %d warm-up + %d timed steps", o->model, dn, r->context,
                r->batch, WARMUP_STEPS, o->steps);
       if (ina_decode_roofline(cfg, k_dtypes[d], r->batch, r->context, &r->bytes) != INA_OK ||
           time_decode(engine, r->batch, r->context, o->steps, &rng, logits, &r->step_ms) != INA_OK) {
-        fprintf(stderr, "bench_decode: %s context %" PRId64 " batch %" PRId64 ": %s\n", k_dtype_names[d], r->context,
+        fprintf(stderr, "bench_decode: %s %s context %" PRId64 " batch %" PRId64 ": %s\n", o->model, dn, r->context,
                 r->batch, ina_last_error());
         (void)cudaGetLastError();
         failed++;
@@ -481,10 +635,10 @@ static int run_dtype(int d, const options_t *o, double ceiling_tbs, float *logit
       report_shape(r, o, ceiling_tbs);
     }
   if (o->prompt > 0) {
-    progress("%s prefill: %" PRId64 " tokens, 1 warm-up + %d timed forwards", k_dtype_names[d], o->prompt,
+    progress("%s %s prefill: %" PRId64 " tokens, 1 warm-up + %d timed forwards", o->model, dn, o->prompt,
              PREFILL_RUNS);
     if (time_prefill(engine, o->prompt, &rng, logits, &prefill->ms) != INA_OK) {
-      fprintf(stderr, "bench_decode: %s prefill of %" PRId64 " tokens: %s\n", k_dtype_names[d], o->prompt,
+      fprintf(stderr, "bench_decode: %s %s prefill of %" PRId64 " tokens: %s\n", o->model, dn, o->prompt,
               ina_last_error());
       (void)cudaGetLastError();
       failed++;
@@ -515,7 +669,7 @@ int main(int argc, char **argv) {
   if (parse_options(argc, argv, &o)) return 2;
   if (ina_bench_no_device("bench_decode")) return INA_BENCH_SKIP;
 
-  progress("measuring the read ceiling");
+  progress("%s: measuring the read ceiling", o.model);
   const double ceiling = ina_bench_read_ceiling_tbs();
   if (ceiling <= 0.0) {
     fprintf(stderr, "bench_decode: read ceiling: %s\n", ina_last_error());
@@ -523,6 +677,13 @@ int main(int argc, char **argv) {
   }
   ina_bench_result("read_ceiling", ceiling, "TB/s",
                    "read-only reduction over rotating 1 GiB slices (bench_read_ceiling), same run");
+  {
+    /* The JSON line has no field for the model: this figure's formula names it. */
+    char f[128];
+    snprintf(f, sizeof f, "%s: the model of every figure here (random weights, seed 0x%llx)", o.model,
+             (unsigned long long)WEIGHT_SEED);
+    ina_bench_result("model", 1, "flag", f);
+  }
 
   /* Pinned, as a server's would be: the logits copy is part of every step. */
   {
@@ -530,7 +691,7 @@ int main(int argc, char **argv) {
     int64_t rows = o.prompt > 0 ? 1 : 0;
     for (int b = 0; b < o.num_batch; b++)
       if (o.batch[b] > rows) rows = o.batch[b];
-    if (ina_model_config_builtin(MODEL_SPEC + strlen("random:"), &cfg) != INA_OK ||
+    if (ina_model_config_builtin(builtin_name(o.model), &cfg) != INA_OK ||
         cudaHostAlloc((void **)&logits, (size_t)rows * (size_t)cfg.vocab_size * sizeof(float),
                       cudaHostAllocDefault) != cudaSuccess) {
       fprintf(stderr, "bench_decode: pinned logits buffer for %" PRId64 " rows failed\n", rows);
