@@ -13,7 +13,9 @@
  *     lo = bf16(W - hi)) whose two GEMMs add up in fp32, so routing sees the weights to
  *     about 16 significant bits (routing still sees bf16 activations).
  *   - RMSNorm weights become f32 (exact for every stored dtype), except kv_a_layernorm,
- *     which the fused append reads in bf16; the router's correction bias f32.
+ *     which the fused append reads in bf16; the router's correction bias f32; so do
+ *     V3.2's indexer k_norm weight and bias. Its weights_proj is split hi + lo as an
+ *     f32 router is.
  *   - Linear biases (attention_bias, V2 mlp_bias) are INA_ERR_UNSUPPORTED for now.
  *   - The routed experts of a MoE layer also get device tables of their weight pointers
  *     for the grouped GEMM, when all of them are FP8 or all bf16 and their dims suit it.
@@ -59,6 +61,13 @@ typedef struct gpu_layer {
   const void **grouped_w[3];
   const float **grouped_scale[3];
   int grouped_fp8;
+  /* DeepSeek-V3.2's lightning indexer (ina_cfg_has_indexer), whole on every rank:
+   * wq_b and wk as linears, k_norm's LayerNorm weight and bias f32 [index_head_dim], and
+   * weights_proj [index heads, hidden] as bf16 hi + lo like an f32 router (lo NULL when
+   * it is stored bf16), since Hugging Face keeps it in fp32. */
+  gpu_linear_t index_wq_b, index_wk;
+  float *index_k_norm, *index_k_norm_bias;
+  uint16_t *index_w_hi, *index_w_lo;
 } gpu_layer_t;
 
 typedef struct gpu_weights {

@@ -14,7 +14,7 @@
  * that (engine_gpu.h's rules) pick the kernel and the output form:
  *   embedding, kv_a_layernorm, non-FP8 linears   bf16(v)
  *   RMSNorm weights, router bias                  v, or float(bf16(v)) when stored bf16
- *   router                                        bf16 hi, plus lo when stored f32
+ *   router, V3.2 weights_proj                     bf16 hi, plus lo when stored f32
  *   FP8 linears                                   e4m3 128x128 blocks, scales written in
  *                                                 the packed layout of gemm/gemm.h, or
  *                                                 dequantized to bf16 by the upload's own
@@ -54,7 +54,7 @@ typedef struct random_ctx {
 typedef enum target_kind {
   TARGET_BF16,   /* bf16 buffer */
   TARGET_F32,    /* f32 buffer */
-  TARGET_ROUTER, /* layer->router_hi (+ router_lo) */
+  TARGET_ROUTER, /* bf16 hi (+ lo): the router, V3.2's weights_proj */
   TARGET_LINEAR, /* gpu_linear_t */
   TARGET_KV_B,   /* layer->kv_b: a linear forced to bf16 */
 } target_kind_t;
@@ -63,7 +63,8 @@ typedef struct target {
   target_kind_t kind;
   void **buffer;        /* BF16, F32 */
   gpu_linear_t *linear; /* LINEAR */
-  gpu_layer_t *layer;   /* ROUTER, KV_B */
+  gpu_layer_t *layer;   /* KV_B */
+  uint16_t **hi, **lo;  /* ROUTER */
   int is_gate;          /* LINEAR: an MLP's gate_proj (gpu_weights_t.max_expert_inter) */
 } target_t;
 
@@ -150,13 +151,16 @@ static int find_in_layer(const ina_weights_t *w, gpu_weights_t *g, const ina_wei
       {&L->q_a_norm, TARGET_F32, (void **)&G->q_a_norm},
       {&L->kv_a_norm, TARGET_BF16, (void **)&G->kv_a_norm},
       {&L->router_bias, TARGET_F32, (void **)&G->router_bias},
+      {&L->index_k_norm, TARGET_F32, (void **)&G->index_k_norm},
+      {&L->index_k_norm_bias, TARGET_F32, (void **)&G->index_k_norm_bias},
   };
   const struct {
     const ina_linear_t *host;
     gpu_linear_t *dev;
   } linears[] = {
       {&L->q_proj, &G->q_proj},       {&L->q_a_proj, &G->q_a_proj}, {&L->q_b_proj, &G->q_b_proj},
-      {&L->kv_a_proj, &G->kv_a_proj}, {&L->o_proj, &G->o_proj},
+      {&L->kv_a_proj, &G->kv_a_proj}, {&L->o_proj, &G->o_proj},   {&L->index_wq_b, &G->index_wq_b},
+      {&L->index_wk, &G->index_wk},
   };
   t->layer = G;
   if (s->expert >= 0) {
@@ -177,8 +181,11 @@ static int find_in_layer(const ina_weights_t *w, gpu_weights_t *g, const ina_wei
     t->linear = linears[i].dev;
     return 1;
   }
-  if (s->tensor == &L->router) {
+  if (s->tensor == &L->router || s->tensor == &L->index_weights_proj) {
+    const int router = s->tensor == &L->router;
     t->kind = TARGET_ROUTER;
+    t->hi = router ? &G->router_hi : &G->index_w_hi;
+    t->lo = router ? &G->router_lo : &G->index_w_lo;
     return 1;
   }
   if (s->linear == &L->kv_b_proj) {
@@ -313,12 +320,12 @@ static ina_status_t make_tensor(random_ctx_t *x, const ina_weights_t *shell, con
   case TARGET_ROUTER:
     /* Replicated on every rank (model/weights.h): the hi + lo split takes whole tensors. */
     INA_REQUIRE(s->slice_dim < 0, INA_ERR_INTERNAL, "gpu random weights: router %s is sliced", s->name);
-    INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)n * sizeof(uint16_t), (void **)&t.layer->router_hi));
+    INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)n * sizeof(uint16_t), (void **)t.hi));
     if (stored == INA_DTYPE_BF16) {
-      INA_CHECK(ina_gpu_random_fill(&d, &win, INA_RANDOM_BF16, t.layer->router_hi, x->stream));
+      INA_CHECK(ina_gpu_random_fill(&d, &win, INA_RANDOM_BF16, *t.hi, x->stream));
     } else {
-      INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)n * sizeof(uint16_t), (void **)&t.layer->router_lo));
-      INA_CHECK(ina_gpu_random_fill_hi_lo(&d, n, t.layer->router_hi, t.layer->router_lo, x->stream));
+      INA_CHECK(ina_gpu_weights_alloc(x->g, (size_t)n * sizeof(uint16_t), (void **)t.lo));
+      INA_CHECK(ina_gpu_random_fill_hi_lo(&d, n, *t.hi, *t.lo, x->stream));
     }
     break;
   case TARGET_LINEAR:
@@ -339,12 +346,14 @@ fail:
 /* ---- the walk ---------------------------------------------------------------------------- */
 
 /* What the upload would refuse, checked before anything is generated. */
-static ina_status_t check_supported(const ina_model_config_t *cfg, ina_dtype_t dtype, const ina_weight_spec_t *specs,
-                                    int32_t count) {
+static ina_status_t check_supported(const ina_weights_t *shell, const ina_model_config_t *cfg, ina_dtype_t dtype,
+                                    const ina_weight_spec_t *specs, int32_t count) {
   ina_status_t st = INA_OK;
   for (int32_t i = 0; i < count; i++) {
     const ina_weight_spec_t *s = &specs[i];
-    INA_REQUIRE(s->role != INA_WEIGHT_BIAS, INA_ERR_UNSUPPORTED,
+    /* V3.2's k_norm is a LayerNorm with a bias, which the engine has; linears' are not. */
+    const int k_norm_bias = s->layer >= 0 && s->tensor == &shell->layers[s->layer].index_k_norm_bias;
+    INA_REQUIRE(s->role != INA_WEIGHT_BIAS || k_norm_bias, INA_ERR_UNSUPPORTED,
                 "gpu engine: linear bias %s (attention_bias / mlp_bias): the GPU engine does not support "
                 "biases yet; use the CPU engine (--device cpu)", s->name);
     INA_REQUIRE(host_dtype(s, dtype) != INA_DTYPE_FP8_E4M3 ||
@@ -422,7 +431,7 @@ ina_status_t ina_gpu_weights_random(const ina_model_config_t *cfg, const ina_sha
   INA_CHECK(ina_weights_random_shell(cfg, dtype, shard, &shell));
   INA_CHECK(ina_weight_specs(&shell, &specs, &count));
   x.cfg = &shell.config;
-  INA_CHECK(check_supported(x.cfg, dtype, specs, count));
+  INA_CHECK(check_supported(&shell, x.cfg, dtype, specs, count));
   out->expert_begin = shell.expert_begin;
   out->expert_end = shell.expert_end;
   out->tp_rank = shell.tp_rank;

@@ -71,14 +71,15 @@ fail:
   return st;
 }
 
-/* The router as bf16 hi + lo (see engine_gpu.h); lo stays NULL for a router that is
- * already exact in bf16. */
-static ina_status_t upload_router(gpu_weights_t *g, const ina_tensor_t *t, const char *what, gpu_layer_t *L) {
+/* An f32 matrix (the router, V3.2's weights_proj) as bf16 hi + lo (see engine_gpu.h);
+ * lo stays NULL for one that is already exact in bf16. */
+static ina_status_t upload_hi_lo(gpu_weights_t *g, const ina_tensor_t *t, const char *what, uint16_t **hi_out,
+                                 uint16_t **lo_out) {
   ina_status_t st = INA_OK;
   float *f32 = NULL;
   uint16_t *hi = NULL, *lo = NULL;
   const size_t n = (size_t)ina_tensor_numel(t);
-  INA_CHECK(upload_as(g, t, INA_DTYPE_BF16, what, (void **)&L->router_hi));
+  INA_CHECK(upload_as(g, t, INA_DTYPE_BF16, what, (void **)hi_out));
   if (t->dtype == INA_DTYPE_BF16) return INA_OK;
   f32 = malloc(n * sizeof(float));
   hi = malloc(n * sizeof(uint16_t));
@@ -90,8 +91,8 @@ static ina_status_t upload_router(gpu_weights_t *g, const ina_tensor_t *t, const
   INA_CHECK(ina_from_f32(f32, hi, INA_DTYPE_BF16, n));
   for (size_t i = 0; i < n; i++) f32[i] -= ina_bf16_to_f32(hi[i]);
   INA_CHECK(ina_from_f32(f32, lo, INA_DTYPE_BF16, n));
-  INA_CHECK(ina_gpu_weights_alloc(g, n * sizeof(uint16_t), (void **)&L->router_lo));
-  INA_CUDA_CHECK(cudaMemcpy(L->router_lo, lo, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  INA_CHECK(ina_gpu_weights_alloc(g, n * sizeof(uint16_t), (void **)lo_out));
+  INA_CUDA_CHECK(cudaMemcpy(*lo_out, lo, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
 fail:
   free(f32);
   free(hi);
@@ -250,12 +251,22 @@ static ina_status_t upload_layer(gpu_weights_t *g, const ina_layer_weights_t *L,
     out->kv_b = kv_b.w;
   }
   INA_CHECK(upload_linear(g, &L->o_proj, NAME("self_attn.o_proj"), 1, s, &out->o_proj));
+  if (ina_cfg_has_indexer(c)) {
+    INA_CHECK(upload_linear(g, &L->index_wq_b, NAME("self_attn.indexer.wq_b"), 1, s, &out->index_wq_b));
+    INA_CHECK(upload_linear(g, &L->index_wk, NAME("self_attn.indexer.wk"), 1, s, &out->index_wk));
+    INA_CHECK(upload_as(g, &L->index_k_norm, INA_DTYPE_F32, NAME("self_attn.indexer.k_norm.weight"),
+                        (void **)&out->index_k_norm));
+    INA_CHECK(upload_as(g, &L->index_k_norm_bias, INA_DTYPE_F32, NAME("self_attn.indexer.k_norm.bias"),
+                        (void **)&out->index_k_norm_bias));
+    INA_CHECK(upload_hi_lo(g, &L->index_weights_proj, NAME("self_attn.indexer.weights_proj.weight"),
+                           &out->index_w_hi, &out->index_w_lo));
+  }
   out->is_moe = L->is_moe;
   out->has_shared = L->has_shared;
   if (!L->is_moe || L->has_shared)
     INA_CHECK(upload_mlp(g, &L->mlp, L->is_moe ? NAME("mlp.shared_experts") : NAME("mlp"), s, &out->mlp));
   if (L->is_moe) {
-    INA_CHECK(upload_router(g, &L->router, NAME("mlp.gate.weight"), out));
+    INA_CHECK(upload_hi_lo(g, &L->router, NAME("mlp.gate.weight"), &out->router_hi, &out->router_lo));
     if (!ina_tensor_is_empty(&L->router_bias))
       INA_CHECK(upload_as(g, &L->router_bias, INA_DTYPE_F32, NAME("mlp.gate.e_score_correction_bias"),
                           (void **)&out->router_bias));

@@ -12,7 +12,9 @@
  *     (ragged blocks), some not of 16 (dequantized to bf16) and some odd (byte stores),
  *     packed scales with padding;
  *   v3-small: v3-layers' structure at smaller widths in fp8_e4m3, full 128x128 blocks;
- *   tiny in bf16 with seed 0.
+ *   tiny in bf16 with seed 0;
+ *   v3.2-tiny in bf16, fp8_e4m3 and f32: V3.2's indexer (wq_b, wk, the k_norm LayerNorm's
+ *     weight and bias, weights_proj as bf16 hi + lo when f32).
  * Shards (model/weights.h), each against ina_gpu_weights_upload of ina_weights_random
  * with the same shard, in bf16, f32 and fp8_e4m3:
  *   expert ranges of tiny: both halves, an uneven range and an empty one;
@@ -198,6 +200,16 @@ static void compare_layer(compare_t *c, const ina_model_config_t *cfg, const gpu
   compare_bytes(c, NAME("self_attn.kv_b_proj.weight (bf16)"), a->kv_b, b->kv_b,
                 heads * (size_t)(cfg->qk_nope_head_dim + cfg->v_head_dim) * (size_t)cfg->kv_lora_rank * 2);
   compare_linear(c, NAME("self_attn.o_proj"), &a->o_proj, &b->o_proj, 1);
+  {
+    /* V3.2's indexer (NULL and zero on both sides without one). */
+    const size_t D = (size_t)cfg->index_head_dim, nI = (size_t)cfg->index_n_heads;
+    compare_linear(c, NAME("self_attn.indexer.wq_b"), &a->index_wq_b, &b->index_wq_b, 1);
+    compare_linear(c, NAME("self_attn.indexer.wk"), &a->index_wk, &b->index_wk, 1);
+    compare_bytes(c, NAME("self_attn.indexer.k_norm.weight"), a->index_k_norm, b->index_k_norm, D * 4);
+    compare_bytes(c, NAME("self_attn.indexer.k_norm.bias"), a->index_k_norm_bias, b->index_k_norm_bias, D * 4);
+    compare_bytes(c, NAME("self_attn.indexer.weights_proj (bf16 hi)"), a->index_w_hi, b->index_w_hi, nI * H * 2);
+    compare_bytes(c, NAME("self_attn.indexer.weights_proj (bf16 lo)"), a->index_w_lo, b->index_w_lo, nI * H * 2);
+  }
   if (a->is_moe != b->is_moe || a->has_shared != b->has_shared) {
     differ(c, "layer %d: is_moe %d / has_shared %d against %d / %d", l, a->is_moe, a->has_shared, b->is_moe,
            b->has_shared);
@@ -400,7 +412,11 @@ static ina_shard_t shard_of(int32_t tp_rank, int32_t tp_size, int32_t begin, int
 static void test_configs(uint64_t seed, cudaStream_t stream) {
   const expect_t fp8_mixed = {1, 1, 1}, fp8_all = {1, 0, 1}, bf16_only = {0, 1, 1};
   const ina_model_config_t tiny = builtin("tiny"), v2 = v2_style(), rag = ragged(), v3 = v3_small();
+  const ina_model_config_t v32 = builtin("v3.2-tiny");
   printf("configs, seed %llu:\n", (unsigned long long)seed);
+  run_case("v3.2-tiny", &v32, NULL, INA_DTYPE_BF16, seed, stream, bf16_only);
+  run_case("v3.2-tiny", &v32, NULL, INA_DTYPE_FP8_E4M3, seed, stream, (expect_t){1, -1, 1});
+  run_case("v3.2-tiny", &v32, NULL, INA_DTYPE_F32, seed, stream, bf16_only);
   run_case("tiny", &tiny, NULL, INA_DTYPE_BF16, seed, stream, bf16_only);
   run_case("tiny", &tiny, NULL, INA_DTYPE_FP8_E4M3, seed, stream, fp8_all);
   run_case("tiny", &tiny, NULL, INA_DTYPE_F32, seed, stream, bf16_only);
