@@ -50,14 +50,6 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
                 "engine: the dispatch exchange runs on the CPU backend only (its NVLink backend for "
                 "CUDA devices is not built yet): use allgather on a GPU");
   }
-  {
-    const ina_model_config_t *c = ina_model_config(model);
-    INA_REQUIRE(!ina_cfg_has_indexer(c) || device < 0, INA_ERR_UNSUPPORTED,
-                "engine: this is a DeepSeek-V3.2 model (deepseek_v32: a lightning indexer with index_topk %d in "
-                "every attention layer), and the CUDA engine does not run DeepSeek Sparse Attention yet: "
-                "run it with --device cpu",
-                c->index_topk);
-  }
   e = calloc(1, sizeof *e);
   INA_CHECK_ALLOC(e);
   if (device < 0)
@@ -263,6 +255,8 @@ const char *ina_engine_mutation_name(int32_t mutation) {
       "decode skips the newest key",
       "FP8 scale grid transposed (layer 0 kv_a_proj)",
       "shared experts dropped",
+      "V3.2 top-k keeps index_topk - 1",
+      "V3.2 index key without rope",
   };
   return mutation >= 0 && mutation < INA_MUTATION_COUNT ? names[mutation] : "?";
 }

@@ -464,6 +464,67 @@ static void absorb_v_heads(void *ctx, int64_t begin, int64_t end, int worker) {
   }
 }
 
+static uint64_t id_mix(uint64_t z);
+
+/* The oracle's near-tie probe of V3.2's top-k (GPU numerics): for each query token that
+ * chose (more visible positions than k), the gap between the last position kept and the
+ * best one dropped, over the scale of what can move them: N_t = sum_h |w_h| scale
+ * sum_d |q_hd k_td|, which bounds the fp32 sums' error (a few ulp of it) and the error of
+ * weights_proj's bf16 hi + lo split (2^-17 of it). margin = gap / (N_kept + N_dropped),
+ * +inf when both are exactly 0 (two scores of zeros stay zeros), folded into the row's
+ * route record with the hash of the set chosen, so that the oracle counts such rows
+ * apart as it does routing near-ties (tests/model/oracle.h). */
+static void record_selection(ina_engine_cpu_t *e, int32_t layer, int32_t nseq, const int32_t *qo,
+                             const int32_t *kv_len, const ina_page_table_t *table, const int32_t *tokens,
+                             const float *iq, const float *iw, const float *scores, int64_t score_stride,
+                             const int32_t *selected, int32_t K, float scale) {
+  const ina_model_config_t *c = e->cfg;
+  const int32_t nI = c->index_n_heads, D = c->index_head_dim;
+  const int32_t page_size = ina_page_pool_page_size(e->kv);
+  const ina_dsa_index_cache_t cache = index_cache(e, layer);
+  unsigned char *kept = calloc((size_t)score_stride + 1, 1);
+  if (!kept) return; /* the probe only: no record means no row counted apart */
+  for (int32_t k = 0; k < nseq; k++) {
+    const int32_t q_len = qo[k + 1] - qo[k];
+    for (int32_t j = 0; j < q_len; j++) {
+      const int32_t i = qo[k] + j, visible = kv_len[k] - q_len + j + 1;
+      const int64_t row = tokens[i];
+      if (visible <= K || row >= e->route_rows) continue;
+      const float *sc = scores + (int64_t)i * score_stride;
+      const int32_t *sel = selected + (int64_t)i * K;
+      uint64_t set = 0;
+      for (int32_t x = 0; x < K; x++) {
+        kept[sel[x]] = 1;
+        set += id_mix((uint64_t)sel[x] + 0x5e1ec7ull * (uint64_t)(layer + 1));
+      }
+      int32_t dropped = -1;
+      for (int32_t t = 0; t < visible; t++)
+        if (!kept[t] && (dropped < 0 || sc[t] > sc[dropped])) dropped = t;
+      const int32_t last = sel[K - 1];
+      double n[2] = {0, 0};
+      const int32_t pos[2] = {last, dropped};
+      for (int p = 0; p < 2; p++) {
+        const int32_t t = pos[p];
+        const int32_t page = table->indices[table->indptr[k] + t / page_size];
+        const float *key =
+            (const float *)((const char *)cache.keys + page * cache.page_stride + (t % page_size) * cache.token_stride);
+        for (int32_t h = 0; h < nI; h++) {
+          double a = 0;
+          for (int32_t d = 0; d < D; d++) a += fabs((double)iq[((int64_t)i * nI + h) * D + d] * key[d]);
+          n[p] += fabs((double)iw[(int64_t)i * nI + h]) * scale * a;
+        }
+      }
+      const double gap = (double)sc[last] - (double)sc[dropped];
+      const float margin = n[0] + n[1] > 0 ? (float)(gap / (n[0] + n[1])) : gap > 0 ? INFINITY : 0.0f;
+      ina_engine_route_t *r = &e->routes[row];
+      r->experts = id_mix(r->experts ^ set);
+      if (margin < r->margin) r->margin = margin;
+      for (int32_t x = 0; x < K; x++) kept[sel[x]] = 0;
+    }
+  }
+  free(kept);
+}
+
 /* DeepSeek Sparse Attention (V3.2): the indexer's scores of each query token over its
  * visible cached tokens, its index_topk best (attention/dsa.h's tie rule: higher score,
  * then lower position), and absorbed MLA over only those, into o_latent. The requests,
@@ -474,7 +535,8 @@ static ina_status_t attend_selected(step_t *s, int32_t layer, int32_t nseq, cons
   ina_status_t st = INA_OK;
   ina_engine_cpu_t *e = s->e;
   const ina_model_config_t *c = e->cfg;
-  const int32_t nI = c->index_n_heads, D = c->index_head_dim, K = c->index_topk;
+  const int32_t nI = c->index_n_heads, D = c->index_head_dim;
+  const int32_t K = c->index_topk - (e->mutation == INA_MUTATION_INDEX_TOPK_LESS && c->index_topk > 1);
   const int32_t page_size = ina_page_pool_page_size(e->kv);
   float *iq = malloc(((size_t)count * (size_t)nI * (size_t)D + 1) * sizeof *iq);
   float *iw = malloc(((size_t)count * (size_t)nI + 1) * sizeof *iw), *scores = NULL;
@@ -519,6 +581,9 @@ static ina_status_t attend_selected(step_t *s, int32_t layer, int32_t nseq, cons
     ina_dsa_topk_run_params_t r = INA_DSA_TOPK_RUN_PARAMS_INIT;
     r.scores = scores, r.indices = selected;
     INA_CHECK(ina_dsa_topk_run(&topk_info, ws_topk, &r, e->pool, NULL));
+    if (e->gpu_numerics && e->routes)
+      record_selection(e, layer, nseq, qo, kv_len, table, tokens, iq, iw, scores, score_info.score_stride, selected, K,
+                       (float)(1.0 / sqrt((double)D)));
   }
   {
     ina_dsa_mla_plan_params_t p = INA_DSA_MLA_PLAN_PARAMS_INIT;
@@ -651,6 +716,7 @@ static ina_status_t index_projections(step_t *s, int32_t layer) {
   INA_CHECK(linear(e, &L->index_wq_b, s->qa, T, s->iq));
   INA_CHECK(linear(e, &L->index_wk, s->h, T, k));
   ina_cpu_layernorm(k, &L->index_k_norm, &L->index_k_norm_bias, T, D, 1e-6f, k);
+  as_stored(e, k, T * D); /* the GPU's LayerNorm writes bf16 */
   {
     /* weights_proj in fp32, as Hugging Face keeps it */
     const ina_linear_t weights_proj = {L->index_weights_proj, {0}, {0}, 0, 0};
@@ -659,9 +725,14 @@ static ina_status_t index_projections(step_t *s, int32_t layer) {
     for (int64_t i = 0; i < T * nI; i++) s->iw[i] *= head_scale;
   }
   for (int64_t t = 0; t < T; t++) {
-    ina_cpu_rope(k + t * D, R, s->positions[t], e->inv_freq, e->attention_factor, 0);
-    for (int32_t h = 0; h < nI; h++)
+    if (e->mutation != INA_MUTATION_INDEX_KEY_NO_ROPE) {
+      ina_cpu_rope(k + t * D, R, s->positions[t], e->inv_freq, e->attention_factor, 0);
+      as_stored(e, k + t * D, R);
+    } /* and so does its rope, on the rotated dims */
+    for (int32_t h = 0; h < nI; h++) {
       ina_cpu_rope(s->iq + (t * nI + h) * D, R, s->positions[t], e->inv_freq, e->attention_factor, 0);
+      as_stored(e, s->iq + (t * nI + h) * D, R);
+    }
     int32_t page, slot;
     ina_kv_seq_locate(s->b->seqs[s->token_seq[t]], ina_page_pool_page_size(e->kv), s->positions[t], &page, &slot);
     memcpy((float *)ina_page_pool_entry(e->kv, layer, page, slot) + key_at, k + t * D, (size_t)D * sizeof(float));

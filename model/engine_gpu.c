@@ -102,6 +102,10 @@ static ina_status_t check_shapes(const ina_model_config_t *c) {
                 "gpu engine: the GPU router takes at most 256 experts, top-k 32 and 32 groups "
                 "(model: %d experts, top-k %d, %d groups)",
                 c->n_routed_experts, c->num_experts_per_tok, c->n_group);
+  if (ina_cfg_has_indexer(c))
+    INA_REQUIRE(c->q_lora_rank > 0 && c->index_topk <= INA_DSA_GPU_MAX_TOPK, INA_ERR_UNSUPPORTED,
+                "gpu engine: DeepSeek-V3.2's indexer needs a q LoRA (q_lora_rank %d) and index_topk <= %d (%d)",
+                c->q_lora_rank, INA_DSA_GPU_MAX_TOPK, c->index_topk);
 fail:
   return st;
 }
@@ -238,6 +242,7 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   INA_CUDA_CHECK(cudaSetDevice(device));
   INA_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   INA_CHECK(take_comms(e, w, options));
+  e->has_indexer = ina_cfg_has_indexer(c);
   {
     const int dp = ina_engine_options_attention_dp(options);
     INA_REQUIRE(dp == 0 || dp == 2, INA_ERR_UNSUPPORTED,
@@ -249,6 +254,11 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
     e->dp_size = dp && e->ep_size > 1 ? e->ep_size : 1;
     e->dp_rank = e->dp_size > 1 ? e->ep_rank : 0;
     if (e->dp_size > 1) INA_CHECK(gpu_dp_init(e));
+    /* V3.2 under tensor or attention data parallelism has not run on GPUs yet. */
+    INA_REQUIRE(!e->has_indexer || (e->tp_size == 1 && e->dp_size == 1), INA_ERR_UNSUPPORTED,
+                "gpu engine: DeepSeek-V3.2 (sparse attention) runs with tp 1 and without attention DP on the CUDA "
+                "backend (tp %d, dp %d)",
+                e->tp_size, e->dp_size);
   }
   if (ina_engine_options_step_split(options)) INA_CHECK(gpu_split_init(&e->split, c->num_layers));
   {
@@ -274,7 +284,10 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
     pc.page_size = options->page_size;
     pc.num_pages = (int32_t)pages;
     pc.num_layers = c->num_layers;
-    pc.entry_elems = c->kv_lora_rank + c->qk_rope_head_dim;
+    /* A token's entry: the latent and rope key, then V3.2's index key (attention/dsa.h:
+     * it sits beside the latent, so prefix sharing, copy on write and page transfers
+     * carry it). */
+    pc.entry_elems = c->kv_lora_rank + c->qk_rope_head_dim + (e->has_indexer ? c->index_head_dim : 0);
     pc.dtype = INA_DTYPE_BF16;
     pc.store_entries = 0; /* the entries live in e->cache, on the device */
     /* Attention DP: each rank's sequences take the pages of its stripe, and only those
@@ -353,6 +366,9 @@ void ina_engine_gpu_destroy(ina_engine_gpu_t *e) {
   cudaFree(e->stage_dev);
   cudaFreeHost(e->mla_host_ws);
   cudaFree(e->mla_dev_ws);
+  cudaFreeHost(e->dsa_host_ws);
+  cudaFree(e->dsa_dev_ws);
+  cudaFree(e->dsa_scores);
   cudaFreeHost(e->offsets_host);
   cudaFree(e->tokens_dev);
   cudaFree(e->greedy_params_dev);
@@ -442,6 +458,12 @@ static ina_status_t step_alloc(ina_engine_gpu_t *e, int64_t cap) {
   DEV(q_abs, cap * H * C * 2);
   DEV(o_lat, cap * H * C * 2);
   DEV(attn, cap * H * c->v_head_dim * 2);
+  if (e->has_indexer) {
+    DEV(iq, cap * c->index_n_heads * c->index_head_dim * 2);
+    DEV(ik, cap * c->index_head_dim * 2);
+    DEV(iw, cap * c->index_n_heads * 4);
+    DEV(sel, cap * c->index_topk * 4);
+  }
   DEV(g, rows * inter * 2);
   DEV(u, rows * inter * 2);
   DEV(a, rows * inter * 2);
@@ -627,6 +649,99 @@ fail:
   return st;
 }
 
+/* A plan's pinned host and device workspaces, grown to the bytes asked (graphs read the
+ * old device one: dropped). */
+static ina_status_t ensure_workspaces(ina_engine_gpu_t *e, void **host, size_t *host_cap, size_t host_bytes,
+                                      void **dev, size_t *dev_cap, size_t dev_bytes) {
+  ina_status_t st = INA_OK;
+  if (host_bytes > *host_cap) {
+    INA_CUDA_CHECK(cudaStreamSynchronize(e->stream)); /* the last step's copy may still read it */
+    cudaFreeHost(*host);
+    *host = NULL;
+    *host_cap = 0;
+    INA_CUDA_CHECK(cudaHostAlloc(host, host_bytes, cudaHostAllocDefault));
+    *host_cap = host_bytes;
+  }
+  if (dev_bytes > *dev_cap) {
+    gpu_drop_graphs(e);
+    cudaFree(*dev);
+    *dev = NULL;
+    *dev_cap = 0;
+    INA_CUDA_CHECK(cudaMalloc(dev, dev_bytes));
+    *dev_cap = dev_bytes;
+  }
+fail:
+  return st;
+}
+
+/* V3.2's positions kept per query: index_topk, one fewer under its mutation. */
+static int32_t index_topk(const ina_engine_gpu_t *e) {
+  return e->cfg->index_topk - (e->mutation == INA_MUTATION_INDEX_TOPK_LESS && e->cfg->index_topk > 1);
+}
+
+/* V3.2's step plans for `max_tokens` query rows (the bucket): the indexer's (score and
+ * top-k over score rows of dsa_kv_cap positions, grown here) and sparse MLA's. */
+static ina_status_t plan_sparse(ina_engine_gpu_t *e, const ina_batch_t *b, int32_t max_tokens,
+                                ina_dsa_gpu_plan_info_t *dsa, ina_mla_plan_info_t *mla) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  const int32_t page_size = ina_page_pool_page_size(e->kv);
+  size_t host_bytes = 0, dev_bytes = 0;
+  int32_t longest = 1;
+  for (int32_t i = 0; i < b->batch; i++) {
+    e->kv_len[i] = (int32_t)b->seqs[i]->num_tokens;
+    if (e->kv_len[i] > longest) longest = e->kv_len[i];
+  }
+  if (longest > e->dsa_kv_cap) {
+    gpu_drop_graphs(e); /* their score and top-k grids are the old cap's */
+    e->dsa_kv_cap = (int32_t)round_up_pow2(longest, 256);
+  }
+  if ((int64_t)max_tokens * e->dsa_kv_cap > e->dsa_scores_cap) {
+    gpu_drop_graphs(e);
+    cudaFree(e->dsa_scores);
+    e->dsa_scores = NULL;
+    e->dsa_scores_cap = 0;
+    const int64_t n = (int64_t)round_up_pow2(max_tokens, 16) * e->dsa_kv_cap;
+    INA_CUDA_CHECK(cudaMalloc((void **)&e->dsa_scores, (size_t)n * sizeof(float)));
+    e->dsa_scores_cap = n;
+  }
+  {
+    ina_dsa_gpu_plan_params_t p = INA_DSA_GPU_PLAN_PARAMS_INIT;
+    p.batch = b->batch;
+    p.qo_indptr = b->qo_indptr;
+    p.kv_len = e->kv_len;
+    p.max_tokens = max_tokens;
+    p.max_kv_len = e->dsa_kv_cap;
+    p.page_size = page_size;
+    p.num_heads = c->index_n_heads;
+    p.head_dim = c->index_head_dim;
+    p.topk = index_topk(e);
+    p.score_stride = e->dsa_kv_cap;
+    INA_CHECK(ina_dsa_gpu_workspace_size(&p, &host_bytes, &dev_bytes));
+    INA_CHECK(ensure_workspaces(e, &e->dsa_host_ws, &e->dsa_host_cap, host_bytes, &e->dsa_dev_ws, &e->dsa_dev_cap,
+                                dev_bytes));
+    INA_CHECK(ina_dsa_gpu_plan(&p, e->dsa_host_ws, e->dsa_dev_ws, e->stream, dsa));
+  }
+  {
+    ina_mla_sparse_plan_params_t p = INA_MLA_SPARSE_PLAN_PARAMS_INIT;
+    p.batch = b->batch;
+    p.max_tokens = max_tokens;
+    p.qo_indptr = b->qo_indptr;
+    p.kv_len = e->kv_len;
+    p.topk = index_topk(e);
+    p.num_heads = e->heads;
+    p.kv_lora_rank = c->kv_lora_rank;
+    p.rope_dim = c->qk_rope_head_dim;
+    p.page_size = page_size;
+    INA_CHECK(ina_mla_sparse_workspace_size(&p, &host_bytes, &dev_bytes));
+    INA_CHECK(ensure_workspaces(e, &e->mla_host_ws, &e->mla_host_cap, host_bytes, &e->mla_dev_ws, &e->mla_dev_cap,
+                                dev_bytes));
+    INA_CHECK(ina_mla_sparse_plan(&p, e->mla_host_ws, e->mla_dev_ws, e->stream, mla));
+  }
+fail:
+  return st;
+}
+
 /* Plan attention for the step (the same schedule serves every layer), for a bucket of
  * max_batch sequences (the step's batch when it runs eagerly). */
 static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, int32_t max_batch,
@@ -651,22 +766,8 @@ static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, in
   p.rope_dim = c->qk_rope_head_dim;
   p.page_size = ina_page_pool_page_size(e->kv);
   INA_CHECK(ina_mla_workspace_size(&p, &host_bytes, &dev_bytes));
-  if (host_bytes > e->mla_host_cap) {
-    INA_CUDA_CHECK(cudaStreamSynchronize(e->stream)); /* the last step's copy may still read it */
-    cudaFreeHost(e->mla_host_ws);
-    e->mla_host_ws = NULL;
-    e->mla_host_cap = 0;
-    INA_CUDA_CHECK(cudaHostAlloc(&e->mla_host_ws, host_bytes, cudaHostAllocDefault));
-    e->mla_host_cap = host_bytes;
-  }
-  if (dev_bytes > e->mla_dev_cap) {
-    gpu_drop_graphs(e); /* they read the old workspace */
-    cudaFree(e->mla_dev_ws);
-    e->mla_dev_ws = NULL;
-    e->mla_dev_cap = 0;
-    INA_CUDA_CHECK(cudaMalloc(&e->mla_dev_ws, dev_bytes));
-    e->mla_dev_cap = dev_bytes;
-  }
+  INA_CHECK(ensure_workspaces(e, &e->mla_host_ws, &e->mla_host_cap, host_bytes, &e->mla_dev_ws, &e->mla_dev_cap,
+                              dev_bytes));
   INA_CHECK(ina_mla_plan(&p, e->mla_host_ws, e->mla_dev_ws, e->stream, info));
 fail:
   return st;
@@ -782,7 +883,8 @@ ina_status_t ina_engine_gpu_set_mutation(ina_engine_gpu_t *e, int32_t mutation) 
               "gpu engine: mutation %d out of range", mutation);
   INA_REQUIRE(mutation == INA_MUTATION_NONE || mutation == INA_MUTATION_DECODE_SCALE ||
                   mutation == INA_MUTATION_DECODE_NO_MSCALE || mutation == INA_MUTATION_LATENT_EPS ||
-                  mutation == INA_MUTATION_NO_SHARED,
+                  mutation == INA_MUTATION_NO_SHARED || mutation == INA_MUTATION_INDEX_TOPK_LESS ||
+                  mutation == INA_MUTATION_INDEX_KEY_NO_ROPE,
               INA_ERR_UNSUPPORTED, "gpu engine: the mutation '%s' is not applied by the CUDA engine",
               ina_engine_mutation_name(mutation));
   e->mutation = mutation;
@@ -808,9 +910,117 @@ static float attention_scale(const ina_engine_gpu_t *e) {
 
 typedef struct step_inputs {
   const int32_t *positions, *page_ids, *slots, *kv_indptr, *kv_indices; /* device */
-  ina_mla_plan_info_t plan;
+  ina_mla_plan_info_t plan;  /* dense, or V3.2's sparse plan */
+  ina_dsa_gpu_plan_info_t dsa; /* V3.2: the indexer's */
   int padded; /* the step may hold padding rows (page id -1): a graph bucket, attention DP */
 } step_inputs_t;
+
+/* Layer l's cache entries: [pages][page_size][latent | rope key (| V3.2's index key)] bf16. */
+static char *layer_cache(const ina_engine_gpu_t *e, int32_t l) { return (char *)e->cache + (size_t)l * e->cache_layer_bytes; }
+
+static int64_t entry_bytes(const ina_engine_gpu_t *e) {
+  return (int64_t)e->cache_page_bytes / ina_page_pool_page_size(e->kv);
+}
+
+static ina_mla_cache_t latent_cache(const ina_engine_gpu_t *e, int32_t l) {
+  const ina_model_config_t *c = e->cfg;
+  ina_mla_cache_t m = ina_mla_cache_interleaved(INA_MLA_CACHE_BF16, layer_cache(e, l), ina_page_pool_page_size(e->kv),
+                                                c->kv_lora_rank, c->qk_rope_head_dim);
+  m.latent_token_stride = m.rope_token_stride = entry_bytes(e);
+  m.latent_page_stride = m.rope_page_stride = (int64_t)e->cache_page_bytes;
+  return m;
+}
+
+static ina_dsa_index_cache_t index_cache(const ina_engine_gpu_t *e, int32_t l) {
+  const ina_model_config_t *c = e->cfg;
+  ina_dsa_index_cache_t k = ina_dsa_index_cache_dense(
+      INA_DSA_KEY_BF16, layer_cache(e, l) + (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(uint16_t),
+      ina_page_pool_page_size(e->kv), c->index_head_dim);
+  k.token_stride = entry_bytes(e);
+  k.page_stride = (int64_t)e->cache_page_bytes;
+  return k;
+}
+
+/* V3.2's lightning indexer (Hugging Face's DeepseekV32Indexer) into s.sel: its query heads
+ * wq_b(qa) and key LayerNorm(wk(h)) roped on their first qk_rope_head_dim dims in the
+ * half-split layout (whatever MLA's layout), the key appended to the token's cache entry;
+ * each head's weight weights_proj(h) in fp32 (hi + lo); the scores over the visible
+ * cached keys and the index_topk best of each row (attention/dsa_gpu.h). The weights'
+ * index_heads^-0.5 rides on the softmax scale (relu is positively homogeneous). Every
+ * intermediate is bf16 but the weights and scores, as model/engine_cpu_numerics.c
+ * mirrors. */
+static ina_status_t index_select(ina_engine_gpu_t *e, int32_t l, int64_t T, const step_inputs_t *in) {
+  ina_status_t st = INA_OK;
+  const ina_model_config_t *c = e->cfg;
+  const gpu_layer_t *L = &e->w.layers[l];
+  gpu_step_t *s = &e->s;
+  const int32_t nI = c->index_n_heads, D = c->index_head_dim, R = c->qk_rope_head_dim;
+  INA_CHECK(linear(e, &L->index_wq_b, s->qa, T, s->iq, INA_DTYPE_BF16, NULL));
+  INA_CHECK(linear(e, &L->index_wk, s->h, T, s->ik, INA_DTYPE_BF16, NULL));
+  {
+    ina_gpu_layernorm_params_t p = INA_GPU_LAYERNORM_PARAMS_INIT;
+    p.rows = T;
+    p.cols = D;
+    p.x = s->ik;
+    p.weight = L->index_k_norm;
+    p.bias = L->index_k_norm_bias;
+    p.eps = 1e-6f;
+    p.y = s->ik;
+    INA_CHECK(ina_gpu_layernorm(&p, e->stream));
+  }
+  for (int key = 0; key < (e->mutation == INA_MUTATION_INDEX_KEY_NO_ROPE ? 1 : 2); key++) {
+    ina_gpu_rope_params_t p = INA_GPU_ROPE_PARAMS_INIT;
+    p.tokens = T;
+    p.heads = key ? 1 : nI;
+    p.x = key ? s->ik : s->iq;
+    p.token_stride = key ? D : (int64_t)nI * D;
+    p.head_stride = D;
+    p.rope_offset = 0;
+    p.rope_dim = R;
+    p.inv_freq = e->inv_freq;
+    p.attention_factor = e->attention_factor;
+    p.pairs_layout = 0;
+    p.positions = in->positions;
+    p.positions_dtype = INA_DTYPE_I32;
+    INA_CHECK(ina_gpu_rope(&p, e->stream));
+  }
+  {
+    ina_dsa_gpu_append_params_t p = INA_DSA_GPU_APPEND_PARAMS_INIT;
+    p.num_tokens = (int32_t)T;
+    p.k = s->ik;
+    p.page_ids = in->page_ids;
+    p.slots = in->slots;
+    p.cache = index_cache(e, l);
+    INA_CHECK(ina_dsa_gpu_append(&p, e->stream));
+  }
+  {
+    const gpu_linear_t hi = {nI, c->hidden_size, 0, L->index_w_hi, NULL};
+    INA_CHECK(linear(e, &hi, s->h, T, s->iw, INA_DTYPE_F32, NULL));
+    if (L->index_w_lo) {
+      const gpu_linear_t lo = {nI, c->hidden_size, 0, L->index_w_lo, NULL};
+      INA_CHECK(linear(e, &lo, s->h, T, s->iw, INA_DTYPE_F32, s->iw));
+    }
+  }
+  {
+    ina_dsa_gpu_score_run_params_t p = INA_DSA_GPU_SCORE_RUN_PARAMS_INIT;
+    p.q = s->iq;
+    p.weights = s->iw;
+    p.cache = index_cache(e, l);
+    p.kv_indptr = in->kv_indptr;
+    p.kv_indices = in->kv_indices;
+    p.softmax_scale = (float)(1.0 / sqrt((double)D * (double)nI));
+    p.scores = e->dsa_scores;
+    INA_CHECK(ina_dsa_gpu_score_run(&in->dsa, e->dsa_dev_ws, &p, e->stream));
+  }
+  {
+    ina_dsa_gpu_topk_run_params_t p = INA_DSA_GPU_TOPK_RUN_PARAMS_INIT;
+    p.scores = e->dsa_scores;
+    p.indices = s->sel;
+    INA_CHECK(ina_dsa_gpu_topk_run(&in->dsa, e->dsa_dev_ws, &p, e->stream));
+  }
+fail:
+  return st;
+}
 
 /* s.h (normalized) -> s.delta (attention output). */
 static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, const step_inputs_t *in) {
@@ -820,9 +1030,7 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
   gpu_step_t *s = &e->s;
   const int64_t H = e->heads, C = c->kv_lora_rank, R = c->qk_rope_head_dim, V = c->v_head_dim;
   const int64_t nope = c->qk_nope_head_dim, QK = nope + R;
-  const ina_mla_cache_t cache = ina_mla_cache_interleaved(
-      INA_MLA_CACHE_BF16, (char *)e->cache + (size_t)l * e->cache_layer_bytes, ina_page_pool_page_size(e->kv),
-      c->kv_lora_rank, c->qk_rope_head_dim);
+  const ina_mla_cache_t cache = latent_cache(e, l);
 
   if (c->q_lora_rank > 0) {
     INA_CHECK(linear(e, &L->q_a_proj, s->h, T, s->qa, INA_DTYPE_BF16, NULL));
@@ -865,6 +1073,7 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
     p.positions_dtype = INA_DTYPE_I32;
     INA_CHECK(ina_gpu_rope(&p, e->stream));
   }
+  if (e->has_indexer) INA_CHECK(index_select(e, l, T, in));
   INA_CHECK(ina_mla_absorb_q(e->absorb, L->kv_b, (int32_t)T, s->q, H * QK, QK, s->q_abs, H * C, C, e->stream));
   {
     ina_mla_run_params_t p = INA_MLA_RUN_PARAMS_INIT;
@@ -882,6 +1091,7 @@ static ina_status_t attention_block(ina_engine_gpu_t *e, int32_t l, int64_t T, c
     p.out_token_stride = H * C;
     p.out_head_stride = C;
     p.lse = NULL;
+    p.indices = e->has_indexer ? s->sel : NULL;
     INA_CHECK(ina_mla_run(&in->plan, e->mla_dev_ws, &p, e->stream));
   }
   INA_CHECK(ina_mla_absorb_v(e->absorb, L->kv_b, (int32_t)T, s->o_lat, H * C, C, s->attn, H * V, V, e->stream));
@@ -1244,7 +1454,11 @@ static ina_status_t forward(ina_engine_gpu_t *e, const ina_batch_t *b, float *lo
     in.kv_indptr = e->stage_dev + l.kv_indptr;
     in.kv_indices = e->stage_dev + l.kv_indices;
     in.padded = sh.graphed || e->dp_size > 1;
-    INA_CHECK(plan_attention(e, &sh.mine, sh.seqs, &in.plan));
+    memset(&in.dsa, 0, sizeof in.dsa);
+    if (e->has_indexer)
+      INA_CHECK(plan_sparse(e, &sh.mine, (int32_t)sh.rows, &in.dsa, &in.plan));
+    else
+      INA_CHECK(plan_attention(e, &sh.mine, sh.seqs, &in.plan));
     if (sh.graphed) INA_CHECK(decode_graph(e, (int32_t)sh.rows, &in, &l, &exec));
     if (exec)
       INA_CUDA_CHECK(cudaGraphLaunch(exec, e->stream));

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include "attention/dsa_gpu.h"
 #include "comm/custom_ar.h"
 #include "gemm/gemm.h"
 #include "gpu_ops/gpu_ops.h"
@@ -37,6 +38,11 @@ typedef struct gpu_step {
   uint16_t *q_abs;   /* bf16 [cap, heads, kv_lora_rank] */
   uint16_t *o_lat;   /* bf16 [cap, heads, kv_lora_rank] */
   uint16_t *attn;    /* bf16 [cap, heads, v_head_dim] */
+  /* V3.2's indexer (NULL without): query heads, key, head weights, selected positions */
+  uint16_t *iq;      /* bf16 [cap, index heads, index dim] */
+  uint16_t *ik;      /* bf16 [cap, index dim] */
+  float *iw;         /* f32 [cap, index heads] */
+  int32_t *sel;      /* [cap, index_topk] */
   uint16_t *g, *u, *a; /* bf16 [rows, widest intermediate] */
   uint16_t *xe, *ye; /* bf16 [rows, hidden]: expert inputs / outputs in sorted-slot order */
   uint16_t *shared;  /* bf16 [cap, hidden] */
@@ -194,6 +200,15 @@ struct ina_engine_gpu {
   int64_t stage_cap;
   void *mla_host_ws, *mla_dev_ws;
   size_t mla_host_cap, mla_dev_cap;
+  /* DeepSeek-V3.2's sparse attention (has_indexer): the indexer's step plan workspaces,
+   * and its score rows [cap, dsa_kv_cap], dsa_kv_cap a power of two >= every kv_len so
+   * far (the score and top-k grids depend on it: graphs are dropped when it grows). */
+  int has_indexer;
+  void *dsa_host_ws, *dsa_dev_ws;
+  size_t dsa_host_cap, dsa_dev_cap;
+  float *dsa_scores;
+  int64_t dsa_scores_cap; /* elements */
+  int32_t dsa_kv_cap;
   int32_t *offsets_host;  /* pinned [experts + 1] */
   int32_t *tokens_dev;    /* [tokens_cap]: a greedy step's tokens */
   ina_gpu_sampling_row_t *greedy_params_dev; /* [tokens_cap]: temperature 0 */

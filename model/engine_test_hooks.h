@@ -23,6 +23,8 @@ typedef enum ina_engine_mutation {
   INA_MUTATION_DECODE_SKIP_NEWEST,  /* decode: attention misses the newest key (its own) */
   INA_MUTATION_FP8_SCALE_TRANSPOSED, /* GPU numerics: layer 0 kv_a_proj reads its FP8 scale grid transposed */
   INA_MUTATION_NO_SHARED,           /* shared experts dropped */
+  INA_MUTATION_INDEX_TOPK_LESS,     /* V3.2: each query keeps index_topk - 1 positions */
+  INA_MUTATION_INDEX_KEY_NO_ROPE,   /* V3.2: the indexer's key is not roped */
   INA_MUTATION_COUNT
 } ina_engine_mutation_t;
 
@@ -51,10 +53,13 @@ ina_status_t ina_engine_set_rounding_noise(ina_engine_t *engine, const ina_engin
 typedef struct ina_engine_route {
   /* The smallest gap, over the MoE layers and every choice the router made (groups, then
    * experts), between the score of what was kept and the best of what was not, in the
-   * units the choice was made in (ina_router_ref_margins); +inf without MoE layers. */
+   * units the choice was made in (ina_router_ref_margins); +inf without MoE layers.
+   * DeepSeek-V3.2's top-k selections count as choices too: the gap between the last
+   * index score kept and the best dropped, over the scale of their error (engine_cpu.c,
+   * record_selection). */
   float margin;
-  /* A hash of the sets of experts chosen, layer after layer: equal for two runs that
-   * routed the row alike (up to hash collisions). */
+  /* A hash of the sets of experts chosen, layer after layer (and of V3.2's selected
+   * positions): equal for two runs that routed the row alike (up to hash collisions). */
   uint64_t experts;
 } ina_engine_route_t;
 
