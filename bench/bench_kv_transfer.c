@@ -1,5 +1,6 @@
 /* KV-cache pages over UCX between two processes on one host (the prefill/decode hand-off)
- * against memcpy of the same copy plan inside one process. Host only: no device needed.
+ * against memcpy of the same copy plan inside one process. Host only by default: no
+ * device needed; --device (CUDA builds) adds the same cases with caches in device memory.
  *
  * The program forks before anything of UCX exists: the parent is the "prefill" process,
  * the child the "decode" process (cma writes into a child are allowed by Yama's
@@ -40,7 +41,34 @@
  * UCX 1.13 they read `rma_am(tcp/lo)`: the engine's endpoints ask for peer error handling,
  * which the shared-memory transports (posix, sysv, self) lack, and cma has no bcopy, so
  * the puts are emulated over active messages on loopback TCP (UCX_TLS=sm,self cannot
- * connect at all). The figures are those of that path. */
+ * connect at all). The figures are those of that path.
+ *
+ * --device (CUDA builds; exit 77 without a CUDA device): after a case's host figures, the
+ * same case again with both processes' caches in cudaMalloc'ed memory of device 0, as a
+ * GPU engine keeps its cache. The parent touches CUDA only after the fork and the child
+ * only when its first device case opens (CUDA does not survive a fork). Each cache is
+ * registered as an INA_UCX_MEM_CUDA region, as agent/handoff/kv_link.c registers a CUDA
+ * engine's cache, so the puts take the agent's path: without CUDA support in UCX (Debian's
+ * UCX) a region is reached through a host mirror; ina_ucx_post copies each source piece
+ * device -> mirror before its put, and the decode side copies the received pieces mirror
+ * -> device (ina_ucx_region_stage_in over the identity plan of its pages, as
+ * handoff_link_stage_in does before the entries are used); with CUDA in UCX the puts read
+ * and write device memory directly and the stage-in is a no-op. Which path ran is printed.
+ * Source caches are poisoned before they are registered (the mirror starts as a copy) and
+ * get the pattern only afterwards, so data that skipped the copy-out arrives as poison.
+ * One timed repetition is the whole hand-off:
+ *   prefill: ina_ucx_post + ina_ucx_batch_wait (copy-out, puts, endpoint flush), then a
+ *   socket message to the decode process, which copies in every piece of the plan and
+ *   synchronizes the device (a pageable host -> device cudaMemcpy may return before its
+ *   DMA lands), then answers; the repetition ends when the answer arrives.
+ * The socket round trip (tens of microseconds) is inside that time, as the agent's gRPC
+ * answer is inside its hand-off. Also reported: the put part and the decode's own
+ * copy-in time (medians), and the staging ceiling: one cudaMemcpy device -> host of the
+ * plan's bytes plus one host -> device of them (pageable host memory, as the mirror is;
+ * one contiguous copy each way instead of one per piece), in the prefill process:
+ *   ceiling GB/s = bytes / (time of both copies). The check reads the decode process's
+ * device caches back (cudaMemcpy) and compares them as above, after the first batch and
+ * after timing. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -59,6 +87,7 @@
 
 #include "bench/bench_util.h"
 #include "comm/ucx_engine.h"
+#include "core/cuda.h"
 #include "core/log.h"
 #include "kvcache/kv_copy.h"
 
@@ -66,6 +95,11 @@
 #define MAX_TOKENS_LIST 16
 #define MAX_PAIRS 256
 #define MAX_TLS_LINES 8
+#define DEVICE 0 /* the CUDA device both processes use with --device */
+/* Bytes per token and layer of the GPU engine's DeepSeek-V3 cache: bf16 latent 512 +
+ * rope 64; V3.2 adds a bf16 index key of 128. */
+#define GPU_ENTRY_V3 1152
+#define GPU_ENTRY_V32 1408
 
 /* ---- options and cases ---------------------------------------------------------------- */
 
@@ -73,8 +107,9 @@ typedef struct options {
   int64_t tokens[MAX_TOKENS_LIST];
   int num_tokens;
   int32_t page, dst_page, layers;
-  int64_t entry_bytes;
-  int shape_tiny, shape_v3;
+  int64_t entry_bytes; /* 0: the default of the run (host: 2304, --device: 1152) */
+  int shape_tiny, shape_v3, shape_v32;
+  int device; /* also the same cases with device caches */
   int layout_shuffled, layout_consecutive;
   int warmup, reps;
   uint64_t seed;
@@ -90,7 +125,7 @@ typedef struct kv_case {
   int64_t entry_bytes, tokens;
   int32_t src_num_pages, dst_num_pages;
   int32_t pairs;
-  int32_t pad;
+  int32_t device; /* the caches are device memory (--device) */
   uint64_t seed; /* page lists and the source pattern */
 } kv_case_t;
 
@@ -103,10 +138,17 @@ static void usage(FILE *f, const char *prog) {
           "  --page P            tokens per page of the 'tiny' shape (default 16)\n"
           "  --dst-page P        destination page size of the 'tiny' shape (default: --page)\n"
           "  --layers L          layers of the 'tiny' shape (default 4)\n"
+#ifdef INA_HAVE_CUDA
           "  --entry-bytes E     bytes per token and layer of the 'tiny' shape (default 2304,\n"
-          "                      576 f32)\n"
-          "  --shapes LIST       tiny,v3 (default both; v3: 61 layers, 1152 bytes = 576 bf16,\n"
-          "                      page 64)\n"
+          "                      576 f32 as the CPU engine stores it; with --device 1152,\n"
+          "                      576 bf16 as the GPU engine does)\n"
+#else
+          "  --entry-bytes E     bytes per token and layer of the 'tiny' shape (default 2304,\n"
+          "                      576 f32 as the CPU engine stores it)\n"
+#endif
+          "  --shapes LIST       tiny,v3,v3.2 (default tiny,v3; v3: 61 layers, 1152 bytes =\n"
+          "                      576 bf16, page 64; v3.2: the same with V3.2's 128 bf16 index\n"
+          "                      dims, 1408 bytes)\n"
           "  --layouts LIST      shuffled,consecutive (default both)\n"
           "  --warmup W          untimed batches after the checked one (default 3)\n"
           "  --reps R            timed batches, >= 1 (default 20)\n"
@@ -115,6 +157,13 @@ static void usage(FILE *f, const char *prog) {
           "  --max-mib M         at most M MiB of caches per side (default 1024; one pair is\n"
           "                      always made)\n"
           "  --timeout S         seconds a batch may take (default 120)\n"
+#ifdef INA_HAVE_CUDA
+          "  --device            also every case with both caches in memory of CUDA device 0,\n"
+          "                      registered as the agent registers a GPU engine's cache; timed\n"
+          "                      as a whole hand-off (copy-out + puts + flush + the decode's\n"
+          "                      copy-in to the device), beside the host figures and a\n"
+          "                      cudaMemcpy D2H + H2D staging ceiling (exit 77 without a device)\n"
+#endif
           "  --help              this text\n"
           "Figures: bytes = N * layers * entry_bytes; GB/s = bytes / time / 1e9 (median and\n"
           "min over the timed batches); ratio = UCX GB/s / memcpy GB/s. UCX reads its\n"
@@ -151,8 +200,8 @@ static int parse_names(const char *text, const char *const *names, int n, int *f
 static int parse_options(int argc, char **argv, options_t *o) {
   memset(o, 0, sizeof *o);
   o->tokens[0] = 512, o->tokens[1] = 4096, o->tokens[2] = 16384, o->num_tokens = 3;
-  o->page = 16, o->dst_page = 0, o->layers = 4, o->entry_bytes = 2304;
-  o->shape_tiny = o->shape_v3 = 1;
+  o->page = 16, o->dst_page = 0, o->layers = 4, o->entry_bytes = 0;
+  o->shape_tiny = o->shape_v3 = 1, o->shape_v32 = 0;
   o->layout_shuffled = o->layout_consecutive = 1;
   o->warmup = 3, o->reps = 20, o->seed = 1;
   o->rotate_bytes = 0, o->max_bytes = 1024ll << 20, o->timeout_s = 120;
@@ -161,6 +210,10 @@ static int parse_options(int argc, char **argv, options_t *o) {
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       usage(stdout, argv[0]);
       exit(0);
+    }
+    if (strcmp(a, "--device") == 0) {
+      o->device = 1;
+      continue;
     }
     if (i + 1 >= argc) {
       fprintf(stderr, "%s: unknown option or missing value: %s\n", argv[0], a);
@@ -181,9 +234,9 @@ static int parse_options(int argc, char **argv, options_t *o) {
     } else if (strcmp(a, "--entry-bytes") == 0) {
       ok = parse_int(v, 1, 1 << 24, &x), o->entry_bytes = x;
     } else if (strcmp(a, "--shapes") == 0) {
-      static const char *const names[] = {"tiny", "v3"};
-      int f[2];
-      ok = parse_names(v, names, 2, f), o->shape_tiny = f[0], o->shape_v3 = f[1];
+      static const char *const names[] = {"tiny", "v3", "v3.2"};
+      int f[3];
+      ok = parse_names(v, names, 3, f), o->shape_tiny = f[0], o->shape_v3 = f[1], o->shape_v32 = f[2];
     } else if (strcmp(a, "--layouts") == 0) {
       static const char *const names[] = {"shuffled", "consecutive"};
       int f[2];
@@ -210,6 +263,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
     }
   }
   if (!o->dst_page) o->dst_page = o->page;
+  if (!o->entry_bytes) o->entry_bytes = o->device ? GPU_ENTRY_V3 : 2304;
   return 1;
 }
 
@@ -334,12 +388,14 @@ static uint8_t *alloc_cache(int64_t bytes) {
 
 /* ---- the socket between the two processes ---------------------------------------------- */
 
-enum { MSG_CASE = 1, MSG_BLOB, MSG_VERIFY, MSG_RESULT, MSG_END_CASE, MSG_ACK, MSG_QUIT, MSG_ERROR };
+enum { MSG_CASE = 1, MSG_BLOB, MSG_VERIFY, MSG_RESULT, MSG_END_CASE, MSG_ACK, MSG_QUIT, MSG_ERROR, MSG_STAGE_IN };
 
 typedef struct msg {
   uint32_t type;
   uint32_t pad;
-  int64_t a, b;        /* VERIFY: pairs [a, b); RESULT: wrong entries, entries checked */
+  int64_t a, b;        /* VERIFY: pairs [a, b); RESULT: wrong entries, entries checked (after
+                        * STAGE_IN: 0, the copy-in's nanoseconds); BLOB: 1 when the decode's
+                        * regions are staged; STAGE_IN: the pair */
   uint64_t size;       /* bytes that follow (case, blob) */
   char text[256];      /* RESULT: first wrong entry; ERROR: the reason */
 } msg_t;
@@ -380,48 +436,139 @@ static int send_msg(int fd, uint32_t type, int64_t a, int64_t b, const void *pay
 typedef struct decode_case {
   kv_case_t c;
   int64_t *map;
-  uint8_t *caches[MAX_PAIRS];
+  uint8_t *caches[MAX_PAIRS]; /* host memory, or device memory for a device case */
   ina_ucx_region_t *regions[MAX_PAIRS];
+  ina_kv_copy_t *stage;       /* device case: the identity plan of the prompt over this cache */
+  int64_t stage_count;
 } decode_case_t;
 
 static void decode_close(decode_case_t *d) {
   for (int r = 0; r < MAX_PAIRS; r++) {
     ina_ucx_region_deregister(d->regions[r]);
-    free(d->caches[r]);
+    if (d->c.device) ina_cuda_free(d->caches[r]);
+    else free(d->caches[r]);
   }
   free(d->map);
+  free(d->stage);
   memset(d, 0, sizeof *d);
+}
+
+static int decode_fail(int fd, const char *what) {
+  char why[256];
+  snprintf(why, sizeof why, "decode: %s: %s", what, ina_last_error());
+  send_msg(fd, MSG_ERROR, 0, 0, NULL, 0, why);
+  return 0;
+}
+
+/* A device case's destination caches: cudaMalloc'ed on DEVICE and poisoned through a host
+ * buffer of poison (the region's mirror, made at registration, starts as a copy), and the
+ * plan of the copy-in that handoff_link_stage_in runs: tokens [0, N) of this side's pages in
+ * every layer, planned from the cache onto itself. */
+static int decode_open_device(int fd, decode_case_t *d, int64_t bytes) {
+  static int device_set;
+  if (!device_set) { /* CUDA starts here, in the child, long after the fork */
+    if (ina_cuda_set_device(DEVICE) != INA_OK) return decode_fail(fd, "cudaSetDevice");
+    device_set = 1;
+  }
+  const ina_kv_layout_t dst = layout_of(&d->c, 1);
+  const int32_t needed = needed_pages(d->c.tokens, d->c.dst_page);
+  int32_t *pages = malloc((size_t)needed * sizeof *pages);
+  const int64_t cap = ina_kv_copy_max(&dst, &dst, 0, d->c.tokens, 0, d->c.layers);
+  d->stage = malloc((size_t)(cap > 0 ? cap : 1) * sizeof *d->stage);
+  uint8_t *poison = malloc((size_t)bytes);
+  int ok = 0;
+  if (!pages || !d->stage || !poison) {
+    send_msg(fd, MSG_ERROR, 0, 0, NULL, 0, "decode: out of host memory for a device case");
+    goto out;
+  }
+  make_pages(&d->c, 1, pages);
+  if (ina_kv_copy_plan(&dst, pages, &dst, pages, 0, d->c.tokens, 0, d->c.layers, d->stage, cap, &d->stage_count) !=
+      INA_OK) {
+    decode_fail(fd, "the copy-in plan");
+    goto out;
+  }
+  memset(poison, POISON, (size_t)bytes);
+  for (int r = 0; r < d->c.pairs; r++) {
+    void *p = NULL;
+    if (ina_cuda_malloc(DEVICE, (size_t)bytes, &p) != INA_OK) {
+      decode_fail(fd, "device destination caches");
+      goto out;
+    }
+    d->caches[r] = p;
+    if (ina_cuda_memcpy_h2d(p, poison, (size_t)bytes) != INA_OK) {
+      decode_fail(fd, "poisoning a device cache");
+      goto out;
+    }
+  }
+  ok = 1;
+out:
+  free(pages);
+  free(poison);
+  return ok;
 }
 
 /* Opens a case: destination caches poisoned and registered, the blob sent back. */
 static int decode_open(int fd, ina_ucx_engine_t *e, decode_case_t *d) {
   const int64_t bytes = cache_bytes(d->c.dst_num_pages, d->c.dst_page, d->c.layers, d->c.entry_bytes);
   d->map = token_map(&d->c, 1);
+  if (d->c.device && !decode_open_device(fd, d, bytes)) return 0;
   for (int r = 0; r < d->c.pairs; r++) {
-    d->caches[r] = alloc_cache(bytes);
-    if (!d->caches[r]) {
-      send_msg(fd, MSG_ERROR, 0, 0, NULL, 0, "decode: out of memory for the destination caches");
-      return 0;
+    if (!d->c.device) {
+      d->caches[r] = alloc_cache(bytes);
+      if (!d->caches[r]) {
+        send_msg(fd, MSG_ERROR, 0, 0, NULL, 0, "decode: out of memory for the destination caches");
+        return 0;
+      }
+      memset(d->caches[r], POISON, (size_t)bytes);
     }
-    memset(d->caches[r], POISON, (size_t)bytes);
-    if (ina_ucx_region_register(e, d->caches[r], (size_t)bytes, INA_UCX_MEM_HOST, &d->regions[r]) != INA_OK) {
-      char why[256];
-      snprintf(why, sizeof why, "decode: register: %s", ina_last_error());
-      send_msg(fd, MSG_ERROR, 0, 0, NULL, 0, why);
-      return 0;
-    }
+    if (ina_ucx_region_register(e, d->caches[r], (size_t)bytes, d->c.device ? INA_UCX_MEM_CUDA : INA_UCX_MEM_HOST,
+                                &d->regions[r]) != INA_OK)
+      return decode_fail(fd, "register");
   }
   void *blob = NULL;
   size_t size = 0;
-  if (ina_ucx_engine_pack_blob(e, d->regions, (uint32_t)d->c.pairs, &blob, &size) != INA_OK) {
-    char why[256];
-    snprintf(why, sizeof why, "decode: pack blob: %s", ina_last_error());
-    send_msg(fd, MSG_ERROR, 0, 0, NULL, 0, why);
-    return 0;
-  }
-  const int ok = send_msg(fd, MSG_BLOB, 0, 0, blob, size, NULL);
+  if (ina_ucx_engine_pack_blob(e, d->regions, (uint32_t)d->c.pairs, &blob, &size) != INA_OK)
+    return decode_fail(fd, "pack blob");
+  const int ok = send_msg(fd, MSG_BLOB, ina_ucx_region_is_staged(d->regions[0]), 0, blob, size, NULL);
   free(blob);
   return ok;
+}
+
+/* What the decode agent does once the puts of a hand-off landed (handoff_link_stage_in):
+ * every piece of the plan mirror -> device, then a device synchronize, since a pageable
+ * host -> device copy may return before the data is on the device. A no-op copy for a
+ * region UCX writes directly. Answers the copy-in's nanoseconds. */
+static int decode_stage_in(int fd, decode_case_t *d, int64_t r) {
+  if (!d->c.device || r < 0 || r >= d->c.pairs) {
+    send_msg(fd, MSG_ERROR, 0, 0, NULL, 0, "decode: stage-in outside a device case");
+    return 0;
+  }
+  const double t0 = ina_bench_now_s();
+  for (int64_t i = 0; i < d->stage_count; i++)
+    if (ina_ucx_region_stage_in(d->regions[r], (size_t)d->stage[i].dst_offset, (size_t)d->stage[i].bytes) != INA_OK)
+      return decode_fail(fd, "stage-in");
+  if (ina_ucx_region_is_staged(d->regions[r]) && ina_cuda_synchronize() != INA_OK)
+    return decode_fail(fd, "synchronize after the stage-in");
+  const double t1 = ina_bench_now_s();
+  return send_msg(fd, MSG_RESULT, 0, (int64_t)((t1 - t0) * 1e9), NULL, 0, NULL);
+}
+
+/* Compares pair r's destination cache; a device cache is read back into `host` first. */
+static int64_t decode_verify(int fd, decode_case_t *d, int64_t r, uint8_t **host, char *what, int size) {
+  const uint8_t *cache = d->caches[r];
+  if (d->c.device) {
+    const int64_t bytes = cache_bytes(d->c.dst_num_pages, d->c.dst_page, d->c.layers, d->c.entry_bytes);
+    if (!*host && !(*host = alloc_cache(bytes))) {
+      send_msg(fd, MSG_ERROR, 0, 0, NULL, 0, "decode: out of memory for reading a device cache back");
+      return -1;
+    }
+    if (ina_cuda_memcpy_d2h(*host, d->caches[r], (size_t)bytes) != INA_OK) {
+      decode_fail(fd, "reading a device cache back");
+      return -1;
+    }
+    cache = *host;
+  }
+  return verify_dest(&d->c, d->map, cache, what, size);
 }
 
 static int decode_main(int fd) {
@@ -457,13 +604,22 @@ static int decode_main(int fd) {
     } else if (m.type == MSG_VERIFY) {
       int64_t wrong = 0, checked = 0;
       char first[256] = "", what[160];
+      uint8_t *host = NULL;
+      int failed = 0;
       for (int64_t r = m.a; r < m.b && r < d.c.pairs; r++) {
-        const int64_t w = verify_dest(&d.c, d.map, d.caches[r], what, sizeof what);
+        const int64_t w = decode_verify(fd, &d, r, &host, what, sizeof what);
+        if (w < 0) {
+          failed = 1;
+          break;
+        }
         if (w && !wrong) snprintf(first, sizeof first, "pair %lld: %s", (long long)r, what);
         wrong += w;
         checked += (int64_t)d.c.layers * d.c.dst_num_pages * d.c.dst_page;
       }
-      if (!send_msg(fd, MSG_RESULT, wrong, checked, NULL, 0, first)) break;
+      free(host);
+      if (failed || !send_msg(fd, MSG_RESULT, wrong, checked, NULL, 0, first)) break;
+    } else if (m.type == MSG_STAGE_IN) {
+      if (!decode_stage_in(fd, &d, m.a)) break;
     } else if (m.type == MSG_END_CASE) {
       decode_close(&d);
       open = 0;
@@ -510,7 +666,14 @@ typedef struct row {
   int64_t copies;
   int ok;
   figures_t ucx, mem;
+  /* --device: the whole hand-off, its put part (copy-out + puts + flush), the decode's
+   * copy-in, and the staging ceiling */
+  int dev_ok;
+  figures_t dev, dev_put, dev_in, ceiling;
 } row_t;
+
+/* Which path the device caches took, printed once and above the device table. */
+static char g_device_path[256];
 
 static int recv_msg(int fd, msg_t *m, uint32_t want) {
   if (!read_all(fd, m, sizeof *m)) {
@@ -562,6 +725,196 @@ static int local_check(const kv_case_t *c, const int64_t *map, uint8_t *const *c
     return ina_bench_check_failed(what, "%lld of %lld destination entries wrong, first: %s", (long long)wrong,
                                   (long long)checked, first);
   return ina_bench_check(what, "wrong_entries", 0, 0);
+}
+
+/* The device half of a case (--device), after its host figures: the decode process opens
+ * the same case with device caches, this process fills its own device caches from
+ * `pattern` (the host source cache of the case), and the hand-off is timed and checked as
+ * the header says; then the staging ceiling. Returns as run_case. */
+static int run_device_case(int fd, ina_ucx_engine_t *e, const options_t *o, row_t *row, const ina_kv_copy_t *plan,
+                           int64_t count, const uint8_t *pattern) {
+  kv_case_t dc = row->c;
+  dc.device = 1;
+  const kv_case_t *c = &dc;
+  const int64_t src_bytes = cache_bytes(c->src_num_pages, c->src_page, c->layers, c->entry_bytes);
+  const int64_t bytes = c->tokens * c->layers * c->entry_bytes;
+  const int P = c->pairs, total = 1 + o->warmup + o->reps;
+  char what[192];
+  snprintf(what, sizeof what, "%s/%s/N=%lld device", c->shape, c->shuffled ? "shuffled" : "consecutive",
+           (long long)c->tokens);
+  int status = -1, opened = 0;
+  uint8_t *srcs[MAX_PAIRS] = {0}, *hosts[MAX_PAIRS] = {0};
+  ina_ucx_region_t *regions[MAX_PAIRS] = {0};
+  ina_ucx_peer_t *peer = NULL;
+  ina_ucx_xfer_t *xfers = NULL;
+  double *times = calloc((size_t)o->reps, sizeof *times);
+  double *put_times = calloc((size_t)o->reps, sizeof *put_times);
+  double *in_times = calloc((size_t)o->reps, sizeof *in_times);
+  uint8_t *poison = malloc((size_t)src_bytes);
+  void *blob = NULL;
+  msg_t m;
+  if (!times || !put_times || !in_times || !poison) goto out;
+  memset(poison, POISON, (size_t)src_bytes);
+
+  /* Source caches, poisoned: a staged region's mirror starts as a copy of the device. */
+  for (int r = 0; r < P; r++) {
+    void *p = NULL;
+    if (ina_cuda_malloc(DEVICE, (size_t)src_bytes, &p) != INA_OK ||
+        ina_cuda_memcpy_h2d(p, poison, (size_t)src_bytes) != INA_OK) {
+      fprintf(stderr, "prefill: %s: device source cache %d of %lld bytes: %s\n", what, r, (long long)src_bytes,
+              ina_last_error());
+      ina_cuda_free(p);
+      goto out;
+    }
+    srcs[r] = p;
+  }
+  free(poison);
+  poison = NULL;
+
+  if (!send_msg(fd, MSG_CASE, 0, 0, c, sizeof *c, NULL)) goto out;
+  opened = 1;
+  if (!recv_msg(fd, &m, MSG_BLOB)) goto out;
+  const int decode_staged = m.a != 0;
+  blob = malloc(m.size ? m.size : 1);
+  if (!blob || !read_all(fd, blob, m.size)) goto out;
+  for (int r = 0; r < P; r++) {
+    if (ina_ucx_region_register(e, srcs[r], (size_t)src_bytes, INA_UCX_MEM_CUDA, &regions[r]) != INA_OK) {
+      fprintf(stderr, "prefill: register a device cache: %s\n", ina_last_error());
+      goto out;
+    }
+    /* The pattern only now: a put that skipped the copy-out would send the poison. */
+    if (ina_cuda_memcpy_h2d(srcs[r], pattern, (size_t)src_bytes) != INA_OK) {
+      fprintf(stderr, "prefill: filling a device cache: %s\n", ina_last_error());
+      goto out;
+    }
+  }
+  if (!g_device_path[0]) {
+    const int staged = ina_ucx_region_is_staged(regions[0]);
+    snprintf(g_device_path, sizeof g_device_path,
+             "UCX %s CUDA memory: prefill %s, decode %s", ina_ucx_engine_has_cuda(e) ? "takes" : "does not take",
+             staged ? "copies each piece device -> host mirror before its put"
+                    : "puts from device memory directly",
+             decode_staged ? "copies the pieces host mirror -> device after the flush"
+                           : "receives into device memory directly");
+    printf("bench_kv_transfer: device caches on device %d: %s\n", DEVICE, g_device_path);
+  }
+  if (ina_ucx_peer_connect(e, blob, m.size, &peer) != INA_OK) {
+    fprintf(stderr, "prefill: ina_ucx_peer_connect: %s\n", ina_last_error());
+    goto out;
+  }
+  if (ina_ucx_peer_region_count(peer) != (uint32_t)P) {
+    fprintf(stderr, "prefill: the decode blob has %u regions, expected %d\n", ina_ucx_peer_region_count(peer), P);
+    goto out;
+  }
+  xfers = malloc((size_t)P * (size_t)count * sizeof *xfers);
+  if (!xfers) goto out;
+  for (int r = 0; r < P; r++) {
+    uint64_t base = 0, length = 0;
+    const int64_t dst_bytes = cache_bytes(c->dst_num_pages, c->dst_page, c->layers, c->entry_bytes);
+    if (ina_ucx_peer_region(peer, (uint32_t)r, &base, &length) != INA_OK || length < (uint64_t)dst_bytes) {
+      fprintf(stderr, "prefill: decode region %d: %s\n", r, ina_last_error());
+      goto out;
+    }
+    for (int64_t i = 0; i < count; i++)
+      xfers[(int64_t)r * count + i] =
+          (ina_ucx_xfer_t){srcs[r] + plan[i].src_offset, base + plan[i].dst_offset, (size_t)plan[i].bytes};
+  }
+  for (int it = 0; it < total; it++) {
+    const int r = it % P;
+    ina_ucx_batch_t *batch = NULL;
+    const double t0 = ina_bench_now_s();
+    ina_status_t st = ina_ucx_post(peer, INA_UCX_PUT, xfers + (int64_t)r * count, (size_t)count, &batch);
+    if (st == INA_OK) st = ina_ucx_batch_wait(batch, o->timeout_s);
+    const double tp = ina_bench_now_s();
+    ina_ucx_batch_destroy(batch);
+    if (st != INA_OK) {
+      fprintf(stderr, "prefill: %s: UCX batch %d: %s\n", what, it, ina_last_error());
+      status = 0;
+      goto out;
+    }
+    if (!send_msg(fd, MSG_STAGE_IN, r, 0, NULL, 0, NULL) || !recv_msg(fd, &m, MSG_RESULT)) goto out;
+    const double t1 = ina_bench_now_s();
+    if (it == 0) {
+      char w[256];
+      snprintf(w, sizeof w, "%s handoff_first_batch", what);
+      const int ok = remote_check(fd, w, 0, 1);
+      if (ok < 0) goto out;
+      if (!ok) {
+        status = 0;
+        goto out;
+      }
+    } else if (it > o->warmup) {
+      times[it - 1 - o->warmup] = t1 - t0;
+      put_times[it - 1 - o->warmup] = tp - t0;
+      in_times[it - 1 - o->warmup] = (double)m.b * 1e-9;
+    }
+  }
+  row->dev = summarize(times, o->reps);
+  row->dev_put = summarize(put_times, o->reps);
+  row->dev_in = summarize(in_times, o->reps);
+  {
+    char w[256];
+    snprintf(w, sizeof w, "%s handoff_all_%d_pairs_after_timing", what, P);
+    const int ok = remote_check(fd, w, 0, P);
+    if (ok < 0) goto out;
+    if (!ok) {
+      status = 0;
+      goto out;
+    }
+  }
+  ina_ucx_peer_disconnect(peer);
+  peer = NULL;
+  for (int r = 0; r < P; r++) {
+    ina_ucx_region_deregister(regions[r]);
+    regions[r] = NULL;
+  }
+  if (!send_msg(fd, MSG_END_CASE, 0, 0, NULL, 0, NULL) || !recv_msg(fd, &m, MSG_ACK)) goto out;
+  opened = 0;
+
+  /* ---- the staging ceiling: the plan's bytes device -> host -> device in two copies
+   * (the decode process sleeps). Each copy writes back what it read, so the caches keep
+   * their bytes. ---- */
+  for (int r = 0; r < P; r++) {
+    hosts[r] = alloc_cache(bytes);
+    if (!hosts[r]) {
+      fprintf(stderr, "prefill: out of memory for %d host buffers of %lld bytes\n", P, (long long)bytes);
+      goto out;
+    }
+  }
+  for (int it = 0; it < total; it++) {
+    const int r = it % P;
+    const double t0 = ina_bench_now_s();
+    ina_status_t st = ina_cuda_memcpy_d2h(hosts[r], srcs[r], (size_t)bytes);
+    if (st == INA_OK) st = ina_cuda_memcpy_h2d(srcs[r], hosts[r], (size_t)bytes);
+    if (st == INA_OK) st = ina_cuda_synchronize();
+    const double t1 = ina_bench_now_s();
+    if (st != INA_OK) {
+      fprintf(stderr, "prefill: %s: staging ceiling: %s\n", what, ina_last_error());
+      goto out;
+    }
+    if (it > o->warmup) times[it - 1 - o->warmup] = t1 - t0;
+  }
+  row->ceiling = summarize(times, o->reps);
+  row->dev_ok = 1;
+  status = 1;
+
+out:
+  ina_ucx_peer_disconnect(peer);
+  for (int r = 0; r < MAX_PAIRS; r++) {
+    ina_ucx_region_deregister(regions[r]);
+    ina_cuda_free(srcs[r]);
+    free(hosts[r]);
+  }
+  if (opened && status >= 0) {
+    if (!send_msg(fd, MSG_END_CASE, 0, 0, NULL, 0, NULL) || !recv_msg(fd, &m, MSG_ACK)) status = -1;
+  }
+  free(blob);
+  free(xfers);
+  free(times);
+  free(put_times);
+  free(in_times);
+  free(poison);
+  return status;
 }
 
 /* One case: UCX puts to the decode process, then memcpy of the same plan. Returns 0 when
@@ -736,6 +1089,13 @@ static int run_case(int fd, ina_ucx_engine_t *e, const options_t *o, row_t *row)
   }
   row->ok = 1;
   status = 1;
+  if (o->device) {
+    for (int r = 0; r < P; r++) {
+      free(dsts[r]);
+      dsts[r] = NULL;
+    }
+    status = run_device_case(fd, e, o, row, plan, count, srcs[0]);
+  }
 
 out:
   ina_ucx_peer_disconnect(peer);
@@ -793,6 +1153,17 @@ static int prefill_main(int fd, const options_t *o, int argc, char **argv) {
   printf("bench_kv_transfer: command:");
   for (int i = 0; i < argc; i++) printf(" %s", argv[i]);
   printf("\n");
+  if (o->device) { /* after the fork: the decode process starts CUDA on its own */
+    if (ina_bench_no_device("bench_kv_transfer")) {
+      char why[256];
+      printf("bench_kv_transfer: --device: %s\n", ina_cuda_no_device_reason(why, sizeof why));
+      return INA_BENCH_SKIP;
+    }
+    if (ina_cuda_set_device(DEVICE) != INA_OK) {
+      fprintf(stderr, "bench_kv_transfer: %s\n", ina_last_error());
+      return 1;
+    }
+  }
   const char *tls = getenv("UCX_TLS");
   printf("bench_kv_transfer: UCX %s, UCX_TLS=%s\n", ucp_get_version_string(), tls ? tls : "(unset: UCX's default)");
   {
@@ -827,10 +1198,10 @@ static int prefill_main(int fd, const options_t *o, int argc, char **argv) {
     return 1;
   }
 
-  row_t rows[2 * 2 * MAX_TOKENS_LIST];
+  static row_t rows[3 * 2 * MAX_TOKENS_LIST];
   int n = 0;
-  for (int s = 0; s < 2; s++) {
-    if (s == 0 ? !o->shape_tiny : !o->shape_v3) continue;
+  for (int s = 0; s < 3; s++) {
+    if (s == 0 ? !o->shape_tiny : s == 1 ? !o->shape_v3 : !o->shape_v32) continue;
     for (int lay = 0; lay < 2; lay++) {
       if (lay == 0 ? !o->layout_shuffled : !o->layout_consecutive) continue;
       for (int t = 0; t < o->num_tokens; t++) {
@@ -839,8 +1210,10 @@ static int prefill_main(int fd, const options_t *o, int argc, char **argv) {
         if (s == 0)
           make_case(&row->c, "tiny", o->page, o->dst_page, o->layers, o->entry_bytes, o->tokens[t], lay == 0, o,
                     rotate, n);
+        else if (s == 1)
+          make_case(&row->c, "v3", 64, 64, 61, GPU_ENTRY_V3, o->tokens[t], lay == 0, o, rotate, n);
         else
-          make_case(&row->c, "v3", 64, 64, 61, 1152, o->tokens[t], lay == 0, o, rotate, n);
+          make_case(&row->c, "v3.2", 64, 64, 61, GPU_ENTRY_V32, o->tokens[t], lay == 0, o, rotate, n);
         n++;
         const int st = run_case(fd, e, o, row);
         fflush(stdout);
@@ -858,6 +1231,23 @@ static int prefill_main(int fd, const options_t *o, int argc, char **argv) {
           ina_bench_result(name, bytes / (row->ucx.median_ms * 1e-3) / 1e9, "GB/s", formula);
           snprintf(name, sizeof name, "memcpy_%s_%s_n%lld", row->c.shape, lname, (long long)row->c.tokens);
           ina_bench_result(name, bytes / (row->mem.median_ms * 1e-3) / 1e9, "GB/s", formula);
+        }
+        if (row->dev_ok) {
+          const double bytes = (double)row->c.tokens * row->c.layers * (double)row->c.entry_bytes;
+          char name[160], formula[384];
+          const char *lname = row->c.shuffled ? "shuffled" : "consecutive";
+          snprintf(formula, sizeof formula,
+                   "bytes %.0f = N %lld * layers %d * entry_bytes %lld / median time of prefill copy-out + puts + "
+                   "flush + decode copy-in + device sync (device caches); %lld copies, %d pairs",
+                   bytes, (long long)row->c.tokens, row->c.layers, (long long)row->c.entry_bytes,
+                   (long long)row->copies, row->c.pairs);
+          snprintf(name, sizeof name, "ucx_handoff_device_%s_%s_n%lld", row->c.shape, lname,
+                   (long long)row->c.tokens);
+          ina_bench_result(name, bytes / (row->dev.median_ms * 1e-3) / 1e9, "GB/s", formula);
+          snprintf(formula, sizeof formula,
+                   "bytes %.0f / median time of one cudaMemcpy D2H + one H2D of them (pageable host memory)", bytes);
+          snprintf(name, sizeof name, "staging_ceiling_%s_%s_n%lld", row->c.shape, lname, (long long)row->c.tokens);
+          ina_bench_result(name, bytes / (row->ceiling.median_ms * 1e-3) / 1e9, "GB/s", formula);
         }
       }
     }
@@ -895,6 +1285,33 @@ done:
            r->mem.min_ms, bytes / (r->mem.median_ms * 1e-3) / 1e9, bytes / (r->mem.min_ms * 1e-3) / 1e9,
            r->mem.median_ms / r->ucx.median_ms);
   }
+  if (o->device) {
+    printf("\nDevice caches on device %d: %s.\n"
+           "hoff = one hand-off: prefill copy-out + puts + flush, then the decode's copy-in + device sync (the\n"
+           "socket round trip included); put = its prefill part; cpyin = the decode's own copy-in time; ceil = one\n"
+           "cudaMemcpy D2H + one H2D of the bytes (pageable host memory); /host = hand-off GB/s / the host caches'\n"
+           "UCX GB/s above; /ceil = hand-off GB/s / ceil GB/s (medians)\n",
+           DEVICE, g_device_path[0] ? g_device_path : "no device case ran");
+    printf("%-5s %-11s %6s %9s | %9s %9s %7s %7s | %9s %9s | %9s %7s | %6s %6s\n", "shape", "pages", "N", "MB",
+           "hoff_med", "hoff_min", "GB/s", "best", "put_med", "cpyin_med", "ceil_med", "ceil", "/host", "/ceil");
+    printf("%-5s %-11s %6s %9s | %9s %9s %7s %7s | %9s %9s | %9s %7s | %6s %6s\n", "", "", "", "moved", "ms", "ms",
+           "med", "GB/s", "ms", "ms", "ms", "GB/s", "", "");
+    for (int i = 0; i < n; i++) {
+      const row_t *r = &rows[i];
+      const double bytes = (double)r->c.tokens * r->c.layers * (double)r->c.entry_bytes;
+      printf("%-5s %-11s %6lld %9.2f | ", r->c.shape, r->c.shuffled ? "shuffled" : "consecutive",
+             (long long)r->c.tokens, bytes / 1e6);
+      if (!r->dev_ok) {
+        printf("FAILED\n");
+        continue;
+      }
+      const double gbs = bytes / (r->dev.median_ms * 1e-3) / 1e9;
+      const double ceil_gbs = bytes / (r->ceiling.median_ms * 1e-3) / 1e9;
+      printf("%9.3f %9.3f %7.2f %7.2f | %9.3f %9.3f | %9.3f %7.2f | %6.3f %6.3f\n", r->dev.median_ms, r->dev.min_ms, gbs,
+             bytes / (r->dev.min_ms * 1e-3) / 1e9, r->dev_put.median_ms, r->dev_in.median_ms, r->ceiling.median_ms,
+             ceil_gbs, r->ucx.median_ms / r->dev.median_ms, gbs / ceil_gbs);
+    }
+  }
   printf("\n");
   ina_bench_print_json("bench_kv_transfer");
   if (ina_bench_checks_failed() > 0) {
@@ -910,6 +1327,12 @@ int main(int argc, char **argv) {
     usage(stderr, argv[0]);
     return 2;
   }
+#ifndef INA_HAVE_CUDA
+  if (o.device) {
+    printf("%s: --device needs a CUDA build (this one was configured without CUDA), skipped\n", argv[0]);
+    return INA_BENCH_SKIP;
+  }
+#endif
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
     perror("socketpair");
