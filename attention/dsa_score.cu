@@ -67,8 +67,11 @@ struct Args {
   float softmax_scale;
   float *scores;
   int32_t score_stride, page_size, num_heads, head_dim;
+  int32_t page_shift; /* log2(page_size) for a power of two, else -1 */
   int32_t row_words;  /* 32-bit words per key row in shared memory (padded) */
   int32_t copy16;     /* key rows are 16-byte aligned: 16-byte cp.async, else 4-byte */
+  int32_t copy_units; /* copy units per key row */
+  int32_t copy_rstep; /* kThreads / copy_units when that divides, else 0 */
 };
 
 /* Padded row strides: FP8 rows are read 32 bits per thread, 8 rows x 4 threads a warp, so
@@ -96,20 +99,46 @@ __device__ __forceinline__ void e4m3x4_to_bf16x2(uint32_t x, uint32_t &lo, uint3
   hi = *reinterpret_cast<const uint32_t *>(&b1);
 }
 
+/* Position pos's page (within the request) and slot: a shift for a power-of-two page
+ * size (every copy unit computes one; a division there costs the loop's issue slots). */
+__device__ __forceinline__ void locate(const Args &a, int32_t pos, int32_t &pq, int32_t &slot) {
+  if (a.page_shift >= 0) {
+    pq = pos >> a.page_shift;
+    slot = pos & ((1 << a.page_shift) - 1);
+  } else {
+    pq = pos / a.page_size;
+    slot = pos - pq * a.page_size;
+  }
+}
+
 /* Enqueues the copies of tile `tile` (positions base .. base + 63) into stage `stage`:
  * the key rows of the visible positions, and for FP8 their scales. */
 template <bool FP8>
 __device__ __forceinline__ void issue_tile(const Args &a, uint32_t *stage_rows, float *stage_scales,
                                            int32_t base, int32_t visible, const int32_t *pages,
-                                           int32_t first_page) {
-  const int row_bytes = FP8 ? a.head_dim : 2 * a.head_dim;
+                                           int32_t first_page, int copy_row0, int copy_col) {
   const int unit = a.copy16 ? 16 : 4;
-  const int units = row_bytes / unit;
-  for (int u = threadIdx.x; u < kTileRows * units; u += kThreads) {
-    const int r = u / units, c = u - r * units;
+  /* Thread i copies unit copy_col of rows copy_row0, copy_row0 + copy_rstep, ...: the
+   * prologue's one division instead of one per unit (units of a row divide kThreads), or
+   * unit u = i, i + kThreads, ... of the tile split by division otherwise. */
+  const int units = a.copy_units;
+  const int by_row = a.copy_rstep > 0;
+  const int count = by_row ? (kTileRows - copy_row0 + a.copy_rstep - 1) / a.copy_rstep
+                           : (kTileRows * units - (int)threadIdx.x + kThreads - 1) / kThreads;
+  for (int j = 0; j < count; j++) {
+    int r, c;
+    if (by_row) {
+      r = copy_row0 + j * a.copy_rstep;
+      c = copy_col;
+    } else {
+      const int u = (int)threadIdx.x + j * kThreads;
+      r = u / units;
+      c = u - r * units;
+    }
     const int32_t pos = base + r;
     if (pos >= visible) continue; /* its row is never used: the epilogue writes -inf */
-    const int32_t pq = pos / a.page_size, slot = pos - pq * a.page_size;
+    int32_t pq, slot;
+    locate(a, pos, pq, slot);
     const int64_t page = pages[pq - first_page];
     const char *src = a.keys + page * a.page_stride + (int64_t)slot * a.token_stride + c * unit;
     const uint32_t dst = ina_ptx::smem_addr(stage_rows + r * a.row_words) + c * unit;
@@ -122,7 +151,8 @@ __device__ __forceinline__ void issue_tile(const Args &a, uint32_t *stage_rows, 
     const int r = threadIdx.x;
     const int32_t pos = base + r;
     if (pos < visible) {
-      const int32_t pq = pos / a.page_size, slot = pos - pq * a.page_size;
+      int32_t pq, slot;
+      locate(a, pos, pq, slot);
       const int64_t page = pages[pq - first_page];
       const char *src = a.keys + page * a.page_stride + a.scale_offset + (int64_t)slot * a.scale_stride;
       ina_ptx::cp_async4(ina_ptx::smem_addr(stage_scales + r), src, 4);
@@ -157,10 +187,12 @@ __global__ void __launch_bounds__(kThreads, 2) dsa_score_kernel(const Args a) {
   for (int32_t i = threadIdx.x; i <= last_page - first_page; i += kThreads)
     pages[i] = a.kv_indices[page_base + first_page + i];
   __syncthreads();
+  const int copy_row0 = a.copy_rstep > 0 ? (int)threadIdx.x / a.copy_units : 0;
+  const int copy_col = a.copy_rstep > 0 ? (int)threadIdx.x - copy_row0 * a.copy_units : 0;
   for (int st = 0; st < kStages - 1; st++) {
     if (st < num_tiles)
       issue_tile<FP8>(a, rows_smem + st * kTileRows * a.row_words, scales_smem + st * kTileRows,
-                      begin + st * kTileRows, visible, pages, first_page);
+                      begin + st * kTileRows, visible, pages, first_page, copy_row0, copy_col);
     ina_ptx::cp_async_commit();
   }
 
@@ -196,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 2) dsa_score_kernel(const Args a) {
       if (next < num_tiles) {
         const int st = next % kStages;
         issue_tile<FP8>(a, rows_smem + st * kTileRows * a.row_words, scales_smem + st * kTileRows,
-                        begin + next * kTileRows, visible, pages, first_page);
+                        begin + next * kTileRows, visible, pages, first_page, copy_row0, copy_col);
       }
       ina_ptx::cp_async_commit();
     }
@@ -423,6 +455,9 @@ extern "C" ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *inf
   a.scores = p->scores;
   a.score_stride = info->score_stride;
   a.page_size = info->page_size;
+  a.page_shift = -1;
+  for (int shift = 0; shift < 31; shift++)
+    if (info->page_size == (1 << shift)) a.page_shift = shift;
   a.num_heads = info->num_heads;
   a.head_dim = info->head_dim;
   grid = dim3((unsigned)info->max_tokens, (unsigned)((info->score_stride + kChunk - 1) / kChunk));
@@ -434,6 +469,8 @@ extern "C" ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *inf
   }
   a.row_words = fp8 ? fp8_row_words(info->head_dim) : bf16_row_words(info->head_dim);
   a.copy16 = aligned(base, 16) && aligned(a.page_stride, 16) && aligned(a.token_stride, 16);
+  a.copy_units = (fp8 ? a.head_dim : 2 * a.head_dim) / (a.copy16 ? 16 : 4);
+  a.copy_rstep = kThreads % a.copy_units == 0 ? kThreads / a.copy_units : 0;
   smem = smem_bytes(a.row_words);
   INA_CUDA_CHECK(fp8 ? launch_heads<true>(a, grid, smem, (cudaStream_t)stream)
                      : launch_heads<false>(a, grid, smem, (cudaStream_t)stream));
