@@ -27,6 +27,8 @@ const char *ina_cuda_device_name(int device, char *buf, size_t bufsize);
 ina_status_t ina_cuda_malloc(int device, size_t bytes, void **out);
 /* NULL is a no-op. */
 void ina_cuda_free(void *ptr);
+/* Synchronous copies: the bytes are at dst when they return (host to device included,
+ * for work on any stream that follows). */
 ina_status_t ina_cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
 ina_status_t ina_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
 ina_status_t ina_cuda_synchronize(void);

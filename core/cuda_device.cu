@@ -151,6 +151,10 @@ static ina_status_t copy(void *dst, const void *src, size_t bytes, cudaMemcpyKin
               "%s: NULL %s pointer for a copy of %zu bytes", what, dst ? "source" : "destination",
               bytes);
   INA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  /* From pageable memory cudaMemcpy may return once the bytes are staged, before the DMA
+   * has written the device: kernels on a non-blocking stream could still read the old
+   * bytes. Waiting on the legacy stream, which ran the copy, ends it. */
+  if (kind == cudaMemcpyHostToDevice) INA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 fail:
   return st;
 }
