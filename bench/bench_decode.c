@@ -121,6 +121,7 @@ typedef struct options {
   int cuda_graphs;
   int check; /* compare with the oracle before timing (--no-check: 0) */
   uint64_t seed;
+  int fp8_index_keys; /* V3.2: --index-keys fp8 */
 } options_t;
 
 typedef struct shape_result {
@@ -157,7 +158,7 @@ static void usage(FILE *f, const char *program) {
   fprintf(f,
           "usage: %s [--model SPEC] [--quick] [--dtype bf16,fp8] [--batch 1,8,64,256]\n"
           "          [--context 1024,4096] [--steps N] [--prompt N] [--seed N] [--no-cuda-graphs]\n"
-          "          [--no-check] [--help]\n"
+          "          [--index-keys bf16|fp8] [--no-check] [--help]\n"
           "  decode steps of a model with random weights (generated on device 0) against\n"
           "  their memory roofline, and the prefill throughput of one prompt\n"
           "  --model SPEC      the model (default %s), one of:\n"
@@ -175,6 +176,8 @@ static void usage(FILE *f, const char *program) {
           "  --steps N         timed steps per shape after %d warm-up steps (default %d)\n"
           "  --prompt N        prefill prompt length, 0 for none (default %d)\n"
           "  --no-cuda-graphs  run decode steps eagerly (to compare with graph replay)\n"
+          "  --index-keys K    V3.2's index keys in the cache: bf16 (default) or fp8 (e4m3 with a\n"
+          "                    scale per token, as DeepSeek's release runs them)\n"
           "  --no-check        skip the check against the CPU oracle before timing (it needs\n"
           "                    the weights' size in host memory); figures are marked unchecked\n",
           program, DEFAULT_MODEL, RATIO_TARGET, TARGET_MAX_BATCH, topk, QUICK_STEPS, MAX_BATCH, MAX_CONTEXT,
@@ -262,6 +265,10 @@ static int parse_options(int argc, char **argv, options_t *o) {
       i++;
       o->prompt = strtoll(v, NULL, 10);
       bad = o->prompt < 0 || o->prompt > INT32_MAX;
+    } else if (strcmp(a, "--index-keys") == 0 && v) {
+      i++;
+      o->fp8_index_keys = strcmp(v, "fp8") == 0;
+      bad = !o->fp8_index_keys && strcmp(v, "bf16") != 0;
     } else if (strcmp(a, "--seed") == 0 && v) {
       i++;
       o->seed = strtoull(v, NULL, 0);
@@ -432,6 +439,7 @@ static void report_shape(const shape_result_t *r, const options_t *o, double cei
 
 static void print_summary(const shape_result_t *results, int count, const prefill_result_t *prefill,
                           const options_t *o, double ceiling_tbs) {
+  if (o->fp8_index_keys) printf("\nV3.2 index keys: fp8 (e4m3 + f32 scale per token)");
   printf("\n== bench_decode summary: %s, page %d, decode %s, read ceiling %.3f TB/s (same run) ==\n", o->model,
          PAGE_SIZE, o->cuda_graphs ? "graph-replayed" : "eager", ceiling_tbs);
   printf("%-5s %6s %5s %10s %10s %9s %8s %8s %7s %9s %10s %6s %6s %-8s %s\n", "dtype", "ctx", "batch", "step_us",
@@ -536,6 +544,7 @@ static int run_dtype(int d, const options_t *o, double ceiling_tbs, float *logit
   eo.page_size = PAGE_SIZE;
   eo.max_tokens = kv_tokens_needed(o);
   eo.cuda_graphs = o->cuda_graphs;
+  eo.index_keys = o->fp8_index_keys ? INA_ENGINE_INDEX_KEYS_FP8 : INA_ENGINE_INDEX_KEYS_BF16;
   if (ina_model_open(o->model, &mo, &model) != INA_OK) {
     fprintf(stderr, "bench_decode: %s %s: %s\n", o->model, dn, ina_last_error());
     return 1;
@@ -629,6 +638,13 @@ static int run_dtype(int d, const options_t *o, double ceiling_tbs, float *logit
         (void)cudaGetLastError();
         failed++;
         continue;
+      }
+      if (o->fp8_index_keys && r->bytes.index_key_bytes > 0) {
+        /* FP8 index keys: head_dim e4m3 bytes and a 4-byte scale per token, not 2 x head_dim. */
+        const int64_t fp8 = r->bytes.index_key_bytes / (2 * cfg->index_head_dim) * (cfg->index_head_dim + 4);
+        r->bytes.kv_bytes -= r->bytes.index_key_bytes - fp8;
+        r->bytes.total_bytes -= (double)(r->bytes.index_key_bytes - fp8);
+        r->bytes.index_key_bytes = fp8;
       }
       r->roofline_ms = r->bytes.total_bytes / (ceiling_tbs * 1e12) * 1e3;
       r->ran = 1;

@@ -36,6 +36,11 @@ ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_option
   INA_REQUIRE(device >= -1, INA_ERR_INVALID_ARGUMENT,
               "engine: device %d is invalid (-1 for the CPU, >= 0 for a CUDA device)", device);
   {
+    const int k = ina_engine_options_index_keys(options);
+    INA_REQUIRE(k == INA_ENGINE_INDEX_KEYS_BF16 || k == INA_ENGINE_INDEX_KEYS_FP8, INA_ERR_INVALID_ARGUMENT,
+                "engine: index_keys %d is not 0 (bf16) or 1 (fp8)", k);
+  }
+  {
     const int numerics = ina_engine_options_numerics(options);
     INA_REQUIRE(numerics == INA_ENGINE_NUMERICS_F32 || (numerics == INA_ENGINE_NUMERICS_GPU && device < 0),
                 INA_ERR_INVALID_ARGUMENT,

@@ -70,6 +70,12 @@ static inline int ina_engine_options_micro_batches(const ina_engine_options_t *o
   return m == 0 ? 1 : m;
 }
 
+/* options->index_keys when the caller's struct has it (version 11), else bf16. */
+static inline int ina_engine_options_index_keys(const ina_engine_options_t *o) {
+  return o->struct_size >= offsetof(ina_engine_options_t, index_keys) + sizeof(int32_t) ? o->index_keys
+                                                                                          : INA_ENGINE_INDEX_KEYS_BF16;
+}
+
 typedef struct ina_engine_cpu ina_engine_cpu_t;
 
 ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_options_t *options,

@@ -76,6 +76,7 @@ ina_status_t ina_engine_cpu_create(const ina_model_t *model, const ina_engine_op
   e->max_expert_bytes = ina_engine_options_max_expert_bytes(options);
   e->attention_dp = ina_engine_options_attention_dp(options);
   e->gpu_numerics = ina_engine_options_numerics(options) == INA_ENGINE_NUMERICS_GPU;
+  e->fp8_index_keys = ina_engine_options_index_keys(options) == INA_ENGINE_INDEX_KEYS_FP8;
   if (e->gpu_numerics) {
     e->kv_a_norm_bf16 = calloc((size_t)e->cfg->num_layers, sizeof *e->kv_a_norm_bf16);
     INA_CHECK_ALLOC(e->kv_a_norm_bf16);
@@ -712,7 +713,9 @@ static ina_status_t index_projections(step_t *s, int32_t layer) {
   const int32_t nI = c->index_n_heads, D = c->index_head_dim, R = c->qk_rope_head_dim;
   const int32_t key_at = c->kv_lora_rank + R;
   float *k = malloc(((size_t)T * (size_t)D + 1) * sizeof *k);
+  uint8_t *q8 = malloc((size_t)D + 1); /* one key's e4m3 bytes (FP8 index keys) */
   INA_CHECK_ALLOC(k);
+  INA_CHECK_ALLOC(q8);
   INA_CHECK(linear(e, &L->index_wq_b, s->qa, T, s->iq));
   INA_CHECK(linear(e, &L->index_wk, s->h, T, k));
   ina_cpu_layernorm(k, &L->index_k_norm, &L->index_k_norm_bias, T, D, 1e-6f, k);
@@ -733,12 +736,19 @@ static ina_status_t index_projections(step_t *s, int32_t layer) {
       ina_cpu_rope(s->iq + (t * nI + h) * D, R, s->positions[t], e->inv_freq, e->attention_factor, 0);
       as_stored(e, s->iq + (t * nI + h) * D, R);
     }
+    if (e->fp8_index_keys) {
+      /* The key as an FP8 cache holds it: attention/dsa.h's quantization, dequantized. */
+      float scale;
+      INA_CHECK(ina_dsa_index_key_quantize_fp8(k + t * D, D, q8, &scale));
+      for (int32_t d = 0; d < D; d++) k[t * D + d] = ina_fp8_e4m3_to_f32(q8[d]) * scale;
+    }
     int32_t page, slot;
     ina_kv_seq_locate(s->b->seqs[s->token_seq[t]], ina_page_pool_page_size(e->kv), s->positions[t], &page, &slot);
     memcpy((float *)ina_page_pool_entry(e->kv, layer, page, slot) + key_at, k + t * D, (size_t)D * sizeof(float));
   }
 fail:
   free(k);
+  free(q8);
   return st;
 }
 

@@ -49,6 +49,7 @@ struct ina_engine_cpu {
   int32_t *moe_layers;    /* [num_moe_layers]: the model layer of each MoE layer */
   int32_t num_moe_layers;
   int gpu_numerics;       /* INA_ENGINE_NUMERICS_GPU: round where the CUDA engine rounds */
+  int fp8_index_keys;     /* V3.2: index keys quantized to FP8 as stored (the dequantized values kept) */
   int32_t mutation;       /* ina_engine_mutation_t (model/engine_test_hooks.h), 0 in service */
   ina_engine_route_t *routes; /* gpu_numerics: the last step's, per token row */
   ina_tensor_t *kv_a_norm_bf16; /* gpu_numerics: [num_layers] kv_a_layernorm weights as bf16 */

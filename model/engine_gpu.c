@@ -110,6 +110,17 @@ fail:
   return st;
 }
 
+/* bf16 elements of V3.2's index key in a cache entry: head_dim bf16, or head_dim e4m3
+ * bytes and the f32 scale, padded so that entries stay 16-byte aligned (the attention
+ * and index-score kernels copy rows 16 bytes at a time). 0 without an indexer. */
+static int32_t index_key_elems(const ina_engine_gpu_t *e) {
+  const ina_model_config_t *c = e->cfg;
+  if (!e->has_indexer) return 0;
+  if (!e->fp8_index_keys) return c->index_head_dim;
+  const int64_t entry = (int64_t)(c->kv_lora_rank + c->qk_rope_head_dim) * 2 + c->index_head_dim + 4;
+  return (int32_t)(((entry + 15) / 16 * 16) / 2 - (c->kv_lora_rank + c->qk_rope_head_dim));
+}
+
 /* The engine's place in tensor and expert parallelism, checked against the shard the
  * model holds (the same rules as the CPU engine). */
 static ina_status_t take_comms(ina_engine_gpu_t *e, const ina_weights_t *w, const ina_engine_options_t *o) {
@@ -243,6 +254,7 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
   INA_CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   INA_CHECK(take_comms(e, w, options));
   e->has_indexer = ina_cfg_has_indexer(c);
+  e->fp8_index_keys = e->has_indexer && ina_engine_options_index_keys(options) == INA_ENGINE_INDEX_KEYS_FP8;
   {
     const int dp = ina_engine_options_attention_dp(options);
     INA_REQUIRE(dp == 0 || dp == 2, INA_ERR_UNSUPPORTED,
@@ -287,7 +299,7 @@ ina_status_t ina_engine_gpu_create(const ina_model_t *model, const ina_engine_op
     /* A token's entry: the latent and rope key, then V3.2's index key (attention/dsa.h:
      * it sits beside the latent, so prefix sharing, copy on write and page transfers
      * carry it). */
-    pc.entry_elems = c->kv_lora_rank + c->qk_rope_head_dim + (e->has_indexer ? c->index_head_dim : 0);
+    pc.entry_elems = c->kv_lora_rank + c->qk_rope_head_dim + index_key_elems(e);
     pc.dtype = INA_DTYPE_BF16;
     pc.store_entries = 0; /* the entries live in e->cache, on the device */
     /* Attention DP: each rank's sequences take the pages of its stripe, and only those
@@ -931,13 +943,18 @@ static ina_mla_cache_t latent_cache(const ina_engine_gpu_t *e, int32_t l) {
   return m;
 }
 
+/* The index keys after the latent and rope key of each entry: bf16, or FP8 inline
+ * (e4m3 bytes, then the f32 scale). */
 static ina_dsa_index_cache_t index_cache(const ina_engine_gpu_t *e, int32_t l) {
   const ina_model_config_t *c = e->cfg;
-  ina_dsa_index_cache_t k = ina_dsa_index_cache_dense(
-      INA_DSA_KEY_BF16, layer_cache(e, l) + (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(uint16_t),
-      ina_page_pool_page_size(e->kv), c->index_head_dim);
+  char *keys = layer_cache(e, l) + (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(uint16_t);
+  const int32_t page_size = ina_page_pool_page_size(e->kv);
+  ina_dsa_index_cache_t k = e->fp8_index_keys ? ina_dsa_index_cache_fp8_inline(keys, page_size, c->index_head_dim)
+                                              : ina_dsa_index_cache_dense(INA_DSA_KEY_BF16, keys, page_size,
+                                                                          c->index_head_dim);
   k.token_stride = entry_bytes(e);
   k.page_stride = (int64_t)e->cache_page_bytes;
+  if (e->fp8_index_keys) k.scale_stride = entry_bytes(e);
   return k;
 }
 

@@ -204,6 +204,7 @@ struct ina_engine_gpu {
    * and its score rows [cap, dsa_kv_cap], dsa_kv_cap a power of two >= every kv_len so
    * far (the score and top-k grids depend on it: graphs are dropped when it grows). */
   int has_indexer;
+  int fp8_index_keys; /* options: index keys in FP8 (e4m3 + f32 scale), else bf16 */
   void *dsa_host_ws, *dsa_dev_ws;
   size_t dsa_host_cap, dsa_dev_cap;
   float *dsa_scores;

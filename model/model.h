@@ -157,7 +157,17 @@ typedef struct ina_engine_options {
    * computes its attention or experts. Every rank of the group must take the same value;
    * logits are bit-identical to one batch's. Other exchanges take 1 only. */
   int32_t micro_batches;
+  /* Version 11. DeepSeek-V3.2's index keys in the KV cache (ina_engine_index_keys_t):
+   * bf16 (0, default), or FP8 e4m3 with one f32 scale per token (attention/dsa.h's
+   * INA_DSA_KEY_FP8, as DeepSeek's release runs its indexer), which the CPU engine
+   * applies too (it stores the dequantized values). Other models ignore it. */
+  int32_t index_keys;
 } ina_engine_options_t;
+
+typedef enum ina_engine_index_keys {
+  INA_ENGINE_INDEX_KEYS_BF16 = 0,
+  INA_ENGINE_INDEX_KEYS_FP8 = 1,
+} ina_engine_index_keys_t;
 
 typedef enum ina_engine_ep_exchange {
   INA_ENGINE_EP_EXCHANGE_AUTO = 0,
@@ -194,7 +204,7 @@ typedef enum ina_engine_numerics {
 } ina_engine_numerics_t;
 
 #define INA_ENGINE_OPTIONS_INIT \
-  {sizeof(ina_engine_options_t), 10, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  {sizeof(ina_engine_options_t), 11, 16, 65536, 0, 0, -1, 1, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 ina_status_t ina_engine_create(const ina_model_t *model, const ina_engine_options_t *options,
                                ina_engine_t **out);

@@ -12,7 +12,8 @@
  *      oracle's distance from HF plus the row bound).
  *   2. random:tiny with bf16 weights: eight short random prompts, the oracle's 8 greedy
  *      tokens fed to the GPU, page sizes 1 and 16, against the oracle as in 1; the same
- *      for random:v3.2-tiny with prompts up to 16 tokens, past its index_topk of 8.
+ *      for random:v3.2-tiny with prompts up to 16 tokens, past its index_topk of 8, with
+ *      bf16 and with FP8 index keys (both engines quantize them alike: the same bytes).
  *   The V3.2 fixtures and model run the GPU's sparse attention (indexer scores, top-k,
  *      sparse MLA); rows after a top-k choice near a tie are counted apart as routing
  *      near-ties are (model/engine_test_hooks.h's route margin).
@@ -53,6 +54,9 @@ _Static_assert(ORACLE_MAX_STEPS == GOLDEN_MAX_NEW && ORACLE_MAX_SEQS >= GOLDEN_M
 
 /* ---- engines and runs ---------------------------------------------------------------- */
 
+/* V3.2's index keys in every engine made (the GPU's and the oracle's alike). */
+static int32_t g_index_keys = INA_ENGINE_INDEX_KEYS_BF16;
+
 static ina_engine_t *make_with_graphs(const ina_model_t *m, int32_t device, int32_t page_size, int64_t max_tokens,
                                       int graphs) {
   ina_engine_options_t o = INA_ENGINE_OPTIONS_INIT;
@@ -62,6 +66,7 @@ static ina_engine_t *make_with_graphs(const ina_model_t *m, int32_t device, int3
   o.num_threads = 2;
   o.device = device;
   o.cuda_graphs = graphs;
+  o.index_keys = g_index_keys;
   CHECK_OK(ina_engine_create(m, &o, &e));
   return e;
 }
@@ -182,6 +187,7 @@ static ina_engine_options_t oracle_options(int32_t page_size) {
   o.max_tokens = 4096;
   o.num_threads = 2;
   o.numerics = INA_ENGINE_NUMERICS_GPU;
+  o.index_keys = g_index_keys;
   return o;
 }
 
@@ -639,6 +645,10 @@ int main(int argc, char **argv) {
   test_golden(argc > 1 ? argv[1] : "tests/golden/fixtures");
   test_vs_cpu(&rng, "random:tiny", 6);
   test_vs_cpu(&rng, "random:v3.2-tiny", 16);
+  g_index_keys = INA_ENGINE_INDEX_KEYS_FP8;
+  printf("FP8 index keys:\n");
+  test_vs_cpu(&rng, "random:v3.2-tiny", 16);
+  g_index_keys = INA_ENGINE_INDEX_KEYS_BF16;
   test_errors(&rng);
   test_graphs(&rng);
   test_greedy_tokens(&rng);
