@@ -711,6 +711,27 @@ static int remote_check(int fd, const char *what, int64_t from, int64_t to) {
   return ina_bench_check(what, "wrong_entries", 0, 0);
 }
 
+/* A case's end after timing: the decode process checks all `pairs` caches (figure
+ * "<what> <label>_all_<pairs>_pairs_after_timing"), then the peer and the regions go and
+ * the decode process closes the case. 1 when done, 0 when the check failed, -1 when the
+ * exchange did (the caller's cleanup then drops what is left). */
+static int finish_case(int fd, const char *what, const char *label, int pairs, ina_ucx_peer_t **peer,
+                       ina_ucx_region_t **regions) {
+  char w[256];
+  msg_t m;
+  snprintf(w, sizeof w, "%s %s_all_%d_pairs_after_timing", what, label, pairs);
+  const int ok = remote_check(fd, w, 0, pairs);
+  if (ok <= 0) return ok;
+  ina_ucx_peer_disconnect(*peer);
+  *peer = NULL;
+  for (int r = 0; r < pairs; r++) {
+    ina_ucx_region_deregister(regions[r]);
+    regions[r] = NULL;
+  }
+  if (!send_msg(fd, MSG_END_CASE, 0, 0, NULL, 0, NULL) || !recv_msg(fd, &m, MSG_ACK)) return -1;
+  return 1;
+}
+
 static int local_check(const kv_case_t *c, const int64_t *map, uint8_t *const *caches, int from, int to,
                        const char *what) {
   int64_t wrong = 0, checked = 0;
@@ -853,22 +874,13 @@ static int run_device_case(int fd, ina_ucx_engine_t *e, const options_t *o, row_
   row->dev_put = summarize(put_times, o->reps);
   row->dev_in = summarize(in_times, o->reps);
   {
-    char w[256];
-    snprintf(w, sizeof w, "%s handoff_all_%d_pairs_after_timing", what, P);
-    const int ok = remote_check(fd, w, 0, P);
-    if (ok < 0) goto out;
-    if (!ok) {
+    const int done = finish_case(fd, what, "handoff", P, &peer, regions);
+    if (done < 0) goto out;
+    if (!done) {
       status = 0;
       goto out;
     }
   }
-  ina_ucx_peer_disconnect(peer);
-  peer = NULL;
-  for (int r = 0; r < P; r++) {
-    ina_ucx_region_deregister(regions[r]);
-    regions[r] = NULL;
-  }
-  if (!send_msg(fd, MSG_END_CASE, 0, 0, NULL, 0, NULL) || !recv_msg(fd, &m, MSG_ACK)) goto out;
   opened = 0;
 
   /* ---- the staging ceiling: the plan's bytes device -> host -> device in two copies
@@ -1033,22 +1045,13 @@ static int run_case(int fd, ina_ucx_engine_t *e, const options_t *o, row_t *row)
   }
   row->ucx = summarize(times, o->reps);
   {
-    char w[256];
-    snprintf(w, sizeof w, "%s ucx_all_%d_pairs_after_timing", what, P);
-    const int ok = remote_check(fd, w, 0, P);
-    if (ok < 0) goto out;
-    if (!ok) {
+    const int done = finish_case(fd, what, "ucx", P, &peer, regions);
+    if (done < 0) goto out;
+    if (!done) {
       status = 0;
       goto out;
     }
   }
-  ina_ucx_peer_disconnect(peer);
-  peer = NULL;
-  for (int r = 0; r < P; r++) {
-    ina_ucx_region_deregister(regions[r]);
-    regions[r] = NULL;
-  }
-  if (!send_msg(fd, MSG_END_CASE, 0, 0, NULL, 0, NULL) || !recv_msg(fd, &m, MSG_ACK)) goto out;
   opened = 0;
 
   /* ---- memcpy of the same plan, in this process (the decode process sleeps) ---- */
