@@ -711,6 +711,30 @@ static int remote_check(int fd, const char *what, int64_t from, int64_t to) {
   return ina_bench_check(what, "wrong_entries", 0, 0);
 }
 
+/* The puts of every cache pair: pair r's `count` plan pieces from srcs[r] into the
+ * decode process's region r (which must hold dst_bytes). [pairs * count], malloc'ed;
+ * NULL (with a message) when memory or a region falls short. */
+static ina_ucx_xfer_t *plan_puts(ina_ucx_peer_t *peer, uint8_t *const *srcs, int pairs, const ina_kv_copy_t *plan,
+                                 int64_t count, int64_t dst_bytes) {
+  ina_ucx_xfer_t *xfers = malloc(((size_t)pairs * (size_t)count + 1) * sizeof *xfers);
+  if (!xfers) {
+    fprintf(stderr, "prefill: out of memory for %d x %lld puts\n", pairs, (long long)count);
+    return NULL;
+  }
+  for (int r = 0; r < pairs; r++) {
+    uint64_t base = 0, length = 0;
+    if (ina_ucx_peer_region(peer, (uint32_t)r, &base, &length) != INA_OK || length < (uint64_t)dst_bytes) {
+      fprintf(stderr, "prefill: decode region %d: %s\n", r, ina_last_error());
+      free(xfers);
+      return NULL;
+    }
+    for (int64_t i = 0; i < count; i++)
+      xfers[(int64_t)r * count + i] =
+          (ina_ucx_xfer_t){srcs[r] + plan[i].src_offset, base + plan[i].dst_offset, (size_t)plan[i].bytes};
+  }
+  return xfers;
+}
+
 /* A case's end after timing: the decode process checks all `pairs` caches (figure
  * "<what> <label>_all_<pairs>_pairs_after_timing"), then the peer and the regions go and
  * the decode process closes the case. 1 when done, 0 when the check failed, -1 when the
@@ -827,19 +851,9 @@ static int run_device_case(int fd, ina_ucx_engine_t *e, const options_t *o, row_
     fprintf(stderr, "prefill: the decode blob has %u regions, expected %d\n", ina_ucx_peer_region_count(peer), P);
     goto out;
   }
-  xfers = malloc((size_t)P * (size_t)count * sizeof *xfers);
+  xfers = plan_puts(peer, srcs, P, plan, count,
+                    cache_bytes(c->dst_num_pages, c->dst_page, c->layers, c->entry_bytes));
   if (!xfers) goto out;
-  for (int r = 0; r < P; r++) {
-    uint64_t base = 0, length = 0;
-    const int64_t dst_bytes = cache_bytes(c->dst_num_pages, c->dst_page, c->layers, c->entry_bytes);
-    if (ina_ucx_peer_region(peer, (uint32_t)r, &base, &length) != INA_OK || length < (uint64_t)dst_bytes) {
-      fprintf(stderr, "prefill: decode region %d: %s\n", r, ina_last_error());
-      goto out;
-    }
-    for (int64_t i = 0; i < count; i++)
-      xfers[(int64_t)r * count + i] =
-          (ina_ucx_xfer_t){srcs[r] + plan[i].src_offset, base + plan[i].dst_offset, (size_t)plan[i].bytes};
-  }
   for (int it = 0; it < total; it++) {
     const int r = it % P;
     ina_ucx_batch_t *batch = NULL;
@@ -1005,18 +1019,8 @@ static int run_case(int fd, ina_ucx_engine_t *e, const options_t *o, row_t *row)
     fprintf(stderr, "prefill: the decode blob has %u regions, expected %d\n", ina_ucx_peer_region_count(peer), P);
     goto out;
   }
-  xfers = malloc((size_t)P * (size_t)count * sizeof *xfers);
+  xfers = plan_puts(peer, srcs, P, plan, count, dst_bytes);
   if (!xfers) goto out;
-  for (int r = 0; r < P; r++) {
-    uint64_t base = 0, length = 0;
-    if (ina_ucx_peer_region(peer, (uint32_t)r, &base, &length) != INA_OK || length < (uint64_t)dst_bytes) {
-      fprintf(stderr, "prefill: decode region %d: %s\n", r, ina_last_error());
-      goto out;
-    }
-    for (int64_t i = 0; i < count; i++)
-      xfers[(int64_t)r * count + i] =
-          (ina_ucx_xfer_t){srcs[r] + plan[i].src_offset, base + plan[i].dst_offset, (size_t)plan[i].bytes};
-  }
   for (int it = 0; it < total; it++) {
     const int r = it % P;
     ina_ucx_batch_t *batch = NULL;
