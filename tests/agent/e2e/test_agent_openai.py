@@ -469,6 +469,11 @@ def main():
             long_result["text"], long_result["finish"], _ = stream_text(
                 client, model="tiny", prompt="drain", max_tokens=600, temperature=0, extra_body={"ignore_eos": True})
 
+        # A generation of an earlier case (a stream its client left, cancelled at the next
+        # step) may still count as running: the count below must be the long stream's.
+        deadline = time.time() + 20
+        while time.time() < deadline and metric(metrics_port, "ina_running_requests") > 0:
+            time.sleep(0.05)
         t = threading.Thread(target=long_stream)
         t.start()
         deadline = time.time() + 20
