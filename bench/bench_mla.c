@@ -127,6 +127,14 @@ static const shape_t g_shapes[] = {
      16, 64, 2, 8192, 64, BF16, LENS_UNIFORM, 1, 0, GOAL_REPORT, 0, NULL},
     {"h16_b64_kv8k_sq4", "16 heads, batch 64, kv 8192, 4 query tokens (MTP)",
      16, 64, 4, 8192, 64, BF16, LENS_UNIFORM, 0, 0, GOAL_REPORT, 0, NULL},
+    /* Beside the sparse benchmark's 16-head shapes (2048 positions per query token): the
+     * same volume per request read densely, at batch 128 and 512. */
+    {"h16_b128_kv2k", "16 heads, batch 128, kv 2048",
+     16, 128, 1, 2048, 64, BF16, LENS_UNIFORM, 0, 0, GOAL_REPORT, 0, NULL},
+    {"h16_b512_kv2k", "16 heads, batch 512, kv 2048",
+     16, 512, 1, 2048, 64, BF16, LENS_UNIFORM, 0, 0, GOAL_REPORT, 0, NULL},
+    {"h128_b64_kv8k_fp8", "128 heads, batch 64, kv 8192, FP8 cache",
+     128, 64, 1, 8192, 64, FP8, LENS_UNIFORM, 0, 0, GOAL_REPORT, 0, NULL},
 };
 #undef BF16
 #undef FP8

@@ -65,7 +65,8 @@
 
 /* ---- shapes --------------------------------------------------------------------------- */
 
-typedef enum { GOAL_ANCHOR, GOAL_FLOPS, GOAL_BW, GOAL_FLAT } goal_t;
+/* GOAL_REPORT: a diagnostic beside the targets (where the 16-head shapes lose time). */
+typedef enum { GOAL_ANCHOR, GOAL_FLOPS, GOAL_BW, GOAL_FLAT, GOAL_REPORT } goal_t;
 
 typedef struct {
   const char *name; /* result names and --shapes filter */
@@ -73,33 +74,47 @@ typedef struct {
   int heads, batch, q_len, kv_len, topk;
   ina_mla_cache_format_t format;
   goal_t goal;
+  int sorted; /* index rows in ascending position order instead of a random one */
 } shape_t;
 
 #define BF16 INA_MLA_CACHE_BF16
 #define FP8 INA_MLA_CACHE_FP8
 static const shape_t g_shapes[] = {
     {"h128_b128_sq2_fp8", "128 heads, batch 128, s_q 2 (MTP), top-k 2048, ctx 8192, FP8",
-     128, 128, 2, 8192, 2048, FP8, GOAL_ANCHOR},
+     128, 128, 2, 8192, 2048, FP8, GOAL_ANCHOR, 0},
     {"h128_b128_sq2_bf16", "128 heads, batch 128, s_q 2 (MTP), top-k 2048, ctx 8192, bf16",
-     128, 128, 2, 8192, 2048, BF16, GOAL_FLOPS},
+     128, 128, 2, 8192, 2048, BF16, GOAL_FLOPS, 0},
     {"h128_b128_sq1_fp8", "128 heads, batch 128, s_q 1, top-k 2048, ctx 8192, FP8",
-     128, 128, 1, 8192, 2048, FP8, GOAL_FLOPS},
+     128, 128, 1, 8192, 2048, FP8, GOAL_FLOPS, 0},
     {"h128_b128_sq1_bf16", "128 heads, batch 128, s_q 1, top-k 2048, ctx 8192, bf16",
-     128, 128, 1, 8192, 2048, BF16, GOAL_FLOPS},
+     128, 128, 1, 8192, 2048, BF16, GOAL_FLOPS, 0},
     {"h16_b128_sq1_fp8", "16 heads (TP8), batch 128, s_q 1, top-k 2048, ctx 8192, FP8",
-     16, 128, 1, 8192, 2048, FP8, GOAL_BW},
+     16, 128, 1, 8192, 2048, FP8, GOAL_BW, 0},
     {"h16_b128_sq2_fp8", "16 heads (TP8), batch 128, s_q 2, top-k 2048, ctx 8192, FP8",
-     16, 128, 2, 8192, 2048, FP8, GOAL_BW},
+     16, 128, 2, 8192, 2048, FP8, GOAL_BW, 0},
     {"h16_b128_sq1_bf16", "16 heads (TP8), batch 128, s_q 1, top-k 2048, ctx 8192, bf16",
-     16, 128, 1, 8192, 2048, BF16, GOAL_BW},
+     16, 128, 1, 8192, 2048, BF16, GOAL_BW, 0},
     {"h16_b128_sq2_bf16", "16 heads (TP8), batch 128, s_q 2, top-k 2048, ctx 8192, bf16",
-     16, 128, 2, 8192, 2048, BF16, GOAL_BW},
+     16, 128, 2, 8192, 2048, BF16, GOAL_BW, 0},
     {"h128_b64_ctx4k_fp8", "128 heads, batch 64, s_q 1, top-k 2048, ctx 4096, FP8",
-     128, 64, 1, 4096, 2048, FP8, GOAL_FLAT},
+     128, 64, 1, 4096, 2048, FP8, GOAL_FLAT, 0},
     {"h128_b64_ctx32k_fp8", "128 heads, batch 64, s_q 1, top-k 2048, ctx 32768, FP8",
-     128, 64, 1, 32768, 2048, FP8, GOAL_FLAT},
+     128, 64, 1, 32768, 2048, FP8, GOAL_FLAT, 0},
     {"h128_b64_ctx128k_fp8", "128 heads, batch 64, s_q 1, top-k 2048, ctx 131072, FP8",
-     128, 64, 1, 131072, 2048, FP8, GOAL_FLAT},
+     128, 64, 1, 131072, 2048, FP8, GOAL_FLAT, 0},
+    /* Diagnostics of the 16-head gap: the same gather in position order (sorted), all of a
+     * 2048-position context in order (the dense kernel's access pattern through the sparse
+     * path), and four times the batch (what fixed costs per run weigh). */
+    {"h16_b128_sq1_bf16_sorted", "16 heads, batch 128, s_q 1, top-k 2048, ctx 8192, bf16, rows sorted",
+     16, 128, 1, 8192, 2048, INA_MLA_CACHE_BF16, GOAL_REPORT, 1},
+    {"h16_b128_sq1_bf16_ctx2k", "16 heads, batch 128, s_q 1, top-k 2048, ctx 2048 (all), bf16, rows sorted",
+     16, 128, 1, 2048, 2048, INA_MLA_CACHE_BF16, GOAL_REPORT, 1},
+    {"h16_b512_sq1_bf16", "16 heads, batch 512, s_q 1, top-k 2048, ctx 8192, bf16",
+     16, 512, 1, 8192, 2048, INA_MLA_CACHE_BF16, GOAL_REPORT, 0},
+    {"h16_b512_sq1_fp8", "16 heads, batch 512, s_q 1, top-k 2048, ctx 8192, FP8",
+     16, 512, 1, 8192, 2048, INA_MLA_CACHE_FP8, GOAL_REPORT, 0},
+    {"h16_b128_sq1_fp8_sorted", "16 heads, batch 128, s_q 1, top-k 2048, ctx 8192, FP8, rows sorted",
+     16, 128, 1, 8192, 2048, INA_MLA_CACHE_FP8, GOAL_REPORT, 1},
 };
 #undef BF16
 #undef FP8
@@ -262,8 +277,13 @@ static void ctx_free(ctx_t *c) {
   memset(c, 0, sizeof *c);
 }
 
+static int cmp_i32(const void *a, const void *b) {
+  const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
 /* Index rows of one set: per query token, min(topk, visible) distinct visible positions in
- * random order (a partial Fisher-Yates shuffle), then -1. */
+ * random order (a partial Fisher-Yates shuffle; ascending for the sorted diagnostics), then -1. */
 static void draw_rows(const ctx_t *c, uint64_t *rng, int32_t *perm, int32_t *rows) {
   const shape_t *s = c->s;
   for (int b = 0; b < s->batch; b++)
@@ -277,6 +297,7 @@ static void draw_rows(const ctx_t *c, uint64_t *rng, int32_t *perm, int32_t *row
         perm[i] = perm[k];
         perm[k] = x;
       }
+      if (s->sorted) qsort(perm, (size_t)m, sizeof perm[0], cmp_i32);
       for (int32_t i = 0; i < s->topk; i++) row[i] = i < m ? perm[i] : -1;
     }
 }

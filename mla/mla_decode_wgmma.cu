@@ -52,6 +52,7 @@
  * A unit processed in one chunk writes bf16 out and lse; a split one an fp32 partial and
  * its lse, per 16-row item, for the combine kernel, exactly like the other kernels. */
 #define INA_LOG_SUBSYS "mla"
+#include <cuda_fp8.h>
 #include <math.h>
 
 #include "mla/mla_device.cuh"
@@ -91,6 +92,18 @@ static_assert(INA_MLA_KV_BLOCK % kBlock == 0, "schedule cuts fall on block bound
 [[maybe_unused]] constexpr int kSmemBars = kSmemInvL + kRows * 4; /* full[0], full[1], q_full, p_free */
 [[maybe_unused]] constexpr int kSmemUsed = kSmemBars + 4 * 8;
 [[maybe_unused]] constexpr int kSmemBytes = kSmemUsed + 1024; /* room to align the base to 1024 bytes */
+/* FP8 cache: each stage's scales as [4 blocks][64 positions] f32 after the barriers. The
+ * 1024 bytes of alignment room no longer fit under the 227 KB a CTA may have, so the
+ * kernel takes all of it and checks that its base needed at most what is left (a kernel
+ * without static shared memory gets its dynamic window 1024-aligned on sm_90). */
+[[maybe_unused]] constexpr int kSmemScales = kSmemUsed;
+[[maybe_unused]] constexpr int kStageScaleBytes = 4 * kBlock * 4;
+[[maybe_unused]] constexpr int kSmemUsedFp8 = kSmemScales + 2 * kStageScaleBytes;
+[[maybe_unused]] constexpr int kSmemBytesFp8 = 227 * 1024;
+static_assert(kSmemUsedFp8 <= kSmemBytesFp8 && kSmemBytes <= kSmemBytesFp8, "shared memory of one CTA per SM");
+/* P' = p * scale * kPScale as f16 in the FP8 variant (as mla_decode_fp8.cu): small
+ * probabilities stay in f16's normal range; the output is multiplied back. */
+[[maybe_unused]] constexpr float kPScale = 1024.0f;
 
 enum : int { kBarPReady = 1, kBarStageFree = 3 /* + stage */ };
 
@@ -137,6 +150,10 @@ struct Smem {
   __device__ uint32_t p_free() const { return addr + kSmemBars + 24; }
   __device__ float *alpha() const { return reinterpret_cast<float *>(base + kSmemAlpha); }
   __device__ float *inv_l() const { return reinterpret_cast<float *>(base + kSmemInvL); }
+  /* FP8: the scales of a stage, [block of 128 latent dims][position] */
+  __device__ float *scales(int stage) const {
+    return reinterpret_cast<float *>(base + kSmemScales + stage * kStageScaleBytes);
+  }
 };
 
 /* ---- loads (WG1) ------------------------------------------------------------------ */
@@ -233,6 +250,123 @@ __device__ __forceinline__ void issue_query(const Args &a, const Group &g, uint3
   wg::cp_async_arrive(bar);
 }
 
+/* ---- loads of the FP8 variant (WG1) ------------------------------------------------- */
+
+/* Two e4m3 values (low byte first) -> an f16 pair (low half first); exact. */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+/* Two floats as an f16 pair, lo in the low half; and back. */
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ float2 unpack_f16(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2 *>(&v));
+}
+
+/* A bf16 pair -> an f16 pair (exact within f16's normal range, as in mla_decode_fp8.cu). */
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
+  return pack_f16(ina_cuda::bf16_lo(v), ina_cuda::bf16_hi(v));
+}
+
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+__device__ __forceinline__ uint4 ldg16(const char *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
+
+/* The FP8 block into a stage: the tensor cores cannot read e4m3 as the V of P V, so the
+ * latent values are turned into f16 here (exactly) with their scales kept apart, in the
+ * stage's scale table; the bf16 rope goes in by cp.async as in the bf16 variant. Eight
+ * threads share a position as there: 128 contiguous bytes of 4 positions per warp
+ * instruction. The stage's mbarrier counts two arrivals per thread: its cp.async copies
+ * landed, and its stores were made visible to the tensor cores (the async proxy). */
+template <bool kSparse>
+__device__ __forceinline__ void issue_block_fp8(const Args &a, KvLoader<kSparse> &ld, uint32_t stage, float *scales,
+                                                uint32_t bar, int ltid) {
+  const int sub = ltid & 7;
+  const ina_mla_cache_t &c = a.cache;
+  /* All 64 positions' loads in flight at once (64 registers beside the accumulators),
+   * then their conversions and stores. */
+  uint4 raw[4][4];
+  float sc[4];
+#pragma unroll
+  for (int pass = 0; pass < 4; pass++) {
+    const int tok = pass * 16 + (ltid >> 3);
+    const int64_t page = ld.page[pass];
+    const bool ok = page >= 0;
+    const char *lat = static_cast<const char *>(c.latent), *rope = lat, *scale = lat;
+    if (ok) {
+      const int64_t slot = page_slot(a, kSparse ? ld.pos[pass] : ld.start + tok);
+      lat += page * c.latent_page_stride + slot * c.latent_token_stride;
+      rope = static_cast<const char *>(c.rope) + page * c.rope_page_stride + slot * c.rope_token_stride;
+      scale = static_cast<const char *>(c.scale) + page * c.scale_page_stride + slot * c.scale_token_stride;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) raw[pass][i] = ok ? ldg16(lat + 16 * (sub + 8 * i)) : make_uint4(0, 0, 0, 0);
+    sc[pass] = ok && sub < 4 ? __ldg(reinterpret_cast<const float *>(scale) + sub) : 0.0f;
+    wg::cp_async16(stage + wg::swizzled_offset(tok, kLatent / 8 + sub, 64), ok ? rope + 16 * sub : lat, ok ? 16 : 0);
+  }
+  wg::cp_async_arrive(bar);
+  ld.advance(a, ltid); /* the next block's page ids, while the loads are in flight */
+#pragma unroll
+  for (int pass = 0; pass < 4; pass++) {
+    const int tok = pass * 16 + (ltid >> 3);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      /* 16 e4m3 values, dims 16 j .. 16 j + 15, are the tile's 8-value chunks 2 j, 2 j + 1 */
+      const int j = sub + 8 * i;
+      const uint4 v = raw[pass][i];
+      st_shared_v4(stage + wg::swizzled_offset(tok, 2 * j, 64), e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.x >> 16),
+                   e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.y >> 16));
+      st_shared_v4(stage + wg::swizzled_offset(tok, 2 * j + 1, 64), e4m3x2_to_f16x2(v.z), e4m3x2_to_f16x2(v.z >> 16),
+                   e4m3x2_to_f16x2(v.w), e4m3x2_to_f16x2(v.w >> 16));
+    }
+    if (sub < 4) scales[sub * kBlock + tok] = sc[pass];
+  }
+  wg::fence_proxy_async();
+  wg::mbar_arrive(bar);
+}
+
+/* The group's 64 query rows for the FP8 variant: the latent part as f16 (the type of the
+ * latent products), the rope part as bf16. The rows are copied as the bf16 variant copies
+ * them, then each thread turns the latent chunks it copied into f16 in place (same size),
+ * so no registers hold a row in flight beside the accumulators. */
+__device__ __forceinline__ void issue_query_fp8(const Args &a, const Group &g, uint32_t q, uint32_t bar, int ltid) {
+  const ina_mla_sched_request_t req = a.requests[g.request];
+  const int sub = ltid & 7;
+#pragma unroll
+  for (int pass = 0; pass < 4; pass++) {
+    const int r = pass * 16 + (ltid >> 3);
+    const Row row = tile_row(req, g.tile0 + r / INA_MLA_TILE_ROWS, r % INA_MLA_TILE_ROWS, a.num_heads);
+    const __nv_bfloat16 *qn = a.q_nope + row.token * a.q_nope_ts + row.head * a.q_nope_hs;
+    const __nv_bfloat16 *qp = a.q_pe + row.token * a.q_pe_ts + row.head * a.q_pe_hs;
+#pragma unroll
+    for (int i = 0; i < kChunks / 8; i++) {
+      const int ch = sub + 8 * i;
+      const __nv_bfloat16 *src = ch < 64 ? qn + 8 * ch : qp + 8 * (ch - 64);
+      wg::cp_async16(q + wg::swizzled_offset(r, ch, 64), row.valid ? src : a.q_nope, row.valid ? 16 : 0);
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#pragma unroll
+  for (int pass = 0; pass < 4; pass++) {
+    const int r = pass * 16 + (ltid >> 3);
+#pragma unroll
+    for (int i = 0; i < kLatent / 64; i++) {
+      const uint32_t at = q + wg::swizzled_offset(r, sub + 8 * i, 64);
+      uint32_t x, y, z, w;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(at) : "memory");
+      st_shared_v4(at, bf16x2_to_f16x2(x), bf16x2_to_f16x2(y), bf16x2_to_f16x2(z), bf16x2_to_f16x2(w));
+    }
+  }
+  wg::fence_proxy_async();
+  wg::mbar_arrive(bar);
+}
+
 /* ---- results ------------------------------------------------------------------------ */
 
 /* Writes this warp's 16 rows (row tile tile0 + warp) of one warpgroup's 256 output columns,
@@ -271,6 +405,7 @@ using ina_cuda::pack_bf16;
 
 /* ---- WG0: scores, softmax, left half of P V ------------------------------------------ */
 
+template <bool kFp8>
 __device__ __forceinline__ void run_scores(const Args &a, const Smem &sm, int it, int it_end, int total) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, t4 = lane & 3;
   float o[128];
@@ -305,16 +440,54 @@ __device__ __forceinline__ void run_scores(const Args &a, const Smem &sm, int it
 #pragma unroll
       for (int i = 0; i < 32; i++) s[i] = 0.0f;
       const uint64_t desc_q = wg::desc_k_major(sm.q()), desc_kv = wg::desc_k_major(sm.kv(stage));
+      const float *scales = kFp8 ? sm.scales(stage) : nullptr;
       wg::fence_regs(s);
       wg::wgmma_fence();
+      if constexpr (!kFp8) {
 #pragma unroll
-      for (int ks = 0; ks < kDim / 16; ks++) {
-        const uint32_t off = ((ks >> 2) * kBlockBytes + (ks & 3) * 32) >> 4;
-        wg::wgmma_m64n64_ss(s, desc_q + off, desc_kv + off, ks > 0);
+        for (int ks = 0; ks < kDim / 16; ks++) {
+          const uint32_t off = ((ks >> 2) * kBlockBytes + (ks & 3) * 32) >> 4;
+          wg::wgmma_m64n64_ss(s, desc_q + off, desc_kv + off, ks > 0);
+        }
+        wg::wgmma_commit();
+        wg::wgmma_wait<0>();
+        wg::fence_regs(s);
+      } else {
+        /* The rope (bf16) into s, then each 128-dim latent block (f16) into part, added to
+         * s times its scale per position: scale block b is k-steps 8 b .. 8 b + 7. */
+#pragma unroll
+        for (int ks = kLatent / 16; ks < kDim / 16; ks++) {
+          const uint32_t off = ((ks >> 2) * kBlockBytes + (ks & 3) * 32) >> 4;
+          wg::wgmma_m64n64_ss(s, desc_q + off, desc_kv + off, ks > kLatent / 16);
+        }
+        wg::wgmma_commit();
+        float part[32]; /* one 128-dim block's latent scores, before its scales */
+#pragma unroll
+        for (int i = 0; i < 32; i++) part[i] = 0.0f;
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+          wg::fence_regs(part);
+          wg::wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < 8; k++) {
+            const int ks = 8 * b + k;
+            const uint32_t off = ((ks >> 2) * kBlockBytes + (ks & 3) * 32) >> 4;
+            wg::wgmma_m64n64_ss_f16(part, desc_q + off, desc_kv + off, k > 0);
+          }
+          wg::wgmma_commit();
+          wg::wgmma_wait<0>();
+          wg::fence_regs(part);
+          wg::fence_regs(s);
+#pragma unroll
+          for (int j = 0; j < 8; j++) {
+            const float2 sc = *reinterpret_cast<const float2 *>(scales + b * kBlock + 8 * j + 2 * t4);
+            s[4 * j] = fmaf(part[4 * j], sc.x, s[4 * j]);
+            s[4 * j + 1] = fmaf(part[4 * j + 1], sc.y, s[4 * j + 1]);
+            s[4 * j + 2] = fmaf(part[4 * j + 2], sc.x, s[4 * j + 2]);
+            s[4 * j + 3] = fmaf(part[4 * j + 3], sc.y, s[4 * j + 3]);
+          }
+        }
       }
-      wg::wgmma_commit();
-      wg::wgmma_wait<0>();
-      wg::fence_regs(s);
 
       /* Element 4j + e is position blk + 8j + 2 t4 + (e & 1) of row gq (e < 2) or gq + 8. */
       if (blk + kBlock > unmasked) {
@@ -352,22 +525,42 @@ __device__ __forceinline__ void run_scores(const Args &a, const Smem &sm, int it
       for (int h = 0; h < 2; h++) l[h] = l[h] * alpha[h] + rowsum[h];
 
       /* P of the block as bf16: A fragments for this warpgroup, the swizzled tile for WG1.
-       * n-tiles 2kk and 2kk + 1 form the A fragment of k-step kk. */
-      uint32_t pa[4][4];
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++) {
-        pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-      }
-      if (n > 0) wg::mbar_wait(sm.p_free(), (n - 1) & 1); /* WG1 is done with the previous P */
+       * n-tiles 2kk and 2kk + 1 form the A fragment of k-step kk. FP8: per latent block b
+       * of this warpgroup's columns (0 and 1), P'_b = p * scale_b * kPScale as f16 (pa[b]),
+       * and the tile holds p * kPScale as f16, which WG1 scales by its blocks 2 and 3. */
+      uint32_t pa[kFp8 ? 2 : 1][4][4];
       const int row0 = 16 * w + gq, row1 = row0 + 8;
+      char *p_row0 = sm.base + kSmemP + row0 * 128 + 4 * t4, *p_row1 = sm.base + kSmemP + row1 * 128 + 4 * t4;
+      if constexpr (!kFp8) {
 #pragma unroll
-      for (int j = 0; j < 8; j++) {
-        const uint32_t lo = pa[j >> 1][(j & 1) * 2], hi = pa[j >> 1][(j & 1) * 2 + 1];
-        *reinterpret_cast<uint32_t *>(sm.base + kSmemP + row0 * 128 + ((j ^ (row0 & 7)) << 4) + 4 * t4) = lo;
-        *reinterpret_cast<uint32_t *>(sm.base + kSmemP + row1 * 128 + ((j ^ (row1 & 7)) << 4) + 4 * t4) = hi;
+        for (int kk = 0; kk < 4; kk++) {
+          pa[0][kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+          pa[0][kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+          pa[0][kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+          pa[0][kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        if (n > 0) wg::mbar_wait(sm.p_free(), (n - 1) & 1); /* WG1 is done with the previous P */
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          *reinterpret_cast<uint32_t *>(p_row0 + ((j ^ (row0 & 7)) << 4)) = pa[0][j >> 1][(j & 1) * 2];
+          *reinterpret_cast<uint32_t *>(p_row1 + ((j ^ (row1 & 7)) << 4)) = pa[0][j >> 1][(j & 1) * 2 + 1];
+        }
+      } else {
+        if (n > 0) wg::mbar_wait(sm.p_free(), (n - 1) & 1);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+          for (int b = 0; b < 2; b++) {
+            const float2 sc = *reinterpret_cast<const float2 *>(scales + b * kBlock + 8 * j + 2 * t4);
+            const float x = sc.x * kPScale, y = sc.y * kPScale;
+            pa[b][j >> 1][(j & 1) * 2] = pack_f16(s[4 * j] * x, s[4 * j + 1] * y);
+            pa[b][j >> 1][(j & 1) * 2 + 1] = pack_f16(s[4 * j + 2] * x, s[4 * j + 3] * y);
+          }
+          *reinterpret_cast<uint32_t *>(p_row0 + ((j ^ (row0 & 7)) << 4)) =
+              pack_f16(s[4 * j] * kPScale, s[4 * j + 1] * kPScale);
+          *reinterpret_cast<uint32_t *>(p_row1 + ((j ^ (row1 & 7)) << 4)) =
+              pack_f16(s[4 * j + 2] * kPScale, s[4 * j + 3] * kPScale);
+        }
       }
       if (last) {
 #pragma unroll
@@ -375,7 +568,7 @@ __device__ __forceinline__ void run_scores(const Args &a, const Smem &sm, int it
           float sum = l[h];
           sum += __shfl_xor_sync(0xffffffffu, sum, 1);
           sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-          inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+          inv[h] = sum > 0.0f ? (kFp8 ? 1.0f / kPScale : 1.0f) / sum : 0.0f;
           lse[h] = sum > 0.0f ? (m[h] + __log2f(sum)) * kLn2 : -INFINITY;
         }
       }
@@ -405,8 +598,15 @@ __device__ __forceinline__ void run_scores(const Args &a, const Smem &sm, int it
       wg::fence_regs(o);
       wg::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; kk++)
-        wg::wgmma_m64n256_rs_tb(o, pa[kk], wg::desc_mn_major(sm.kv(stage) + kk * 16 * 128, kBlockBytes));
+      for (int kk = 0; kk < 4; kk++) {
+        const uint32_t v = sm.kv(stage) + kk * 16 * 128;
+        if constexpr (!kFp8) {
+          wg::wgmma_m64n256_rs_tb(o, pa[0][kk], wg::desc_mn_major(v, kBlockBytes));
+        } else { /* columns 0 .. 127 are scale block 0, 128 .. 255 block 1 */
+          wg::wgmma_m64n128_rs_tb_f16<0>(o, pa[0][kk], wg::desc_mn_major(v, kBlockBytes));
+          wg::wgmma_m64n128_rs_tb_f16<64>(o, pa[1][kk], wg::desc_mn_major(v + 2 * kBlockBytes, kBlockBytes));
+        }
+      }
       wg::wgmma_commit();
       wg::wgmma_wait<0>();
       wg::fence_regs(o);
@@ -419,16 +619,29 @@ __device__ __forceinline__ void run_scores(const Args &a, const Smem &sm, int it
 
 /* ---- WG1: loads, right half of P V --------------------------------------------------- */
 
-template <bool kSparse>
+template <bool kSparse, bool kFp8>
+__device__ __forceinline__ void load_query(const Args &a, const Smem &sm, const Group &g, int ltid) {
+  if constexpr (kFp8) issue_query_fp8(a, g, sm.q(), sm.q_full(), ltid);
+  else issue_query(a, g, sm.q(), sm.q_full(), ltid);
+}
+
+template <bool kSparse, bool kFp8>
+__device__ __forceinline__ void load_block(const Args &a, const Smem &sm, KvLoader<kSparse> &ld, int stage,
+                                           int ltid) {
+  if constexpr (kFp8) issue_block_fp8(a, ld, sm.kv(stage), sm.scales(stage), sm.full(stage), ltid);
+  else issue_block(a, ld, sm.kv(stage), sm.full(stage), ltid);
+}
+
+template <bool kSparse, bool kFp8>
 __device__ __forceinline__ void run_values(const Args &a, const Smem &sm, int it, int it_end, int total) {
-  const int ltid = threadIdx.x - kWgThreads, lane = threadIdx.x & 31, w = ltid >> 5, gq = lane >> 2;
+  const int ltid = threadIdx.x - kWgThreads, lane = threadIdx.x & 31, w = ltid >> 5, gq = lane >> 2, t4 = lane & 3;
   KvLoader<kSparse> ld;
   ld.it = it;
   ld.it_end = it_end;
   ld.begin_group(a, ltid);
-  issue_query(a, load_group(a, it), sm.q(), sm.q_full(), ltid);
-  issue_block(a, ld, sm.kv(0), sm.full(0), ltid);
-  if (total > 1) issue_block(a, ld, sm.kv(1), sm.full(1), ltid);
+  load_query<kSparse, kFp8>(a, sm, load_group(a, it), ltid);
+  load_block<kSparse, kFp8>(a, sm, ld, 0, ltid);
+  if (total > 1) load_block<kSparse, kFp8>(a, sm, ld, 1, ltid);
 
   float o[128];
   int n = 0;
@@ -464,20 +677,45 @@ __device__ __forceinline__ void run_values(const Args &a, const Smem &sm, int it
       }
       /* O[:, 256:512] += P V: P k-step kk at byte 32 kk of its swizzled rows; V columns
        * 256.. are the stage's 64-column blocks 4..7. */
+      /* FP8: P'_b = (p * kPScale from the tile) * scale_b as f16 A fragments, for scale
+       * blocks 2 (columns 256 .. 383) and 3; the same fragment layout as WG0's. */
+      uint32_t pb[kFp8 ? 2 : 1][4][4];
+      if constexpr (kFp8) {
+        const float *scales = sm.scales(stage);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const float2 p0 = unpack_f16(
+              *reinterpret_cast<const uint32_t *>(sm.base + kSmemP + row0 * 128 + ((j ^ (row0 & 7)) << 4) + 4 * t4));
+          const float2 p1 = unpack_f16(
+              *reinterpret_cast<const uint32_t *>(sm.base + kSmemP + row1 * 128 + ((j ^ (row1 & 7)) << 4) + 4 * t4));
+#pragma unroll
+          for (int b = 0; b < 2; b++) {
+            const float2 sc = *reinterpret_cast<const float2 *>(scales + (b + 2) * kBlock + 8 * j + 2 * t4);
+            pb[b][j >> 1][(j & 1) * 2] = pack_f16(p0.x * sc.x, p0.y * sc.y);
+            pb[b][j >> 1][(j & 1) * 2 + 1] = pack_f16(p1.x * sc.x, p1.y * sc.y);
+          }
+        }
+      }
       wg::fence_regs(o);
       wg::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; kk++)
-        wg::wgmma_m64n256_ss_tb(o, wg::desc_k_major(sm.p() + kk * 32),
-                                wg::desc_mn_major(sm.kv(stage) + 4 * kBlockBytes + kk * 16 * 128, kBlockBytes));
+      for (int kk = 0; kk < 4; kk++) {
+        const uint32_t v = sm.kv(stage) + 4 * kBlockBytes + kk * 16 * 128;
+        if constexpr (!kFp8) {
+          wg::wgmma_m64n256_ss_tb(o, wg::desc_k_major(sm.p() + kk * 32), wg::desc_mn_major(v, kBlockBytes));
+        } else {
+          wg::wgmma_m64n128_rs_tb_f16<0>(o, pb[0][kk], wg::desc_mn_major(v, kBlockBytes));
+          wg::wgmma_m64n128_rs_tb_f16<64>(o, pb[1][kk], wg::desc_mn_major(v + 2 * kBlockBytes, kBlockBytes));
+        }
+      }
       wg::wgmma_commit();
       wg::wgmma_wait<0>();
       wg::fence_regs(o);
       if (n + 1 < total) wg::mbar_arrive(sm.p_free()); /* done with P and alpha of block n */
       if (n + 2 < total || (last && has_next)) {
         wg::bar_sync(kBarStageFree + stage, kThreads); /* WG0 is done with the stage (and Q) */
-        if (n + 2 < total) issue_block(a, ld, sm.kv(stage), sm.full(stage), ltid);
-        if (last && has_next) issue_query(a, load_group(a, next), sm.q(), sm.q_full(), ltid);
+        if (n + 2 < total) load_block<kSparse, kFp8>(a, sm, ld, stage, ltid);
+        if (last && has_next) load_query<kSparse, kFp8>(a, sm, load_group(a, next), ltid);
       }
     }
     write_rows(a, g, kOCols, o, inv, nullptr);
@@ -487,7 +725,7 @@ __device__ __forceinline__ void run_values(const Args &a, const Smem &sm, int it
 
 #endif  // INA_MLA_WGMMA_CODE
 
-template <bool kSparse>
+template <bool kSparse, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const Args a, int num_lists) {
 #if defined(__CUDA_ARCH__) && INA_MLA_WGMMA_CODE
   allow_dependent_launch(); /* the combine pass may be scheduled behind this grid */
@@ -498,6 +736,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const Args a, in
     const uint32_t pad = (1024 - (raw & 1023)) & 1023;
     sm.base = smem_raw + pad;
     sm.addr = raw + pad;
+    if (kFp8 && pad + kSmemUsedFp8 > kSmemBytesFp8) __trap(); /* see kSmemBytesFp8 */
   }
   const int first_list = kListsPerCta * blockIdx.x;
   const int last_list = min(first_list + kListsPerCta, num_lists);
@@ -505,14 +744,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const Args a, in
   if (it_begin >= it_end) return;
   const int total = count_blocks(a, it_begin, it_end);
   if (threadIdx.x == 0) {
-    wg::mbar_init(sm.full(0), kWgThreads);
-    wg::mbar_init(sm.full(1), kWgThreads);
+    const int loaders = kFp8 ? 2 * kWgThreads : kWgThreads; /* FP8: copies, then stores */
+    wg::mbar_init(sm.full(0), loaders);
+    wg::mbar_init(sm.full(1), loaders);
     wg::mbar_init(sm.q_full(), kWgThreads);
     wg::mbar_init(sm.p_free(), kWgThreads);
   }
   __syncthreads();
-  if (threadIdx.x < kWgThreads) run_scores(a, sm, it_begin, it_end, total);
-  else run_values<kSparse>(a, sm, it_begin, it_end, total);
+  if (threadIdx.x < kWgThreads) run_scores<kFp8>(a, sm, it_begin, it_end, total);
+  else run_values<kSparse, kFp8>(a, sm, it_begin, it_end, total);
 #else
   __trap(); /* launched only on sm_90 devices, which run the sm_90a code above */
 #endif
@@ -529,11 +769,14 @@ bool wgmma_supported() {
 }
 
 cudaError_t launch_wgmma(const Args &a, int num_ctas, cudaStream_t stream) {
-  void (*kernel)(const Args, int) = a.sel ? mla_wgmma_kernel<true> : mla_wgmma_kernel<false>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const bool fp8 = a.cache.format == INA_MLA_CACHE_FP8;
+  void (*kernel)(const Args, int) = fp8 ? (a.sel ? mla_wgmma_kernel<true, true> : mla_wgmma_kernel<false, true>)
+                                        : (a.sel ? mla_wgmma_kernel<true, false> : mla_wgmma_kernel<false, false>);
+  const int bytes = fp8 ? kSmemBytesFp8 : kSmemBytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess) return e;
   const int grid = (num_ctas + kListsPerCta - 1) / kListsPerCta;
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a, num_ctas);
+  kernel<<<grid, kThreads, bytes, stream>>>(a, num_ctas);
   return cudaGetLastError();
 }
 

@@ -3,6 +3,8 @@
  * device helpers the host scheduler needs (mla_schedule.h). */
 #define INA_LOG_SUBSYS "mla"
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/cuda_check.h"
 #include "mla/mla.h"
@@ -17,6 +19,16 @@
 namespace {
 
 bool aligned(const void *p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+/* The environment variable INA_MLA_WGMMA_FP8=0 keeps grouped plans over an FP8 cache on
+ * the mma.sync FP8 kernel: to compare the two in one build. Read once. */
+bool wgmma_fp8_enabled() {
+  static const bool enabled = [] {
+    const char *v = getenv("INA_MLA_WGMMA_FP8");
+    return !(v && strcmp(v, "0") == 0);
+  }();
+  return enabled;
+}
 
 /* The fast kernel copies 16-byte pieces of cache entries and moves bf16 pairs of the
  * queries and outputs as 32-bit words. */
@@ -121,10 +133,11 @@ extern "C" ina_status_t ina_mla_run(const ina_mla_plan_info_t *info, void *devic
 
   fp8 = p->cache.format == INA_MLA_CACHE_FP8;
   fast = info->path == INA_MLA_PATH_FAST && p->cache.format != INA_MLA_CACHE_F32 && fast_layout_ok(p);
-  /* Grouped plans (many query rows per request) with a bf16 cache take the wgmma kernel;
-   * the mma.sync kernel runs any plan, grouped or not, item by item. */
-  wgmma = INA_MLA_WGMMA && fast && l.group_tiles > 1 && p->cache.format == INA_MLA_CACHE_BF16 &&
-          wgmma_layout_ok(p) && ina_mla::wgmma_supported();
+  /* Grouped plans (many query rows per request) take the wgmma kernel, with a bf16 or an
+   * FP8 cache; the mma.sync kernels run any plan, grouped or not, item by item. */
+  wgmma = INA_MLA_WGMMA && fast && l.group_tiles > 1 &&
+          (p->cache.format == INA_MLA_CACHE_BF16 || (fp8 && wgmma_fp8_enabled())) && wgmma_layout_ok(p) &&
+          ina_mla::wgmma_supported();
   if (wgmma) INA_CUDA_CHECK(ina_mla::launch_wgmma(a, info->num_ctas, s));
   else if (fast) INA_CUDA_CHECK(ina_mla::launch_fast(a, fp8, info->num_ctas, s));
   else INA_CUDA_CHECK(ina_mla::launch_generic(a, info->num_ctas, s));

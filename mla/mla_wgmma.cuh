@@ -190,6 +190,49 @@ __device__ __forceinline__ void wgmma_m64n256_ss_tb(float (&d)[128], uint64_t de
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
+/* D[64 x 64] (+)= A[64 x 16] B[16 x 64] in f16 (values converted exactly from e4m3), A and
+ * B K-major in shared memory. */
+__device__ __forceinline__ void wgmma_m64n64_ss_f16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 "
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* 64 of the 128 accumulators of an m64n256 tile, d[off .. off + 63]: those of its columns
+ * [2 off, 2 off + 128), which are exactly the accumulators of an m64n128 tile there. */
+#define INA_WGMMA_ACC64_OPERANDS(d, off) \
+  "+f"(d[(off) + 0]), "+f"(d[(off) + 1]), "+f"(d[(off) + 2]), "+f"(d[(off) + 3]), "+f"(d[(off) + 4]), "+f"(d[(off) + 5]), "+f"(d[(off) + 6]), "+f"(d[(off) + 7]), \
+  "+f"(d[(off) + 8]), "+f"(d[(off) + 9]), "+f"(d[(off) + 10]), "+f"(d[(off) + 11]), "+f"(d[(off) + 12]), "+f"(d[(off) + 13]), "+f"(d[(off) + 14]), "+f"(d[(off) + 15]), \
+  "+f"(d[(off) + 16]), "+f"(d[(off) + 17]), "+f"(d[(off) + 18]), "+f"(d[(off) + 19]), "+f"(d[(off) + 20]), "+f"(d[(off) + 21]), "+f"(d[(off) + 22]), "+f"(d[(off) + 23]), \
+  "+f"(d[(off) + 24]), "+f"(d[(off) + 25]), "+f"(d[(off) + 26]), "+f"(d[(off) + 27]), "+f"(d[(off) + 28]), "+f"(d[(off) + 29]), "+f"(d[(off) + 30]), "+f"(d[(off) + 31]), \
+  "+f"(d[(off) + 32]), "+f"(d[(off) + 33]), "+f"(d[(off) + 34]), "+f"(d[(off) + 35]), "+f"(d[(off) + 36]), "+f"(d[(off) + 37]), "+f"(d[(off) + 38]), "+f"(d[(off) + 39]), \
+  "+f"(d[(off) + 40]), "+f"(d[(off) + 41]), "+f"(d[(off) + 42]), "+f"(d[(off) + 43]), "+f"(d[(off) + 44]), "+f"(d[(off) + 45]), "+f"(d[(off) + 46]), "+f"(d[(off) + 47]), \
+  "+f"(d[(off) + 48]), "+f"(d[(off) + 49]), "+f"(d[(off) + 50]), "+f"(d[(off) + 51]), "+f"(d[(off) + 52]), "+f"(d[(off) + 53]), "+f"(d[(off) + 54]), "+f"(d[(off) + 55]), \
+  "+f"(d[(off) + 56]), "+f"(d[(off) + 57]), "+f"(d[(off) + 58]), "+f"(d[(off) + 59]), "+f"(d[(off) + 60]), "+f"(d[(off) + 61]), "+f"(d[(off) + 62]), "+f"(d[(off) + 63])
+
+/* D[64 x 128] += A[64 x 16] B[16 x 128] in f16 into d[kOff .. kOff + 63] (the columns
+ * [2 kOff, 2 kOff + 128) of an m64n256 accumulator set), A in registers, B MN-major
+ * (transposed) in shared memory. */
+template <int kOff>
+__device__ __forceinline__ void wgmma_m64n128_rs_tb_f16(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(kOff == 0 || kOff == 64, "one half of an m64n256 accumulator set");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 "
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : INA_WGMMA_ACC64_OPERANDS(d, kOff)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
 }  // namespace wg
 }  // namespace ina_mla
 

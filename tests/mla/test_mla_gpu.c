@@ -4,9 +4,8 @@
  * 128 heads, query lengths 1..16 (and a 128-token chunk), bf16 / FP8 / f32 caches,
  * interleaved and separate padded layouts, small dims (generic kernel), and grids of a few
  * CTAs (many items per CTA, many splits) or more CTAs than SMs. Buckets with 64+ query
- * rows per request (20 / 64 / 128 heads, or 16 heads with 4+ query tokens) and a bf16
- * cache take the wgmma kernel (64-row groups; "wgmma" in the report), with FP8 the
- * mma.sync kernel over the same grouped plan.
+ * rows per request (20 / 64 / 128 heads, or 16 heads with 4+ query tokens) take the
+ * wgmma kernel (64-row groups; "wgmma" in the report), over a bf16 or an FP8 cache.
  *
  * Outputs are poisoned (NaN) before each run and unread cache slots hold NaN; bf16 out
  * must be within relative L2 1e-2 of the reference, lse within 1e-4 (1e-3 for FP8, whose
@@ -148,7 +147,7 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool, 
   /* the kernel ina_mla_run picks (mla_run.cu), for the report */
   const int grouped = ina_mla_group_tiles(s.max_q_len, s.num_heads, s.kv_lora_rank, s.rope_dim) > 1;
   const char *kernel = info.path != INA_MLA_PATH_FAST || s.odd_stride || s.format == INA_MLA_CACHE_F32 ? "generic"
-                       : grouped && s.format == INA_MLA_CACHE_BF16 ? "wgmma  "
+                       : grouped ? "wgmma  "
                                                                    : "mma    ";
   printf("  %-36s tokens %4d max kv %5d kernel %s CTAs %3d max splits %3d: out %.2e lse %.2e%s\n",
          sp->name, c.tokens, max_kv, kernel, info.num_ctas,

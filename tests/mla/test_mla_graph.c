@@ -30,6 +30,8 @@ static const bucket_t buckets[] = {
      {16, 16, 4, 16, 512, 64, 64, INA_MLA_CACHE_BF16, MLA_LAYOUT_PACKED, 0, 0, 0.0f}, 3000, 5},
     {"h128 bf16 p16, batch <= 6, q <= 2 (wgmma)",
      {6, 6, 2, 128, 512, 64, 16, INA_MLA_CACHE_BF16, MLA_LAYOUT_PACKED, 0, 0, 0.0f}, 2500, 4},
+    {"h128 fp8 p16, batch <= 6, q <= 2 (wgmma)",
+     {6, 6, 2, 128, 512, 64, 16, INA_MLA_CACHE_FP8, MLA_LAYOUT_PACKED, 0, 0, 0.0f}, 2500, 4},
     {"h16 fp8 p16, batch <= 8, q <= 2",
      {8, 8, 2, 16, 512, 64, 16, INA_MLA_CACHE_FP8, MLA_LAYOUT_PACKED, 0, 0, 0.0f}, 5000, 4},
     {"generic 64+16 bf16 h3 p16, batch <= 6, q <= 3",

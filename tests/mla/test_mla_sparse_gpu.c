@@ -24,11 +24,19 @@
  *     reject a 5 % error). Through the softmax this moves each p_t
  *     by a factor within exp(+-2 scale max_t E_t): a relative error
  *     r_s = exp(2 scale max_t E_t) - 1 on every p_t, so up to r_s A_d on out_d;
- *   - P V: p_t enters the tensor cores rounded to bf16 (2^-9 relative; f16 for FP8,
- *     2^-11) while the normalizing sum uses the unrounded p: up to 2^-9 A_d;
+ *   - P V: p_t enters the tensor cores rounded to bf16 (2^-9 relative) while the
+ *     normalizing sum uses the unrounded p: up to 2^-9 A_d. With FP8 the kernels multiply
+ *     e4m3 values e_td (|e| <= 448) by P'_t = p_t s_t 2^10 in f16 (s_t the position's
+ *     scale for d's block; the output is multiplied back by 2^-10), rounded once (twice
+ *     on the wgmma kernel's columns 256.., whose P' is rounded from an f16 p_t 2^10):
+ *     2^-11 relative each where P' is a normal f16, within the 2^-9 above; below f16's
+ *     normal range (p_t s_t 2^10 < 2^-14) a rounding is off by up to 2^-25 absolute,
+ *     which is 2^-35 |e_td| on out_d, or 2^-35 |v_td| for the first rounding of the twice
+ *     rounded ones: U_d = 2^-35 sum_t (|e_td| + |v_td|) in all, added to the bound below
+ *     (it matters only where out_d itself is that small);
  *   - ex2.approx and the output's bf16 rounding: 2^-9 |out_d| (+ 2^-22 A_d);
  * so |gpu - ref| <= (2^-9 + 2^-22 + r_s) A_d + 2^-9 |ref_d| + 2^-9 (2^-9 A_d + ...) and
- * the test takes |gpu - ref| <= (2^-8 + 2 r_s) A_d + 2^-8 |ref_d| + 1e-30 for every
+ * the test takes |gpu - ref| <= (2^-8 + 2 r_s) A_d + 2^-8 |ref_d| + U_d + 1e-30 for every
  * element (the doubled terms cover the f32 arithmetic of the normalization and of the
  * reference itself). lse: |gpu - ref| <= 2 scale max_t E_t + 2^-20 (1 + |lse|).
  *
@@ -142,8 +150,9 @@ static void draw_indices(const mla_case_t *c, int32_t topk, test_rng_t *rng, int
   free(perm);
 }
 
-/* Cache values of position t of request b (latent C then rope R), in double. */
-static void read_entry(const mla_case_t *c, int32_t b, int32_t t, double *v) {
+/* Cache values of position t of request b (latent C then rope R), in double; with an FP8
+ * cache and raw set, also the magnitudes of the stored e4m3 latents (before their scales). */
+static void read_entry(const mla_case_t *c, int32_t b, int32_t t, double *v, double *raw) {
   const ina_mla_cache_t *k = &c->cache;
   const int32_t C = k->kv_lora_rank, R = k->rope_dim, ps = k->page_size;
   const int64_t page = c->kv_indices[c->kv_indptr[b] + t / ps], slot = t % ps;
@@ -163,6 +172,7 @@ static void read_entry(const mla_case_t *c, int32_t b, int32_t t, double *v) {
       memcpy(&sc, (const uint8_t *)k->scale + page * k->scale_page_stride + slot * k->scale_token_stride +
                       4 * (d / 128), 4);
       v[d] = (double)ina_fp8_e4m3_to_f32(lat[d]) * sc;
+      if (raw) raw[d] = fabs((double)ina_fp8_e4m3_to_f32(lat[d]));
     } else {
       uint16_t x;
       memcpy(&x, lat + 2 * d, 2);
@@ -191,8 +201,12 @@ static int error_bounds(const mla_case_t *c, const int32_t *indices, int32_t top
   double *kv = malloc(sizeof(double) * (size_t)topk * (size_t)D);
   double *score = malloc(sizeof(double) * (size_t)topk), *err = malloc(sizeof(double) * (size_t)topk);
   double *a = malloc(sizeof(double) * (size_t)C);
-  if (!kv || !score || !err || !a) {
-    free(kv), free(score), free(err), free(a);
+  /* FP8 on the tensor-core kernels: raw e4m3 magnitudes, and the underflow term per dim */
+  const int fp8_f16 = c->s.format == INA_MLA_CACHE_FP8 && !generic;
+  double *raw = fp8_f16 ? malloc(sizeof(double) * (size_t)topk * (size_t)C) : NULL;
+  double *underflow = calloc((size_t)C, sizeof(double));
+  if (!kv || !score || !err || !a || !underflow || (fp8_f16 && !raw)) {
+    free(kv), free(score), free(err), free(a), free(raw), free(underflow);
     return 0;
   }
   for (int32_t b = 0; b < c->s.batch; b++) {
@@ -200,7 +214,14 @@ static int error_bounds(const mla_case_t *c, const int32_t *indices, int32_t top
       const int32_t *row = indices + (int64_t)s * topk;
       int32_t m = 0;
       while (m < topk && row[m] >= 0) m++;
-      for (int32_t i = 0; i < m; i++) read_entry(c, b, row[i], kv + (int64_t)i * D);
+      for (int32_t i = 0; i < m; i++) read_entry(c, b, row[i], kv + (int64_t)i * D, raw ? raw + (int64_t)i * C : NULL);
+      /* FP8: sum_t |e4m3_td| + |v_td|, the weight of the f16 underflow of P' (see the model) */
+      if (raw)
+        for (int32_t d = 0; d < C; d++) {
+          double sum = 0.0;
+          for (int32_t i = 0; i < m; i++) sum += raw[(int64_t)i * C + d] + fabs(kv[(int64_t)i * D + d]);
+          underflow[d] = ldexp(sum, -35);
+        }
       for (int32_t h = 0; h < H; h++) {
         const float *qn = c->q_nope_f + ((int64_t)s * H + h) * C, *qp = c->q_pe_f + ((int64_t)s * H + h) * R;
         double mx = -INFINITY, max_err = 0.0, l = 0.0;
@@ -224,21 +245,24 @@ static int error_bounds(const mla_case_t *c, const int32_t *indices, int32_t top
         const double r_s = expm1(2.0 * scale * max_err);
         const int64_t o = ((int64_t)s * H + h) * C;
         for (int32_t d = 0; d < C; d++)
-          bound[o + d] = (float)((ldexp(1.0, -8) + 2.0 * r_s) * a[d] + ldexp(1.0, -8) * fabs(ref_out[o + d]) + 1e-30);
+          bound[o + d] = (float)((ldexp(1.0, -8) + 2.0 * r_s) * a[d] + ldexp(1.0, -8) * fabs(ref_out[o + d]) +
+                                 underflow[d] + 1e-30);
         const double sum_err = generic ? (double)(3 * ((m + 31) / 32) + 16) * ldexp(1.0, -24) : 0.0;
         lse_bound[(int64_t)s * H + h] =
             (float)(2.0 * scale * max_err + ldexp(1.0, -20) * (1.0 + fabs(ref_lse[(int64_t)s * H + h])) + sum_err);
       }
     }
   }
-  free(kv), free(score), free(err), free(a);
+  free(kv), free(score), free(err), free(a), free(raw), free(underflow);
   return 1;
 }
 
-/* Elements over their bound; *rows_bad counts (token, head) rows with any. */
+/* Elements over their bound; *rows_bad counts (token, head) rows with any. With `report`
+ * the first few are printed with their bound (the comparisons of the GPU's output with
+ * the reference, not those against the mutations). */
 static int64_t count_over(const mla_case_t *c, const uint16_t *out, const float *lse, const float *ref_out,
                           const float *ref_lse, const float *bound, const float *lse_bound, int64_t *rows_bad,
-                          double *worst) {
+                          double *worst, int report) {
   const int32_t H = c->s.num_heads, C = c->s.kv_lora_rank;
   int64_t over = 0;
   *rows_bad = 0;
@@ -250,11 +274,20 @@ static int64_t count_over(const mla_case_t *c, const uint16_t *out, const float 
       for (int32_t d = 0; d < C; d++) {
         const double g = ina_bf16_to_f32(out[s * c->out_ts + h * c->out_hs + d]);
         const double e = fabs(g - ref_out[o + d]);
-        if (!(e <= bound[o + d])) over++, bad = 1;
+        if (!(e <= bound[o + d]) && over++ < 3 && report)
+          fprintf(stderr, "  over: token %d head %d dim %d: gpu %.6g ref %.6g |diff| %.3g bound %.3g\n", s, h, d, g,
+                  ref_out[o + d], e, bound[o + d]);
+        if (!(e <= bound[o + d])) bad = 1;
         if (e / bound[o + d] > *worst || isnan(e)) *worst = isnan(e) ? INFINITY : e / bound[o + d];
       }
       const double el = fabs((double)lse[(int64_t)s * H + h] - ref_lse[(int64_t)s * H + h]);
-      if (!(el <= lse_bound[(int64_t)s * H + h])) over++, bad = 1;
+      if (!(el <= lse_bound[(int64_t)s * H + h])) {
+        if (over++ < 3 && report)
+          fprintf(stderr, "  over: token %d head %d lse: gpu %.9g ref %.9g |diff| %.3g bound %.3g\n", s, h,
+                  (double)lse[(int64_t)s * H + h], (double)ref_lse[(int64_t)s * H + h], el,
+                  (double)lse_bound[(int64_t)s * H + h]);
+        bad = 1;
+      }
       *rows_bad += bad;
     }
   return over;
@@ -454,7 +487,7 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
   int64_t rows_bad = 0;
   double worst = 0.0;
   gpu_attend(&g, &x.c, sp, x.indices, NULL, out, lse);
-  const int64_t over = count_over(&x.c, out, lse, x.ref_out, x.ref_lse, x.bound, x.lse_bound, &rows_bad, &worst);
+  const int64_t over = count_over(&x.c, out, lse, x.ref_out, x.ref_lse, x.bound, x.lse_bound, &rows_bad, &worst, 1);
   CHECKF(over == 0, "%s: %lld elements over their bound in %lld rows (worst %.3g x bound)", sp->name,
          (long long)over, (long long)rows_bad, worst);
   const double worst_first = worst;
@@ -483,7 +516,7 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
       double kv[640], best = -INFINITY; /* C + R <= 640 */
       int32_t best_i = 0;
       for (int32_t i = 0; i < sp->topk; i++) {
-        read_entry(&x.c, b_pick, row[i], kv);
+        read_entry(&x.c, b_pick, row[i], kv, NULL);
         double dot = 0.0;
         for (int32_t d = 0; d < C; d++) dot += qn[d] * kv[d];
         for (int32_t d = 0; d < R; d++) dot += qp[d] * kv[C + d];
@@ -502,7 +535,7 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
           int64_t rb = 0;
           double w = 0;
           const int64_t rows = measurable_rows(&x.c, x.ref_out, m.ref_out, x.bound);
-          const int64_t o = count_over(&x.c, out, lse, m.ref_out, m.ref_lse, m.bound, m.lse_bound, &rb, &w);
+          const int64_t o = count_over(&x.c, out, lse, m.ref_out, m.ref_lse, m.bound, m.lse_bound, &rb, &w, 0);
           caught_index = rows == 0 ? -1 : o > 0;
         }
         free(m.ref_out), free(m.ref_lse), free(m.bound), free(m.lse_bound);
@@ -519,7 +552,7 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
       int64_t rb = 0;
       double w = 0;
       const int64_t rows = measurable_rows(&x.c, x.ref_out, m.ref_out, x.bound);
-      const int64_t o = count_over(&x.c, out, lse, m.ref_out, m.ref_lse, m.bound, m.lse_bound, &rb, &w);
+      const int64_t o = count_over(&x.c, out, lse, m.ref_out, m.ref_lse, m.bound, m.lse_bound, &rb, &w, 0);
       caught_q = rows == 0 ? -1 : o > 0;
     }
     for (int32_t d = 0; d < C; d++) qn[d] = saved_q[d];
@@ -545,7 +578,7 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
     {
       int64_t rb = 0;
       double w = 0;
-      caught_out = count_over(&x.c, out, lse, x.ref_out, x.ref_lse, x.bound, x.lse_bound, &rb, &w) > 0;
+      caught_out = count_over(&x.c, out, lse, x.ref_out, x.ref_lse, x.bound, x.lse_bound, &rb, &w, 0) > 0;
     }
     for (int32_t d = 0; d < C; d++) x.ref_out[r_pick * C + d] /= 1.05f;
   }
@@ -555,14 +588,14 @@ static void run_spec(const spec_t *sp, test_rng_t *rng, ina_threadpool_t *pool) 
 
   /* The graph: captured on this case, replayed on a fresh one of the same bucket. */
   gpu_attend(&g, &x.c, sp, x.indices, &cap_run, out, lse);
-  const int64_t over_capture = count_over(&x.c, out, lse, x.ref_out, x.ref_lse, x.bound, x.lse_bound, &rows_bad, &worst);
+  const int64_t over_capture = count_over(&x.c, out, lse, x.ref_out, x.ref_lse, x.bound, x.lse_bound, &rows_bad, &worst, 1);
   CHECKF(over_capture == 0, "%s: the captured run differs (%lld elements over)", sp->name, (long long)over_capture);
   const int built_y = build(&y, sp, x.c.s.softmax_scale, rng, pool);
   CHECK(built_y);
   int64_t over_replay = -1;
   if (built_y) {
     gpu_attend(&g, &y.c, sp, y.indices, &cap_run, out, lse);
-    over_replay = count_over(&y.c, out, lse, y.ref_out, y.ref_lse, y.bound, y.lse_bound, &rows_bad, &worst);
+    over_replay = count_over(&y.c, out, lse, y.ref_out, y.ref_lse, y.bound, y.lse_bound, &rows_bad, &worst, 1);
     CHECKF(over_replay == 0, "%s: the graph replayed after a re-plan differs (%lld elements over)", sp->name,
            (long long)over_replay);
   }
