@@ -85,6 +85,10 @@ struct Cursor {
   int page_base;      /* where its page list starts (request_pages) */
   int page[kPasses];  /* page id of this thread's positions, -1 past the chunk end */
   int pos[kPasses];   /* sparse plans: their cache positions (kv_position) */
+  /* Sparse plans: the cache positions of the next block of the item, read one block
+   * early, so that a block's page ids wait on one load (the page table), not on the
+   * index row and then the page table. */
+  int pos_ahead[kPasses];
 
   __device__ bool valid() const { return item < item_end; }
   /* At the first block of the CTA's items [it_begin, it_end). */
@@ -95,13 +99,19 @@ struct Cursor {
   }
   /* Position of pass `pass` of this thread within the block. */
   __device__ static int token(int pass) { return pass * (kThreads / 8) + (threadIdx.x >> 3); }
-  __device__ void fetch_pages(const Args &a) {
+  /* have_ahead: pos_ahead holds this block's positions (read at the previous block). */
+  __device__ void fetch_pages(const Args &a, bool have_ahead) {
 #pragma unroll
     for (int pass = 0; pass < kPasses; pass++) {
       const int t = start + token(pass);
       const bool in = valid() && t < kv_end;
-      const int p = in ? kv_position<kSparse>(a, request, t) : 0;
-      if (kSparse) pos[pass] = p;
+      int p = t;
+      if (kSparse) {
+        p = have_ahead ? pos_ahead[pass] : in ? kv_position<kSparse>(a, request, t) : 0;
+        pos[pass] = p;
+        const int t_next = t + kBlock;
+        pos_ahead[pass] = valid() && t_next < kv_end ? kv_position<kSparse>(a, request, t_next) : 0;
+      }
       page[pass] = in ? __ldg(a.kv_indices + page_base + page_index(a, p)) : -1;
     }
   }
@@ -113,7 +123,7 @@ struct Cursor {
       request = it.request;
       page_base = request_pages<kSparse>(a, request);
     }
-    fetch_pages(a);
+    fetch_pages(a, false);
   }
   __device__ void advance(const Args &a) {
     start += kBlock;
@@ -121,7 +131,7 @@ struct Cursor {
       item++;
       load_item(a);
     } else {
-      fetch_pages(a);
+      fetch_pages(a, true);
     }
   }
   /* Byte address of part `base` of this thread's position in pass `pass` (page >= 0). */
