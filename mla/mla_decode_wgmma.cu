@@ -50,7 +50,26 @@
  *             into it. One barrier per stage: WG0 cannot reach block n + 2 before WG1 has
  *             loaded it, so no barrier is ever arrived at twice ahead of its waiter.
  * A unit processed in one chunk writes bf16 out and lse; a split one an fp32 partial and
- * its lse, per 16-row item, for the combine kernel, exactly like the other kernels. */
+ * its lse, per 16-row item, for the combine kernel, exactly like the other kernels.
+ *
+ * The FP8 cache (kFp8; 512 e4m3 latents with one fp32 scale per 128, bf16 rope). The
+ * tensor cores cannot take e4m3 as V (MN-major), and a scale folded into the tile would
+ * round every K and V value again, so WG1 turns each block's e4m3 into f16 tiles (exact)
+ * and keeps the scales apart, in a table per stage ([block of 128 dims][position]); the
+ * query's latent part is turned into f16 in its tile too (rope stays bf16). Then:
+ *   S   the rope's 4 k-steps (bf16), then per scale block b its 8 k-steps (f16) into a
+ *       second accumulator, added to S times scale[t][b] (one wgmma wait per block b);
+ *   PV  output columns 128 b .. 128 b + 127 take P'_b = p * scale[t][b] * 2^10 as f16 A
+ *       fragments (2^10 keeps small probabilities in f16's normal range; the output is
+ *       multiplied back, which bounds latent magnitudes by ~28000, as in mla_decode_fp8.cu):
+ *       two m64n128 instructions per warpgroup and k-step, from registers. WG0 builds its
+ *       P'_0, P'_1 from its scores; the P tile holds p * 2^10 in f16, from which WG1
+ *       builds P'_2, P'_3.
+ * WG1 loads a block's 64 positions into registers at once (the 128 accumulators leave
+ * room for that, not more), converts and stores them; the rope comes by cp.async, so a
+ * stage's mbarrier counts two arrivals per loading thread. Measured on 128 heads (bench/
+ * RESULTS.md): neither the four waits, nor the conversions, nor the loads' latency is
+ * what keeps it at ~0.73 of the bf16 variant. */
 #define INA_LOG_SUBSYS "mla"
 #include <cuda_fp8.h>
 #include <math.h>

@@ -136,7 +136,7 @@ cudaError_t launch_fast(const Args &a, bool fp8, int num_ctas, cudaStream_t stre
 cudaError_t launch_fast_fp8(const Args &a, int num_ctas, cudaStream_t stream); /* mla_decode_fp8.cu */
 cudaError_t launch_generic(const Args &a, int num_ctas, cudaStream_t stream);
 cudaError_t launch_combine(const Args &a, int num_ctas, cudaStream_t stream);
-/* The sm_90a wgmma kernel (mla_decode_wgmma.cu) for grouped plans with a bf16 cache;
+/* The sm_90a wgmma kernel (mla_decode_wgmma.cu) for grouped plans with a bf16 or FP8 cache;
  * num_ctas is the plan's (it launches one CTA per INA_MLA_CTAS_PER_SM lists). It runs only
  * where wgmma_supported() (a compute capability 9.0 device). */
 cudaError_t launch_wgmma(const Args &a, int num_ctas, cudaStream_t stream);

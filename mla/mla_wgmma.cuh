@@ -1,5 +1,5 @@
 /* PTX wrappers for the Hopper (sm_90a) MLA kernel, mla_decode_wgmma.cu: shared-memory
- * matrix descriptors for the 128-byte swizzled tiles it keeps, wgmma in the three shapes it
+ * matrix descriptors for the 128-byte swizzled tiles it keeps, wgmma in the shapes it
  * issues, the wgmma fences, mbarriers fed by cp.async, named barriers between its two
  * warpgroups. Internal to mla/; device code only, to be called from sm_90a code alone
  * (wgmma does not exist on other targets).
