@@ -276,6 +276,8 @@ ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **
   eo.max_tokens = options->max_tokens > 0 ? options->max_tokens : 65536;
   eo.num_threads = options->num_threads;
   eo.device = agent->device;
+  if (options->struct_size >= offsetof(ina_agent_options_t, index_keys) + sizeof(int32_t))
+    eo.index_keys = options->index_keys;
   if (multi_rank) {
     eo.tp_comm = options->tp_comm;
     eo.ep_comm = options->ep_comm;

@@ -157,13 +157,17 @@ typedef struct ina_agent_options {
    * or a built-in model's). It must cover the model's vocabulary; one that cannot be
    * loaded, or is smaller, fails ina_agent_create. */
   const char *tokenizer;
+  /* Version 12. DeepSeek-V3.2's index keys in the KV cache (the engine option index_keys,
+   * ina_engine_index_keys_t): bf16 (0, the default) or FP8 e4m3 with a scale per token,
+   * as DeepSeek's release runs its indexer. Other models ignore it. */
+  int32_t index_keys;
 } ina_agent_options_t;
 
 #define INA_AGENT_OPTIONS_INIT                                                              \
-  {sizeof(ina_agent_options_t), 11, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
+  {sizeof(ina_agent_options_t), 12, NULL, 0, INA_DTYPE_BF16, INA_AGENT_DEVICE_AUTO, 16, 65536, \
    0, NULL, NULL, NULL, NULL, 0, -1, 4, INA_SCHEDULER_CONFIG_INIT, NULL, INA_SHARD_INIT,       \
    NULL, NULL, NULL, 0, 1, 1, 1, 0, 0, 0, 1024, NULL, 3.0, 0, 1, NULL, NULL, NULL, NULL, NULL,  \
-   NULL, 0, NULL}
+   NULL, 0, NULL, 0}
 
 ina_status_t ina_agent_create(const ina_agent_options_t *options, ina_agent_t **out);
 

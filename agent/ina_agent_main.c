@@ -26,7 +26,7 @@ static void usage(FILE *f) {
           "--drain-grace-ms), cancel the rest, exit 0.\n"
           "\n"
           "  --model M            checkpoint directory, or a built-in model with seeded random\n"
-          "                       weights: tiny, v3.2-tiny (DeepSeek-V3.2, CPU only), or\n"
+          "                       weights: tiny, v3.2-tiny (DeepSeek-V3.2), or\n"
           "                       random:NAME (NAME: tiny, v2-lite, v3-layers, v3.2-tiny,\n"
           "                       v3.2-layers)\n"
           "  --model-seed S       seed of random weights (default 0)\n"
@@ -59,6 +59,8 @@ static void usage(FILE *f) {
           "  --device D           cpu, cuda (device 0) or cuda:N; default cuda when a CUDA\n"
           "                       device is present, else cpu\n"
           "  --page-size N        KV cache page size in tokens (default 16)\n"
+          "  --index-keys K       DeepSeek-V3.2's index keys in the KV cache: bf16 (default)\n"
+          "                       or fp8 (e4m3 with a scale per token, as DeepSeek runs it)\n"
           "  --max-tokens N       KV cache capacity in tokens (default 65536)\n"
           "  --threads N          CPU engine threads (default: INA_NUM_THREADS or all CPUs)\n"
           "  --tls-cert F         PEM certificate chain (with --tls-key: TLS instead of plaintext)\n"
@@ -376,7 +378,7 @@ int main(int argc, char **argv) {
   enum { O_MODEL = 256, O_MSEED, O_DTYPE, O_LISTEN, O_DEVICE, O_PAGE, O_MAXTOK, O_THREADS,
          O_CERT, O_KEY, O_TOKEN, O_TOKEN_FILE, O_OPEN_ADMIN, O_GRACE, O_METRICS, O_TP, O_EP, O_ADP,
          O_DP, O_RUNNING, O_QUEUED, O_HB_TIMEOUT, O_EXCHANGE, O_TBO, O_HTTP, O_API_KEY_FILE, O_SERVED,
-         O_CHAT_FORMAT, O_ROLE, O_PREFILL_AGENT, O_KV_TIMEOUT, O_PREFIX_PAGES, O_TOKENIZER };
+         O_CHAT_FORMAT, O_ROLE, O_PREFILL_AGENT, O_KV_TIMEOUT, O_PREFIX_PAGES, O_TOKENIZER, O_INDEX_KEYS };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"model-seed", required_argument, 0, O_MSEED},
       {"dtype", required_argument, 0, O_DTYPE},       {"listen", required_argument, 0, O_LISTEN},
@@ -397,7 +399,7 @@ int main(int argc, char **argv) {
       {"role", required_argument, 0, O_ROLE},         {"prefill-agent", required_argument, 0, O_PREFILL_AGENT},
       {"kv-transfer-timeout-ms", required_argument, 0, O_KV_TIMEOUT},
       {"prefix-cache-pages", required_argument, 0, O_PREFIX_PAGES},
-      {"tokenizer", required_argument, 0, O_TOKENIZER},
+      {"tokenizer", required_argument, 0, O_TOKENIZER}, {"index-keys", required_argument, 0, O_INDEX_KEYS},
       {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
   ina_agent_options_t o = INA_AGENT_OPTIONS_INIT;
   static char token[512], api_key[512];
@@ -454,6 +456,14 @@ int main(int argc, char **argv) {
     case O_SERVED: o.served_model_name = optarg; break;
     case O_CHAT_FORMAT: o.chat_format = optarg; break;
     case O_TOKENIZER: o.tokenizer = optarg; break;
+    case O_INDEX_KEYS:
+      if (strcmp(optarg, "bf16") == 0) o.index_keys = INA_ENGINE_INDEX_KEYS_BF16;
+      else if (strcmp(optarg, "fp8") == 0) o.index_keys = INA_ENGINE_INDEX_KEYS_FP8;
+      else {
+        fprintf(stderr, "ina-agent: --index-keys '%s': expected bf16 or fp8\n", optarg);
+        return 2;
+      }
+      break;
     case O_ROLE:
       if (strcmp(optarg, "both") && strcmp(optarg, "prefill") && strcmp(optarg, "decode")) {
         fprintf(stderr, "ina-agent: --role '%s': expected both, prefill or decode\n", optarg);

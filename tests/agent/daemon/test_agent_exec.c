@@ -2,7 +2,7 @@
  * waits for it to print its address and "serving", runs `ina health`, `ina info` and
  * `ina generate --server` against it (path of `ina` in argv[2]), compares the streamed
  * tokens with a local `ina generate` of the same prompt, then sends SIGTERM and expects
- * exit status 0. */
+ * exit status 0. First, an option with a bad value (--index-keys e5m2) must exit 2. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -99,6 +99,13 @@ int main(int argc, char **argv) {
   for (int i = 0; i < n; i++)
     off += snprintf(prompt + off, sizeof prompt - (size_t)off, "%s%d", i ? "," : "", (int)test_rng_int(&rng, 0, 1023));
   snprintf(max_new, sizeof max_new, "%d", (int)test_rng_int(&rng, 1, 16));
+
+  {
+    /* an option with a bad value is refused before anything starts: exit 2 */
+    char *bad_keys[] = {agent_path, "--model", "tiny", "--index-keys", "e5m2", NULL};
+    char out[256];
+    CHECK(run(bad_keys, out, sizeof out) == 2);
+  }
 
   char *agent_argv[] = {agent_path, "--model", "tiny", "--model-seed", model_seed, "--device", "cpu",
                         "--listen", "127.0.0.1:0", "--threads", "2", "--max-tokens", "4096", NULL};
