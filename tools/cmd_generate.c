@@ -39,6 +39,8 @@ static void usage(FILE *f) {
           "  --model-seed S       seed of random weights (default 0)\n"
           "  --dtype D            random weights' dtype: bf16 (default), f32, fp8\n"
           "  --page-size N        KV cache page size in tokens (default 16)\n"
+          "  --index-keys K       DeepSeek-V3.2's index keys in the KV cache: bf16 (default)\n"
+          "                       or fp8 (e4m3 with a scale per token, as DeepSeek runs it)\n"
           "  --device D           cpu, cuda (device 0) or cuda:N; default cuda when a CUDA device\n"
           "                       is present, else cpu. The GPU computes with bf16 activations\n"
           "                       (the CPU in fp32), so logits differ slightly between them\n"
@@ -144,7 +146,7 @@ int cmd_generate(int argc, char **argv) {
   if (wants_server(argc, argv)) return cmd_generate_remote(argc, argv);
   enum { O_MODEL = 256, O_PROMPT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_EOS, O_DUMP,
          O_MSEED, O_DTYPE, O_PAGE, O_THREADS, O_DEVICE, O_NOGRAPHS, O_EP, O_TP, O_DP, O_ADP, O_EXCHANGE, O_TBO,
-         O_TEXT };
+         O_TEXT, O_INDEX_KEYS };
   static const struct option opts[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt-ids", required_argument, 0, O_PROMPT},
       {"max-new-tokens", required_argument, 0, O_MAXNEW}, {"temperature", required_argument, 0, O_TEMP},
@@ -158,7 +160,7 @@ int cmd_generate(int argc, char **argv) {
       {"attention-dp", no_argument, 0, O_ADP},
       {"ep-exchange", required_argument, 0, O_EXCHANGE},
       {"two-batch-overlap", no_argument, 0, O_TBO},
-      {"prompt", required_argument, 0, O_TEXT},
+      {"prompt", required_argument, 0, O_TEXT},        {"index-keys", required_argument, 0, O_INDEX_KEYS},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   const char *model_spec = NULL, *dump = NULL;
@@ -213,6 +215,14 @@ int cmd_generate(int argc, char **argv) {
       if (parse_device(optarg, &device)) goto done;
       break;
     case O_NOGRAPHS: eopts.cuda_graphs = 0; break;
+    case O_INDEX_KEYS:
+      if (strcmp(optarg, "bf16") == 0) eopts.index_keys = INA_ENGINE_INDEX_KEYS_BF16;
+      else if (strcmp(optarg, "fp8") == 0) eopts.index_keys = INA_ENGINE_INDEX_KEYS_FP8;
+      else {
+        fprintf(stderr, "ina generate: --index-keys '%s': expected bf16 or fp8\n", optarg);
+        goto done;
+      }
+      break;
     case O_EP:
       if (ina_parallel_job_parse_ep("ina generate", optarg, argc, argv, &optind, &use_ep)) {
         rc = 2;
