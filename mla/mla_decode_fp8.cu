@@ -93,16 +93,6 @@ __device__ __forceinline__ void issue_block(const Args &a, Cursor<kSparse> &cur,
   if (cur.valid()) cur.advance(a);
 }
 
-/* bf16 pair -> f16 pair (exact for magnitudes in f16's normal range). */
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
-  return pack2<true>(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
-}
-
-/* Two e4m3 values (low byte first) -> an f16 pair (low half first); exact. */
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t r;

@@ -249,8 +249,7 @@ __device__ __forceinline__ void issue_block(const Args &a, KvLoader<kSparse> &ld
 }
 
 /* Copies the 64 query rows of a group into the Q tile (rows past the request as zeros). */
-__device__ __forceinline__ void issue_query(const Args &a, const Group &g, uint32_t q, uint32_t bar,
-                                            int ltid) {
+__device__ __forceinline__ void copy_query(const Args &a, const Group &g, uint32_t q, int ltid) {
   const ina_mla_sched_request_t req = a.requests[g.request];
   const int sub = ltid & 7;
 #pragma unroll
@@ -266,30 +265,16 @@ __device__ __forceinline__ void issue_query(const Args &a, const Group &g, uint3
       wg::cp_async16(q + wg::swizzled_offset(r, ch, 64), row.valid ? src : a.q_nope, row.valid ? 16 : 0);
     }
   }
+}
+
+/* The Q tile of a group for the bf16 variant; its mbarrier completes when the copies land. */
+__device__ __forceinline__ void issue_query(const Args &a, const Group &g, uint32_t q, uint32_t bar,
+                                            int ltid) {
+  copy_query(a, g, q, ltid);
   wg::cp_async_arrive(bar);
 }
 
 /* ---- loads of the FP8 variant (WG1) ------------------------------------------------- */
-
-/* Two e4m3 values (low byte first) -> an f16 pair (low half first); exact. */
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
-/* Two floats as an f16 pair, lo in the low half; and back. */
-__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t *>(&h);
-}
-__device__ __forceinline__ float2 unpack_f16(uint32_t v) {
-  return __half22float2(*reinterpret_cast<const __half2 *>(&v));
-}
-
-/* A bf16 pair -> an f16 pair (exact within f16's normal range, as in mla_decode_fp8.cu). */
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
-  return pack_f16(ina_cuda::bf16_lo(v), ina_cuda::bf16_hi(v));
-}
 
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
@@ -355,21 +340,8 @@ __device__ __forceinline__ void issue_block_fp8(const Args &a, KvLoader<kSparse>
  * them, then each thread turns the latent chunks it copied into f16 in place (same size),
  * so no registers hold a row in flight beside the accumulators. */
 __device__ __forceinline__ void issue_query_fp8(const Args &a, const Group &g, uint32_t q, uint32_t bar, int ltid) {
-  const ina_mla_sched_request_t req = a.requests[g.request];
   const int sub = ltid & 7;
-#pragma unroll
-  for (int pass = 0; pass < 4; pass++) {
-    const int r = pass * 16 + (ltid >> 3);
-    const Row row = tile_row(req, g.tile0 + r / INA_MLA_TILE_ROWS, r % INA_MLA_TILE_ROWS, a.num_heads);
-    const __nv_bfloat16 *qn = a.q_nope + row.token * a.q_nope_ts + row.head * a.q_nope_hs;
-    const __nv_bfloat16 *qp = a.q_pe + row.token * a.q_pe_ts + row.head * a.q_pe_hs;
-#pragma unroll
-    for (int i = 0; i < kChunks / 8; i++) {
-      const int ch = sub + 8 * i;
-      const __nv_bfloat16 *src = ch < 64 ? qn + 8 * ch : qp + 8 * (ch - 64);
-      wg::cp_async16(q + wg::swizzled_offset(r, ch, 64), row.valid ? src : a.q_nope, row.valid ? 16 : 0);
-    }
-  }
+  copy_query(a, g, q, ltid);
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 #pragma unroll
   for (int pass = 0; pass < 4; pass++) {

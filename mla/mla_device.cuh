@@ -9,6 +9,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -112,6 +113,27 @@ __device__ __forceinline__ const char *cache_entry(const Args &a, const void *ba
                                                    int64_t token_stride, int page_base, int t) {
   const int64_t page = __ldg(a.kv_indices + page_base + page_index(a, t));
   return static_cast<const char *>(base) + page * page_stride + (int64_t)page_slot(a, t) * token_stride;
+}
+
+/* Two e4m3 values (the low 16 bits, low byte first) -> an f16 pair (low half first); exact. */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+/* Two floats as an f16 pair, lo in the low half; and back. */
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ float2 unpack_f16(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2 *>(&v));
+}
+
+/* A bf16 pair -> an f16 pair (exact for magnitudes in f16's normal range). */
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
+  return pack_f16(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
