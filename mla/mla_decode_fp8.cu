@@ -47,7 +47,7 @@ constexpr int kStageBytes = kLatBytes + kRopeBytes + kScaleBytes;
 constexpr int kStages = 4;
 constexpr int kSmemBytes = kStages * kStageBytes + kPartialBytes;
 /* P' = P * scale * kPScale in f16 (see above); the output is multiplied back. */
-constexpr float kPScale = 1024.0f;
+constexpr float kPScale = kFp8PScale;
 
 /* XOR applied to the 16-byte unit index of a position's latent row. With f(r) =
  * (r1 << 1) | (r0 ^ r2) of the position's low three bits, the four positions of each

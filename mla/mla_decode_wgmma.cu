@@ -71,7 +71,6 @@
  * RESULTS.md): neither the four waits, nor the conversions, nor the loads' latency is
  * what keeps it at ~0.73 of the bf16 variant. */
 #define INA_LOG_SUBSYS "mla"
-#include <cuda_fp8.h>
 #include <math.h>
 
 #include "mla/mla_device.cuh"
@@ -120,9 +119,8 @@ static_assert(INA_MLA_KV_BLOCK % kBlock == 0, "schedule cuts fall on block bound
 [[maybe_unused]] constexpr int kSmemUsedFp8 = kSmemScales + 2 * kStageScaleBytes;
 [[maybe_unused]] constexpr int kSmemBytesFp8 = 227 * 1024;
 static_assert(kSmemUsedFp8 <= kSmemBytesFp8 && kSmemBytes <= kSmemBytesFp8, "shared memory of one CTA per SM");
-/* P' = p * scale * kPScale as f16 in the FP8 variant (as mla_decode_fp8.cu): small
- * probabilities stay in f16's normal range; the output is multiplied back. */
-[[maybe_unused]] constexpr float kPScale = 1024.0f;
+/* P' = p * scale * kPScale as f16 in the FP8 variant (mla_device.cuh). */
+[[maybe_unused]] constexpr float kPScale = kFp8PScale;
 
 enum : int { kBarPReady = 1, kBarStageFree = 3 /* + stage */ };
 
@@ -610,7 +608,7 @@ __device__ __forceinline__ void run_scores(const Args &a, const Smem &sm, int it
 
 /* ---- WG1: loads, right half of P V --------------------------------------------------- */
 
-template <bool kSparse, bool kFp8>
+template <bool kFp8>
 __device__ __forceinline__ void load_query(const Args &a, const Smem &sm, const Group &g, int ltid) {
   if constexpr (kFp8) issue_query_fp8(a, g, sm.q(), sm.q_full(), ltid);
   else issue_query(a, g, sm.q(), sm.q_full(), ltid);
@@ -630,7 +628,7 @@ __device__ __forceinline__ void run_values(const Args &a, const Smem &sm, int it
   ld.it = it;
   ld.it_end = it_end;
   ld.begin_group(a, ltid);
-  load_query<kSparse, kFp8>(a, sm, load_group(a, it), ltid);
+  load_query<kFp8>(a, sm, load_group(a, it), ltid);
   load_block<kSparse, kFp8>(a, sm, ld, 0, ltid);
   if (total > 1) load_block<kSparse, kFp8>(a, sm, ld, 1, ltid);
 
@@ -706,7 +704,7 @@ __device__ __forceinline__ void run_values(const Args &a, const Smem &sm, int it
       if (n + 2 < total || (last && has_next)) {
         wg::bar_sync(kBarStageFree + stage, kThreads); /* WG0 is done with the stage (and Q) */
         if (n + 2 < total) load_block<kSparse, kFp8>(a, sm, ld, stage, ltid);
-        if (last && has_next) load_query<kSparse, kFp8>(a, sm, load_group(a, next), ltid);
+        if (last && has_next) load_query<kFp8>(a, sm, load_group(a, next), ltid);
       }
     }
     write_rows(a, g, kOCols, o, inv, nullptr);

@@ -115,6 +115,11 @@ __device__ __forceinline__ const char *cache_entry(const Args &a, const void *ba
   return static_cast<const char *>(base) + page * page_stride + (int64_t)page_slot(a, t) * token_stride;
 }
 
+/* The FP8 kernels' P V takes P' = p * scale * kFp8PScale in f16 (mla_decode_fp8.cu,
+ * mla_decode_wgmma.cu), so that small probabilities stay in f16's normal range; the output
+ * is multiplied back by its inverse. */
+constexpr float kFp8PScale = 1024.0f;
+
 /* Two e4m3 values (the low 16 bits, low byte first) -> an f16 pair (low half first); exact. */
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
   const __half2_raw h =
