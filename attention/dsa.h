@@ -201,6 +201,16 @@ static inline ina_dsa_index_cache_t ina_dsa_index_cache_fp8_paged(const void *ke
 ina_status_t ina_dsa_index_key_quantize_fp8(const float *key, int32_t head_dim, uint8_t *q,
                                             void *scale);
 
+/* The FP8 query of DeepSeek's release indexer (dsa_gpu.h's INA_DSA_GPU_QUERY_FP8) on the
+ * host: each of the `rows` rows of head_dim values of q (one row per token and head) is
+ * quantized by the rule above and replaced by its dequantized values, e4m3(byte) * scale
+ * rounded to f32 (within 2^-24 of the exact product), written to out (which may be q).
+ * Fed to the reference score, they give the GPU's FP8-query score up to the GPU's
+ * accumulation. Refuses (INA_ERR_INVALID_ARGUMENT, nothing written) NULL pointers,
+ * rows < 0, head_dim < 1 and a non-finite value. Thread-safe. */
+ina_status_t ina_dsa_index_query_round_fp8(const float *q, int32_t rows, int32_t head_dim,
+                                           float *out);
+
 /* Writes one token's key (head_dim f32 values) into slot `slot` of page `page` of the
  * cache, converted to its format (bf16: round to nearest even; FP8: quantized as
  * ina_dsa_index_key_quantize_fp8, key bytes and scale where the descriptor puts them).

@@ -23,9 +23,11 @@
  * the same scores returns the same indices. The scores are fp32 sums (bf16 q times bf16
  * or FP8-converted keys, fp32 accumulation), so they differ from the reference's double
  * sums by rounding only; each kernel's order of summation is fixed, so a run is
- * deterministic.
+ * deterministic. With query_format FP8 (below) the score is that of the FP8-rounded q,
+ * with the FP8 tensor cores' accumulation.
  *
- * Two score kernels; the run picks one from the shape and the alignment it is given:
+ * Two score kernels for the bf16 query; the run picks one from the shape and the
+ * alignment it is given (the FP8 query has a third, attention/dsa_score_fp8.cu):
  *   tensor cores (mma.sync): num_heads 1 .. INA_DSA_GPU_MMA_MAX_HEADS (64), head_dim a
  *     multiple of 16 in 16 .. INA_DSA_GPU_MMA_MAX_HEAD_DIM (128), key rows, page_stride,
  *     token_stride and FP8 scales 4-byte aligned, q 8-byte aligned (16-byte aligned rows
@@ -117,6 +119,26 @@ ina_status_t ina_dsa_gpu_workspace_size(const ina_dsa_gpu_plan_params_t *p, size
 ina_status_t ina_dsa_gpu_plan(const ina_dsa_gpu_plan_params_t *p, void *host_ws, void *device_ws,
                               void *stream, ina_dsa_gpu_plan_info_t *info);
 
+/* How the score run multiplies q by the keys (score_run_params.query_format).
+ *   BF16 (0, the default): bf16 q times bf16 or FP8-converted keys, fp32 accumulation (the
+ *     kernels above).
+ *   FP8: DeepSeek's release indexer. Each head's q row (the bf16 values) is quantized as an
+ *     index key is (ina_dsa_index_key_quantize_fp8's rule: scale sq = amax / 448, e4m3 bytes
+ *     rounded to nearest even and saturated), and
+ *       score[s, t] = sum_h (w[s, h] * sq_h) * relu(softmax_scale * sk_t * (q8_h . k8_t))
+ *     with the e4m3 products on FP8 tensor cores (wgmma), added at their FP8 accumulation
+ *     precision (13 fraction bits after aligning to the largest term: not fp32's; the
+ *     bound is in tests/attention/test_dsa_gpu.c). The host computes the same function by
+ *     rounding q with ina_dsa_index_query_round_fp8 (dsa.h) before the reference score.
+ *     Needs FP8 keys, num_heads <= 64, head_dim a multiple of 32 up to 128, key rows
+ *     (keys, page_stride, token_stride) 16-byte and scales 4-byte aligned, q 16-byte
+ *     aligned, an sm_90 GPU; INA_ERR_UNSUPPORTED otherwise. Key scales are read as
+ *     stored (negative ones included); the q scales are positive by the rule. */
+typedef enum ina_dsa_gpu_query_format {
+  INA_DSA_GPU_QUERY_BF16 = 0,
+  INA_DSA_GPU_QUERY_FP8 = 1,
+} ina_dsa_gpu_query_format_t;
+
 typedef struct ina_dsa_gpu_score_run_params {
   size_t struct_size;
   uint32_t version;
@@ -127,6 +149,7 @@ typedef struct ina_dsa_gpu_score_run_params {
   const int32_t *kv_indices;    /* device page ids */
   float softmax_scale;          /* > 0 and finite (head_dim^-0.5 in the model) */
   float *scores;                /* device [tokens, score_stride] out, every element written */
+  ina_dsa_gpu_query_format_t query_format; /* BF16 (default) or FP8, see above; read when struct_size covers it */
 } ina_dsa_gpu_score_run_params_t;
 
 #define INA_DSA_GPU_SCORE_RUN_PARAMS_INIT {.struct_size = sizeof(ina_dsa_gpu_score_run_params_t), .version = 1}

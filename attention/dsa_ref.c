@@ -22,6 +22,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/check.h"
@@ -181,6 +182,35 @@ ina_status_t ina_dsa_index_key_quantize_fp8(const float *key, int32_t head_dim, 
   INA_CHECK(ina_fp8_quantize_blocks(key, 1, head_dim, 1, head_dim, q, &s));
   memcpy(scale, &s, sizeof s);
 fail:
+  return st;
+}
+
+ina_status_t ina_dsa_index_query_round_fp8(const float *q, int32_t rows, int32_t head_dim,
+                                           float *out) {
+  ina_status_t st = INA_OK;
+  uint8_t *bytes = NULL;
+  float *values = NULL;
+  INA_REQUIRE(q != NULL && out != NULL, INA_ERR_INVALID_ARGUMENT, "dsa fp8 query: %s is NULL",
+              !q ? "q" : "out");
+  INA_REQUIRE(rows >= 0 && head_dim >= 1, INA_ERR_INVALID_ARGUMENT,
+              "dsa fp8 query: rows %d / head_dim %d (rows >= 0, head_dim >= 1)", rows, head_dim);
+  bytes = malloc((size_t)head_dim);
+  values = malloc(sizeof(float) * (size_t)head_dim);
+  INA_CHECK_ALLOC(bytes && values ? bytes : NULL);
+  for (int32_t r = 0; r < rows; r++) { /* every row is checked before any is written */
+    float scale;
+    INA_CHECK(ina_dsa_index_key_quantize_fp8(q + (int64_t)r * head_dim, head_dim, bytes, &scale));
+  }
+  for (int32_t r = 0; r < rows; r++) {
+    float scale;
+    INA_CHECK(ina_dsa_index_key_quantize_fp8(q + (int64_t)r * head_dim, head_dim, bytes, &scale));
+    ina_to_f32(bytes, INA_DTYPE_FP8_E4M3, values, (size_t)head_dim);
+    for (int32_t d = 0; d < head_dim; d++)
+      out[(int64_t)r * head_dim + d] = (float)((double)values[d] * scale);
+  }
+fail:
+  free(bytes);
+  free(values);
   return st;
 }
 

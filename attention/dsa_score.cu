@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "attention/dsa_gpu.h"
+#include "attention/dsa_score_fp8.cuh"
 #include "core/cuda_check.h"
 #include "core/ptx.cuh"
 
@@ -393,12 +394,65 @@ fail:
 
 static bool aligned(int64_t x, int64_t to) { return x % to == 0; }
 
+/* The FP8-query run (dsa_score_fp8.cu): the common checks are done; these are its own. */
+static ina_status_t score_run_fp8_query(const ina_dsa_gpu_plan_info_t *info, const void *device_ws,
+                                        const ina_dsa_gpu_score_run_params_t *p, void *stream) {
+  ina_status_t st = INA_OK;
+  namespace f8 = ina_dsa_score_fp8;
+  f8::Args a = {};
+  const int64_t base = (int64_t)(uintptr_t)p->cache.keys;
+  INA_REQUIRE(p->cache.format == INA_DSA_KEY_FP8, INA_ERR_UNSUPPORTED,
+              "dsa gpu score: the FP8 query needs FP8 index keys (the cache holds bf16)");
+  INA_REQUIRE(info->num_heads <= f8::kMaxHeads && info->head_dim % f8::kDimStep == 0 &&
+                  info->head_dim <= f8::kMaxHeadDim,
+              INA_ERR_UNSUPPORTED,
+              "dsa gpu score: the FP8 query takes up to %d heads of a multiple of %d dims up to %d "
+              "(planned %d heads x %d dims)", f8::kMaxHeads, f8::kDimStep, f8::kMaxHeadDim,
+              info->num_heads, info->head_dim);
+  INA_REQUIRE(aligned(base, 16) && aligned(p->cache.page_stride, 16) && aligned(p->cache.token_stride, 16) &&
+                  aligned(p->cache.scale_offset, 4) && aligned(p->cache.scale_stride, 4),
+              INA_ERR_UNSUPPORTED,
+              "dsa gpu score: the FP8 query needs 16-byte aligned key rows and 4-byte aligned scales "
+              "(keys %% 16 = %lld, page_stride %lld, token_stride %lld, scale_offset %lld, "
+              "scale_stride %lld)", (long long)(base % 16), (long long)p->cache.page_stride,
+              (long long)p->cache.token_stride, (long long)p->cache.scale_offset,
+              (long long)p->cache.scale_stride);
+  INA_REQUIRE(aligned((int64_t)(uintptr_t)p->q, 16), INA_ERR_UNSUPPORTED,
+              "dsa gpu score: the FP8 query needs q 16-byte aligned");
+  INA_REQUIRE(f8::device_supported(), INA_ERR_UNSUPPORTED,
+              "dsa gpu score: the FP8 query runs on FP8 tensor cores of sm_90 (Hopper) only");
+  a.q = p->q;
+  a.weights = p->weights;
+  a.keys = (const char *)p->cache.keys;
+  a.page_stride = p->cache.page_stride;
+  a.token_stride = p->cache.token_stride;
+  a.scale_offset = p->cache.scale_offset;
+  a.scale_stride = p->cache.scale_stride;
+  a.kv_indptr = p->kv_indptr;
+  a.kv_indices = p->kv_indices;
+  a.header = (const ina_dsa_gpu_ws_header_t *)device_ws;
+  a.rows = (const ina_dsa_gpu_token_row_t *)((const char *)device_ws + sizeof(ina_dsa_gpu_ws_header_t));
+  a.softmax_scale = p->softmax_scale;
+  a.scores = p->scores;
+  a.score_stride = info->score_stride;
+  a.page_size = info->page_size;
+  a.page_shift = -1;
+  for (int shift = 0; shift < 31; shift++)
+    if (info->page_size == (1 << shift)) a.page_shift = shift;
+  a.num_heads = info->num_heads;
+  a.head_dim = info->head_dim;
+  INA_CUDA_CHECK(f8::launch(a, info->max_tokens, (cudaStream_t)stream));
+fail:
+  return st;
+}
+
 extern "C" ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *info, const void *device_ws,
                                               const ina_dsa_gpu_score_run_params_t *p, void *stream) {
   ina_status_t st = INA_OK;
   Args a = {};
   bool fp8 = false, mma = false;
   int64_t base = 0;
+  ina_dsa_gpu_query_format_t query = INA_DSA_GPU_QUERY_BF16;
   size_t smem = 0;
   dim3 grid;
   INA_REQUIRE(info != NULL && info->magic == INA_DSA_GPU_MAGIC, INA_ERR_INVALID_ARGUMENT,
@@ -434,6 +488,11 @@ extern "C" ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *inf
               (long long)p->cache.token_stride);
   INA_REQUIRE(aligned((int64_t)(uintptr_t)p->q, 2) && aligned((int64_t)(uintptr_t)p->weights, 4),
               INA_ERR_UNSUPPORTED, "dsa gpu score: q must be 2-byte and weights 4-byte aligned");
+  if (p->struct_size >= offsetof(ina_dsa_gpu_score_run_params_t, query_format) + sizeof(p->query_format))
+    query = p->query_format;
+  INA_REQUIRE(query == INA_DSA_GPU_QUERY_BF16 || query == INA_DSA_GPU_QUERY_FP8, INA_ERR_INVALID_ARGUMENT,
+              "dsa gpu score: query_format %d is not a query format", (int)query);
+  if (query == INA_DSA_GPU_QUERY_FP8) return score_run_fp8_query(info, device_ws, p, stream);
   /* The tensor-core kernel's shapes and alignment; anything else takes the fallback. */
   mma = info->num_heads <= INA_DSA_GPU_MMA_MAX_HEADS && info->head_dim % 16 == 0 &&
         info->head_dim <= INA_DSA_GPU_MMA_MAX_HEAD_DIM && aligned(base, 4) &&

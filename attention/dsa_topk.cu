@@ -23,8 +23,9 @@
  * the prefix into the selection), and the remaining passes read only those. For a typical
  * row of 64k scores that is two reads of the row.
  *
- * The k' selected keys are sorted descending by a bitonic sort in shared memory and
- * written as positions; entries k' .. k - 1 get -1. */
+ * The k' selected keys are sorted descending by a bitonic sort (sort_descending:
+ * registers and warp shuffles for the short strides, shared memory for the long ones)
+ * and written as positions; entries k' .. k - 1 get -1. */
 #define INA_LOG_SUBSYS "dsa_gpu"
 #include <stdint.h>
 
@@ -155,6 +156,68 @@ __device__ __forceinline__ void for_each_key(const Args &a, const float *row, in
   }
 }
 
+/* One compare-exchange of a bitonic network on the pair (lower, upper) of elements: the
+ * pair's larger key goes to the lower element when the block sorts descending. */
+__device__ __forceinline__ unsigned long long exchange(unsigned long long mine, unsigned long long other, bool lower,
+                                                       bool descending) {
+  return (lower == descending) ? max(mine, other) : min(mine, other);
+}
+
+/* Bitonic sort of sh.sel[0, n) descending, n a power of two <= 2 kThreads (keys are
+ * distinct but for the 0 padding). Thread i keeps elements 2i and 2i + 1 in registers:
+ * strides up to 32 pair elements within a warp (shuffles, no barrier), so only the
+ * strides of 64 and more go through shared memory, one barrier each: 20 barriers for 2048
+ * keys instead of 66. */
+__device__ void sort_descending(Shared &sh, int n) {
+  const int i = threadIdx.x, j0 = 2 * i;
+  const bool mine = j0 < n; /* n >= 2 is even, so j0 + 1 < n too */
+  unsigned long long x0 = mine ? sh.sel[j0] : 0, x1 = mine && n > 1 ? sh.sel[j0 + 1] : 0;
+  for (int size = 2; size <= n; size <<= 1) {
+    const bool descending = (j0 & size) == 0; /* the same for j0 + 1 (size >= 2) */
+    if (size > 64) {
+      if (mine) {
+        sh.sel[j0] = x0;
+        sh.sel[j0 + 1] = x1;
+      }
+      __syncthreads();
+      for (int stride = size >> 1; stride >= 64; stride >>= 1) {
+        for (int k = i; k < n / 2; k += kThreads) {
+          const int lo = (k & (stride - 1)) | ((k & ~(stride - 1)) << 1), hi = lo + stride;
+          const unsigned long long x = sh.sel[lo], y = sh.sel[hi];
+          const bool desc = (lo & size) == 0;
+          if (desc ? x < y : x > y) {
+            sh.sel[lo] = y;
+            sh.sel[hi] = x;
+          }
+        }
+        __syncthreads();
+      }
+      if (mine) {
+        x0 = sh.sel[j0];
+        x1 = sh.sel[j0 + 1];
+      }
+    }
+    for (int stride = min(size >> 1, 32); stride >= 2; stride >>= 1) {
+      const int lane_xor = stride >> 1; /* element j ^ stride lives in thread i ^ (stride / 2) */
+      const unsigned long long y0 = __shfl_xor_sync(0xffffffffu, x0, lane_xor);
+      const unsigned long long y1 = __shfl_xor_sync(0xffffffffu, x1, lane_xor);
+      const bool lower = (j0 & stride) == 0;
+      x0 = exchange(x0, y0, lower, descending);
+      x1 = exchange(x1, y1, lower, descending);
+    }
+    {
+      const unsigned long long hi = exchange(x0, x1, true, descending), lo = exchange(x0, x1, false, descending);
+      x0 = hi;
+      x1 = lo;
+    }
+  }
+  if (mine) {
+    sh.sel[j0] = x0;
+    sh.sel[j0 + 1] = x1;
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads, 1) dsa_topk_kernel(const Args a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared &sh = *reinterpret_cast<Shared *>(smem_raw);
@@ -215,23 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1) dsa_topk_kernel(const Args a) {
   while (n < kk) n <<= 1;
   for (int i = kk + threadIdx.x; i < n; i += kThreads) sh.sel[i] = 0; /* below every real key */
   __syncthreads();
-  /* Bitonic sort, descending. */
-  for (int size = 2; size <= n; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < n; i += kThreads) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const unsigned long long x = sh.sel[i], y = sh.sel[j];
-          const bool descending = (i & size) == 0;
-          if (descending ? x < y : x > y) {
-            sh.sel[i] = y;
-            sh.sel[j] = x;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
+  sort_descending(sh, n);
   const unsigned long long pmask = (1ull << a.pbits) - 1;
   int32_t *out = a.indices + (int64_t)s * a.topk;
   for (int i = threadIdx.x; i < a.topk; i += kThreads)

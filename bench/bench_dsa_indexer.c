@@ -1,7 +1,8 @@
 /* The GPU lightning indexer (attention/dsa_gpu.h) on DeepSeek-V3.2's decode shape: batch
  * 64, one query token per request, 64 index heads of dim 128, page 64, top-k 2048, FP8
  * keys (paged and inline layouts) and bf16 keys at 64k context, and FP8 at 4k / 32k /
- * 128k.
+ * 128k; the FP8 paged shapes with a bf16 query and with the FP8 query ("q-fp8",
+ * INA_DSA_GPU_QUERY_FP8: FP8 tensor cores).
  *
  * Each shape draws its requests' pages in shuffled order from one device pool, q (bf16)
  * and weights at random. Before timing, a few sampled requests are checked: their GPU
@@ -51,11 +52,14 @@ static const char *layout_names[] = {"fp8-paged", "fp8-inline", "bf16"};
 typedef struct shape {
   int32_t kv_len;
   layout_t layout;
+  int fp8_query; /* INA_DSA_GPU_QUERY_FP8 (DeepSeek's release: e4m3 q times e4m3 keys) */
 } shape_t;
 
 static const shape_t shapes[] = {
-    {65536, LAYOUT_FP8_PAGED}, {65536, LAYOUT_FP8_INLINE}, {65536, LAYOUT_BF16},
-    {4096, LAYOUT_FP8_PAGED},  {32768, LAYOUT_FP8_PAGED},  {131072, LAYOUT_FP8_PAGED},
+    {65536, LAYOUT_FP8_PAGED, 1}, {65536, LAYOUT_FP8_PAGED, 0}, {65536, LAYOUT_FP8_INLINE, 0},
+    {65536, LAYOUT_BF16, 0},      {4096, LAYOUT_FP8_PAGED, 1},  {32768, LAYOUT_FP8_PAGED, 1},
+    {131072, LAYOUT_FP8_PAGED, 1}, {4096, LAYOUT_FP8_PAGED, 0}, {32768, LAYOUT_FP8_PAGED, 0},
+    {131072, LAYOUT_FP8_PAGED, 0},
 };
 
 static int64_t key_bytes(layout_t l) { return l == LAYOUT_BF16 ? 2 * DIM : DIM + 4; }
@@ -111,7 +115,7 @@ fail:
 }
 
 /* Scores and top-k of CHECK_REQUESTS requests against the reference. */
-static ina_status_t check_shape(const char *name, layout_t l, int32_t kv_len, const char *pool_dev,
+static ina_status_t check_shape(const char *name, layout_t l, int fp8_query, int32_t kv_len, const char *pool_dev,
                                 const int32_t *kv_indices, const uint16_t *q_dev, const float *w_dev,
                                 const float *scores_dev, const int32_t *idx_dev, ina_threadpool_t *tp) {
   ina_status_t st = INA_OK;
@@ -148,6 +152,7 @@ static ina_status_t check_shape(const char *name, layout_t l, int32_t kv_len, co
   qo[n] = n;
   indptr[n] = n * pages;
   for (int64_t i = 0; i < (int64_t)n * HEADS * DIM; i++) q[i] = ina_bf16_to_f32(q16[i]);
+  if (fp8_query) INA_CHECK(ina_dsa_index_query_round_fp8(q, n * HEADS, DIM, q));
   {
     ina_dsa_score_plan_params_t pp = INA_DSA_SCORE_PLAN_PARAMS_INIT;
     pp.backend = INA_DSA_BACKEND_REF;
@@ -192,7 +197,12 @@ static ina_status_t check_shape(const char *name, layout_t l, int32_t kv_len, co
   {
     char what[160];
     snprintf(what, sizeof what, "%s scores (2 requests)", name);
-    ina_bench_check(what, "rel_l2_vs_ina_dsa_score_ref", ina_bench_rel_l2_f32(got, ref, (int64_t)n * kv_len), 1e-5);
+    /* bf16 query: fp32 sums, 1e-5. FP8 query: the FP8 tensor cores keep 13 fraction bits
+     * (test_dsa_gpu.c's model bounds an element by ~2^-10 of sum_h |w_h| |q8_h . k| |...|,
+     * which the signed weights here make up to ~100 |score|): 1e-1 still fails a wrong
+     * scale, page or head, which are off by O(1). */
+    ina_bench_check(what, "rel_l2_vs_ina_dsa_score_ref", ina_bench_rel_l2_f32(got, ref, (int64_t)n * kv_len),
+                    fp8_query ? 1e-1 : 1e-5);
     int64_t differ = 0;
     for (int64_t i = 0; i < (int64_t)n * TOPK; i++) differ += gi[i] != ri[i];
     snprintf(what, sizeof what, "%s top-k (2 requests)", name);
@@ -222,8 +232,8 @@ static ina_status_t bench_shape(const shape_t *sh, int do_check, double ceiling,
   const int64_t pool_pages = (int64_t)sets * BATCH * pages_per_req;
   const int64_t page_bytes = key_bytes(sh->layout) * PAGE;
   char name[128];
-  snprintf(name, sizeof name, "dsa_indexer b%d kv%d h%d d%d %s p%d k%d", BATCH, kv, HEADS, DIM,
-           layout_names[sh->layout], PAGE, TOPK);
+  snprintf(name, sizeof name, "dsa_indexer b%d kv%d h%d d%d %s%s p%d k%d", BATCH, kv, HEADS, DIM,
+           layout_names[sh->layout], sh->fp8_query ? " q-fp8" : "", PAGE, TOPK);
   char *pool = NULL;
   uint16_t *q = NULL;
   float *w = NULL, *scores = NULL, *hw = NULL;
@@ -304,6 +314,7 @@ static ina_status_t bench_shape(const shape_t *sh, int do_check, double ceiling,
     sp.kv_indices = indices_dev[i];
     sp.softmax_scale = 1.0f / sqrtf((float)DIM);
     sp.scores = scores;
+    sp.query_format = sh->fp8_query ? INA_DSA_GPU_QUERY_FP8 : INA_DSA_GPU_QUERY_BF16;
     c.score[i] = sp;
   }
   ina_dsa_gpu_topk_run_params_t kp = INA_DSA_GPU_TOPK_RUN_PARAMS_INIT;
@@ -318,7 +329,7 @@ static ina_status_t bench_shape(const shape_t *sh, int do_check, double ceiling,
   INA_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (do_check) {
     const int failed_before = ina_bench_checks_failed();
-    INA_CHECK(check_shape(name, sh->layout, kv, pool, indices, q, w, scores, idx, tp));
+    INA_CHECK(check_shape(name, sh->layout, sh->fp8_query, kv, pool, indices, q, w, scores, idx, tp));
     if (ina_bench_checks_failed() > failed_before) goto fail; /* no figures for a wrong result */
   }
   {

@@ -23,7 +23,25 @@
  * more roundings. With A_h = c * sum_d |q_hd k_d| (k_d the stored value, FP8 before its
  * scale, which c carries) and S = sum_h |w_h| A_h:
  *   |gpu - ref| <= 2^-23 (D + H + 4) S + 2^-24 |ref| + 2^-126
- * The test allows twice that. The CUDA-core fallback rounds the same steps (fp32 fma over
+ * The test allows twice that.
+ *
+ * FP8 query (INA_DSA_GPU_QUERY_FP8). The reference gets q rounded to FP8 per head
+ * (ina_dsa_index_query_round_fp8: the GPU's bytes times its scale, within 2^-24), so both
+ * sides multiply the same e4m3 values, exactly. The FP8 tensor cores do not accumulate in
+ * fp32: Hopper keeps 13 fraction bits (DeepSeek-V3's report measures about 14 significant
+ * bits). Model, per wgmma of 32 dims: its 32 products and the incoming accumulator are
+ * aligned to the largest, 2^e <= M < 2^(e+1), each truncated to a multiple of 2^(e-13)
+ * (losing less than that, and no more than itself), and the sum is stored to 13 fraction
+ * bits again. fp8_accumulation_error adds these losses up over the head's dims: E_h. With
+ * F_h = |w_h sq_h| softmax_scale |scale_t| and S = sum_h F_h sum_d |q8_hd k_d|:
+ *   |gpu - ref| <= sum_h F_h E_h + 2^-23 (H + 6) S + 2^-24 |ref| + 2^-126
+ * (the epilogue's roundings as above, one more for w_h sq_h and one for the reference's
+ * f32 q); the test allows twice that. E_h is about 2^-13 of sum_d |q8_hd k_d| times a few,
+ * so a 5 % error of the score stands out only where the heads' terms do not cancel: the
+ * FP8 query's shapes draw positive weights (the mutation check below then catches it on
+ * nearly every position; with signed weights |ref| is ~1 % of S and it could not).
+ *
+ * The CUDA-core fallback rounds the same steps (fp32 fma over
  * the D dims in order, c, acc * c, H fmas over the heads), so one bound serves both
  * kernels. A relative L2 bound would hide a bug in a few elements;
  * this per-element bound does not. Positions from visible to score_stride - 1 must be
@@ -86,8 +104,9 @@
 #define NAME "test_dsa_gpu"
 #define CUDA_OK(call) CHECKF((call) == cudaSuccess, "%s failed", #call)
 
-typedef enum { KEYS_BF16, KEYS_FP8_INLINE, KEYS_FP8_PAGED } key_layout_t;
-static const char *layout_name[] = {"bf16", "fp8-inline", "fp8-paged"};
+/* KEYS_FP8_PADDED: the engine's entry, [e4m3 x dim | f32 scale] padded to 16 bytes. */
+typedef enum { KEYS_BF16, KEYS_FP8_INLINE, KEYS_FP8_PAGED, KEYS_FP8_PADDED } key_layout_t;
+static const char *layout_name[] = {"bf16", "fp8-inline", "fp8-paged", "fp8-padded"};
 
 typedef struct shape {
   const char *name;
@@ -96,41 +115,50 @@ typedef struct shape {
   key_layout_t layout;
   int32_t extra_tokens, extra_kv, extra_stride; /* bucket and stride past the step */
   int32_t key_offset; /* bytes the device cache starts past an aligned address */
+  int32_t fp8_query;  /* INA_DSA_GPU_QUERY_FP8 (the reference gets the FP8-rounded q) */
 } shape_t;
 
 static const shape_t shapes[] = {
-    {"decode b8 h64 d128 fp8-paged p64 k2048", 8, 1, 1, 100, 5000, 64, 64, 128, 2048, KEYS_FP8_PAGED, 4, 1000, 0, 0},
-    {"decode b6 h64 d128 fp8-inline p16 k7", 6, 1, 1, 1, 3000, 16, 64, 128, 7, KEYS_FP8_INLINE, 0, 0, 0, 0},
-    {"mtp b5 q2..4 h64 d128 bf16 p1 k2048", 5, 2, 4, 1000, 3500, 1, 64, 128, 2048, KEYS_BF16, 3, 0, 37, 0},
-    {"prefill b2 q..300 h3 d64 bf16 p16 k1", 2, 1, 300, 1, 700, 16, 3, 64, 1, KEYS_BF16, 0, 200, 0, 0},
-    {"prefill b3 q..200 h64 d64 fp8-paged p16 k7", 3, 50, 200, 200, 900, 16, 64, 64, 7, KEYS_FP8_PAGED, 0, 0, 5, 0},
-    {"ragged b7 q1..4 h20 d128 fp8-paged p64 k2048", 7, 1, 4, 1, 4000, 64, 20, 128, 2048, KEYS_FP8_PAGED, 2, 0, 0, 0},
-    {"decode b9 h1 d64 fp8-inline p1 k7", 9, 1, 1, 1, 2000, 1, 1, 64, 7, KEYS_FP8_INLINE, 0, 0, 0, 0},
-    {"mtp b4 q1..3 h3 d128 fp8-inline p64 k2048", 4, 1, 3, 1, 2500, 64, 3, 128, 2048, KEYS_FP8_INLINE, 1, 3000, 100, 0},
-    {"decode b4 h64 d128 bf16 p64 k2048", 4, 1, 1, 2049, 6000, 64, 64, 128, 2048, KEYS_BF16, 0, 0, 0, 0},
-    {"decode b3 h20 d16 bf16 p1 k7", 3, 1, 1, 1, 1500, 1, 20, 16, 7, KEYS_BF16, 0, 0, 0, 0},
-    {"decode b3 h64 d48 fp8-paged p16 k1", 3, 1, 1, 1, 1200, 16, 64, 48, 1, KEYS_FP8_PAGED, 0, 0, 0, 0},
+    {"decode b8 h64 d128 fp8-paged p64 k2048", 8, 1, 1, 100, 5000, 64, 64, 128, 2048, KEYS_FP8_PAGED, 4, 1000, 0, 0, 0},
+    {"decode b6 h64 d128 fp8-inline p16 k7", 6, 1, 1, 1, 3000, 16, 64, 128, 7, KEYS_FP8_INLINE, 0, 0, 0, 0, 0},
+    {"mtp b5 q2..4 h64 d128 bf16 p1 k2048", 5, 2, 4, 1000, 3500, 1, 64, 128, 2048, KEYS_BF16, 3, 0, 37, 0, 0},
+    {"prefill b2 q..300 h3 d64 bf16 p16 k1", 2, 1, 300, 1, 700, 16, 3, 64, 1, KEYS_BF16, 0, 200, 0, 0, 0},
+    {"prefill b3 q..200 h64 d64 fp8-paged p16 k7", 3, 50, 200, 200, 900, 16, 64, 64, 7, KEYS_FP8_PAGED, 0, 0, 5, 0, 0},
+    {"ragged b7 q1..4 h20 d128 fp8-paged p64 k2048", 7, 1, 4, 1, 4000, 64, 20, 128, 2048, KEYS_FP8_PAGED, 2, 0, 0, 0, 0},
+    {"decode b9 h1 d64 fp8-inline p1 k7", 9, 1, 1, 1, 2000, 1, 1, 64, 7, KEYS_FP8_INLINE, 0, 0, 0, 0, 0},
+    {"mtp b4 q1..3 h3 d128 fp8-inline p64 k2048", 4, 1, 3, 1, 2500, 64, 3, 128, 2048, KEYS_FP8_INLINE, 1, 3000, 100, 0, 0},
+    {"decode b4 h64 d128 bf16 p64 k2048", 4, 1, 1, 2049, 6000, 64, 64, 128, 2048, KEYS_BF16, 0, 0, 0, 0, 0},
+    {"decode b3 h20 d16 bf16 p1 k7", 3, 1, 1, 1, 1500, 1, 20, 16, 7, KEYS_BF16, 0, 0, 0, 0, 0},
+    {"decode b3 h64 d48 fp8-paged p16 k1", 3, 1, 1, 1, 1200, 16, 64, 48, 1, KEYS_FP8_PAGED, 0, 0, 0, 0, 0},
     /* The CUDA-core kernel: shapes the tensor cores do not take (V3.2 test fixtures with
      * 4 heads x 40 dims, odd dims, more than 64 heads, the largest shape) ... */
-    {"decode b6 h4 d40 bf16 p1 k7", 6, 1, 1, 1, 2500, 1, 4, 40, 7, KEYS_BF16, 2, 0, 0, 0},
-    {"decode b5 h4 d40 bf16 p64 k2048", 5, 1, 1, 100, 4000, 64, 4, 40, 2048, KEYS_BF16, 0, 500, 3, 0},
-    {"mtp b4 q1..3 h4 d40 fp8-paged p64 k2048", 4, 1, 3, 1, 3000, 64, 4, 40, 2048, KEYS_FP8_PAGED, 1, 0, 0, 0},
-    {"prefill b2 q..150 h4 d40 fp8-inline p1 k7", 2, 1, 150, 1, 600, 1, 4, 40, 7, KEYS_FP8_INLINE, 0, 100, 0, 0},
-    {"decode b4 h4 d40 fp8-paged p1 k7", 4, 1, 1, 1, 1500, 1, 4, 40, 7, KEYS_FP8_PAGED, 0, 0, 0, 0},
-    {"decode b4 h4 d40 fp8-inline p64 k7", 4, 1, 1, 1, 1500, 64, 4, 40, 7, KEYS_FP8_INLINE, 0, 0, 0, 0},
-    {"decode b4 h5 d17 fp8-inline p1 k7 (byte-aligned rows and scales)", 4, 1, 1, 1, 1200, 1, 5, 17, 7, KEYS_FP8_INLINE, 0, 0, 0, 0},
-    {"mtp b3 q1..2 h3 d1 bf16 p64 k7", 3, 1, 2, 1, 900, 64, 3, 1, 7, KEYS_BF16, 0, 0, 0, 0},
-    {"decode b3 h65 d128 fp8-paged p64 k2048", 3, 1, 1, 1, 2500, 64, 65, 128, 2048, KEYS_FP8_PAGED, 0, 0, 0, 0},
-    {"decode b2 h128 d256 bf16 p16 k7", 2, 1, 2, 1, 700, 16, 128, 256, 7, KEYS_BF16, 1, 0, 0, 0},
-    {"decode b2 h128 d256 fp8-inline p1 k7", 2, 1, 1, 1, 500, 1, 128, 256, 7, KEYS_FP8_INLINE, 0, 0, 0, 0},
+    {"decode b6 h4 d40 bf16 p1 k7", 6, 1, 1, 1, 2500, 1, 4, 40, 7, KEYS_BF16, 2, 0, 0, 0, 0},
+    {"decode b5 h4 d40 bf16 p64 k2048", 5, 1, 1, 100, 4000, 64, 4, 40, 2048, KEYS_BF16, 0, 500, 3, 0, 0},
+    {"mtp b4 q1..3 h4 d40 fp8-paged p64 k2048", 4, 1, 3, 1, 3000, 64, 4, 40, 2048, KEYS_FP8_PAGED, 1, 0, 0, 0, 0},
+    {"prefill b2 q..150 h4 d40 fp8-inline p1 k7", 2, 1, 150, 1, 600, 1, 4, 40, 7, KEYS_FP8_INLINE, 0, 100, 0, 0, 0},
+    {"decode b4 h4 d40 fp8-paged p1 k7", 4, 1, 1, 1, 1500, 1, 4, 40, 7, KEYS_FP8_PAGED, 0, 0, 0, 0, 0},
+    {"decode b4 h4 d40 fp8-inline p64 k7", 4, 1, 1, 1, 1500, 64, 4, 40, 7, KEYS_FP8_INLINE, 0, 0, 0, 0, 0},
+    {"decode b4 h5 d17 fp8-inline p1 k7 (byte-aligned rows and scales)", 4, 1, 1, 1, 1200, 1, 5, 17, 7, KEYS_FP8_INLINE, 0, 0, 0, 0, 0},
+    {"mtp b3 q1..2 h3 d1 bf16 p64 k7", 3, 1, 2, 1, 900, 64, 3, 1, 7, KEYS_BF16, 0, 0, 0, 0, 0},
+    {"decode b3 h65 d128 fp8-paged p64 k2048", 3, 1, 1, 1, 2500, 64, 65, 128, 2048, KEYS_FP8_PAGED, 0, 0, 0, 0, 0},
+    {"decode b2 h128 d256 bf16 p16 k7", 2, 1, 2, 1, 700, 16, 128, 256, 7, KEYS_BF16, 1, 0, 0, 0, 0},
+    {"decode b2 h128 d256 fp8-inline p1 k7", 2, 1, 1, 1, 500, 1, 128, 256, 7, KEYS_FP8_INLINE, 0, 0, 0, 0, 0},
     /* ... and shapes the tensor cores take, given rows they cannot load (the fallback
      * again); 3 heads x 16 and x 32 (V3.2 fixtures) also run on the tensor cores. */
-    {"decode b5 h3 d16 bf16 p1 k7", 5, 1, 1, 1, 2000, 1, 3, 16, 7, KEYS_BF16, 0, 0, 0, 0},
-    {"mtp b4 q1..3 h3 d32 fp8-paged p64 k2048", 4, 1, 3, 1, 3000, 64, 3, 32, 2048, KEYS_FP8_PAGED, 0, 0, 0, 0},
-    {"decode b5 h3 d16 bf16 p64 k7 (keys +2 bytes)", 5, 1, 1, 1, 2000, 64, 3, 16, 7, KEYS_BF16, 0, 0, 0, 2},
-    {"decode b5 h3 d16 fp8-inline p1 k7 (keys +1 byte)", 5, 1, 1, 1, 2000, 1, 3, 16, 7, KEYS_FP8_INLINE, 0, 0, 0, 1},
-    {"mtp b4 q1..3 h3 d32 fp8-paged p1 k7 (keys +3 bytes)", 4, 1, 3, 1, 1500, 1, 3, 32, 7, KEYS_FP8_PAGED, 0, 0, 0, 3},
-    {"decode b3 h64 d128 bf16 p64 k2048 (keys +2 bytes)", 3, 1, 1, 1, 3000, 64, 64, 128, 2048, KEYS_BF16, 0, 0, 0, 2},
+    {"decode b5 h3 d16 bf16 p1 k7", 5, 1, 1, 1, 2000, 1, 3, 16, 7, KEYS_BF16, 0, 0, 0, 0, 0},
+    {"mtp b4 q1..3 h3 d32 fp8-paged p64 k2048", 4, 1, 3, 1, 3000, 64, 3, 32, 2048, KEYS_FP8_PAGED, 0, 0, 0, 0, 0},
+    {"decode b5 h3 d16 bf16 p64 k7 (keys +2 bytes)", 5, 1, 1, 1, 2000, 64, 3, 16, 7, KEYS_BF16, 0, 0, 0, 2, 0},
+    {"decode b5 h3 d16 fp8-inline p1 k7 (keys +1 byte)", 5, 1, 1, 1, 2000, 1, 3, 16, 7, KEYS_FP8_INLINE, 0, 0, 0, 1, 0},
+    {"mtp b4 q1..3 h3 d32 fp8-paged p1 k7 (keys +3 bytes)", 4, 1, 3, 1, 1500, 1, 3, 32, 7, KEYS_FP8_PAGED, 0, 0, 0, 3, 0},
+    {"decode b3 h64 d128 bf16 p64 k2048 (keys +2 bytes)", 3, 1, 1, 1, 3000, 64, 64, 128, 2048, KEYS_BF16, 0, 0, 0, 2, 0},
+    /* The FP8 query (DeepSeek's release indexer, FP8 tensor cores): V3.2's 64 x 128 on the
+     * paged and the engine's padded layout, MTP and prefill rows, fewer and odd heads,
+     * every dim-step count (32, 64, 96, 128 dims), page sizes 1, 16 and 64. */
+    {"decode b8 h64 d128 fp8-paged p64 k2048 fp8-query", 8, 1, 1, 100, 5000, 64, 64, 128, 2048, KEYS_FP8_PAGED, 4, 1000, 0, 0, 1},
+    {"mtp b5 q1..4 h64 d128 fp8-padded p1 k2048 fp8-query", 5, 1, 4, 1, 3500, 1, 64, 128, 2048, KEYS_FP8_PADDED, 3, 0, 37, 0, 1},
+    {"prefill b3 q..200 h20 d64 fp8-paged p16 k7 fp8-query", 3, 50, 200, 200, 900, 16, 20, 64, 7, KEYS_FP8_PAGED, 0, 0, 5, 0, 1},
+    {"decode b4 h3 d32 fp8-padded p64 k7 fp8-query", 4, 1, 1, 1, 2500, 64, 3, 32, 7, KEYS_FP8_PADDED, 0, 0, 0, 0, 1},
+    {"mtp b4 q1..3 h63 d96 fp8-paged p64 k2048 fp8-query", 4, 1, 3, 1, 3000, 64, 63, 96, 2048, KEYS_FP8_PAGED, 1, 0, 0, 0, 1},
 };
 
 /* One step's inputs on the host. */
@@ -183,10 +211,24 @@ static void make_step(const shape_t *sh, int32_t batch, test_rng_t *rng, step_t 
   free(perm);
 }
 
+static int64_t padded_token_bytes(int32_t dim) { return ((int64_t)dim + 4 + 15) / 16 * 16; }
+
 static ina_dsa_index_cache_t cache_of(key_layout_t layout, const void *keys, int32_t ps, int32_t dim) {
   if (layout == KEYS_BF16) return ina_dsa_index_cache_dense(INA_DSA_KEY_BF16, keys, ps, dim);
   if (layout == KEYS_FP8_INLINE) return ina_dsa_index_cache_fp8_inline(keys, ps, dim);
+  if (layout == KEYS_FP8_PADDED) {
+    ina_dsa_index_cache_t c = ina_dsa_index_cache_fp8_inline(keys, ps, dim);
+    c.token_stride = c.scale_stride = padded_token_bytes(dim);
+    c.page_stride = c.token_stride * ps;
+    return c;
+  }
   return ina_dsa_index_cache_fp8_paged(keys, ps, dim);
+}
+
+/* Bytes of one page of the cache in `layout`. */
+static int64_t page_bytes_of(key_layout_t layout, int32_t ps, int32_t dim) {
+  if (layout == KEYS_FP8_PADDED) return padded_token_bytes(dim) * ps;
+  return ina_dsa_index_key_bytes(layout == KEYS_BF16 ? INA_DSA_KEY_BF16 : INA_DSA_KEY_FP8, dim) * ps;
 }
 
 /* Host data of one step: cache bytes, q (bf16 bits and their f32 values), weights. */
@@ -196,6 +238,9 @@ typedef struct inputs {
   ina_dsa_index_cache_t desc; /* over the host cache */
   uint16_t *q16;
   float *q32, *w;
+  /* FP8 query: q rounded to FP8 (the reference's q), its e4m3 values before the scale,
+   * and the scale of each token's head. */
+  float *q8, *qe, *qscale;
 } inputs_t;
 
 static void inputs_free(inputs_t *in) {
@@ -203,13 +248,16 @@ static void inputs_free(inputs_t *in) {
   free(in->q16);
   free(in->q32);
   free(in->w);
+  free(in->q8);
+  free(in->qe);
+  free(in->qscale);
   memset(in, 0, sizeof *in);
 }
 
 static void make_inputs(const shape_t *sh, const step_t *s, test_rng_t *rng, inputs_t *in) {
   memset(in, 0, sizeof *in);
   const int32_t D = sh->dim, H = sh->heads;
-  const int64_t page_bytes = ina_dsa_index_key_bytes(sh->layout == KEYS_BF16 ? INA_DSA_KEY_BF16 : INA_DSA_KEY_FP8, D) * sh->page_size;
+  const int64_t page_bytes = page_bytes_of(sh->layout, sh->page_size, D);
   in->cache_bytes = (size_t)(page_bytes * s->num_pages);
   in->cache = malloc(in->cache_bytes);
   memset(in->cache, 0xFF, in->cache_bytes); /* unused slots: NaN bf16 / NaN e4m3 */
@@ -233,7 +281,22 @@ static void make_inputs(const shape_t *sh, const step_t *s, test_rng_t *rng, inp
     in->q16[i] = ina_f32_to_bf16(test_rng_normal(rng));
     in->q32[i] = ina_bf16_to_f32(in->q16[i]);
   }
-  for (size_t i = 0; i < nw; i++) in->w[i] = test_rng_normal(rng) / sqrtf((float)H);
+  /* The FP8 query's weights are positive: its bound grows with sum_h |w_h| (...), which a
+   * 5 % error of the score outweighs only when the heads' terms do not cancel (see the
+   * header's FP8 query bound). */
+  for (size_t i = 0; i < nw; i++)
+    in->w[i] = (sh->fp8_query ? fabsf(test_rng_normal(rng)) : test_rng_normal(rng)) / sqrtf((float)H);
+  if (!sh->fp8_query) return;
+  in->q8 = malloc(sizeof(float) * (nq ? nq : 1));
+  in->qe = malloc(sizeof(float) * (nq ? nq : 1));
+  in->qscale = malloc(sizeof(float) * (nw ? nw : 1));
+  CHECK_OK(ina_dsa_index_query_round_fp8(in->q32, (int32_t)nw, D, in->q8));
+  uint8_t *bytes = malloc((size_t)D);
+  for (size_t r = 0; r < nw; r++) {
+    CHECK_OK(ina_dsa_index_key_quantize_fp8(in->q32 + r * D, D, bytes, &in->qscale[r]));
+    ina_to_f32(bytes, INA_DTYPE_FP8_E4M3, in->qe + r * D, (size_t)D);
+  }
+  free(bytes);
 }
 
 /* Device buffers of a bucket, reused across steps (graph replays need fixed pointers). */
@@ -330,6 +393,7 @@ static ina_dsa_gpu_score_run_params_t score_params(const device_t *d, const shap
   p.kv_indices = d->kv_indices;
   p.softmax_scale = 1.0f / sqrtf((float)sh->dim);
   p.scores = d->scores;
+  p.query_format = sh->fp8_query ? INA_DSA_GPU_QUERY_FP8 : INA_DSA_GPU_QUERY_BF16;
   return p;
 }
 
@@ -358,6 +422,38 @@ typedef struct bound_job {
   float softmax_scale;
 } bound_job_t;
 
+/* The FP8 tensor cores' accumulation of one head's dot product q . k (e4m3 values, each
+ * product exact), as the header models it: per wgmma of 32 dims, the 32 products and the
+ * incoming accumulator are aligned to the largest of them, 2^e <= M < 2^(e+1), each
+ * keeping its bits down to 2^(e-13) (truncated: it loses less than that, and at most its
+ * own magnitude), and the sum is stored to 13 fraction bits again. Sets *abs_sum to
+ * sum_d |q_d k_d| and *err to the bound on |gpu acc - exact dot| (first-order: the
+ * incoming accumulator's magnitude is taken as |exact partial sum| + the error so far). */
+static void fp8_accumulation_error(const float *q, const float *key, int32_t D, double *abs_sum, double *err) {
+  double partial = 0, E = 0, S = 0;
+  for (int32_t k0 = 0; k0 < D; k0 += 32) {
+    const int32_t k1 = k0 + 32 < D ? k0 + 32 : D;
+    double M = fabs(partial) + E, sum = 0;
+    for (int32_t d = k0; d < k1; d++) {
+      const double p = (double)q[d] * key[d];
+      if (fabs(p) > M) M = fabs(p);
+    }
+    if (M == 0) continue;
+    const double quantum = ldexp(1.0, ilogb(M) - 13);
+    double loss = fmin(fabs(partial) + E, quantum);
+    for (int32_t d = k0; d < k1; d++) {
+      const double p = (double)q[d] * key[d];
+      loss += fmin(fabs(p), quantum);
+      sum += p;
+      S += fabs(p);
+    }
+    partial += sum;
+    E += loss + ldexp(fabs(partial) + E + loss, -13);
+  }
+  *abs_sum = S;
+  *err = E;
+}
+
 /* The error model of the header, per element, in double. */
 static void bound_items(void *ctx, int64_t begin, int64_t end, int worker) {
   (void)worker;
@@ -379,16 +475,29 @@ static void bound_items(void *ctx, int64_t begin, int64_t end, int worker) {
       } else {
         ina_to_f32(base + slot * c->token_stride, INA_DTYPE_BF16, key, (size_t)D);
       }
-      double S = 0;
-      for (int32_t h = 0; h < H; h++) {
-        const float *q = j->in->q32 + (s * H + h) * D;
-        double a = 0;
-        for (int32_t d = 0; d < D; d++) a += fabs((double)q[d] * key[d]);
-        S += fabs((double)j->in->w[s * H + h]) * a * fabs(kscale) * j->softmax_scale;
-      }
       const double ref = j->e->ref[s * j->stride + t];
-      j->e->bound[s * j->stride + t] =
-          (float)(2.0 * (ldexp((double)(D + H + 4), -23) * S + ldexp(fabs(ref), -24) + ldexp(1.0, -126)));
+      double S = 0, bound;
+      if (!j->sh->fp8_query) {
+        for (int32_t h = 0; h < H; h++) {
+          const float *q = j->in->q32 + (s * H + h) * D;
+          double a = 0;
+          for (int32_t d = 0; d < D; d++) a += fabs((double)q[d] * key[d]);
+          S += fabs((double)j->in->w[s * H + h]) * a * fabs(kscale) * j->softmax_scale;
+        }
+        bound = ldexp((double)(D + H + 4), -23) * S + ldexp(fabs(ref), -24) + ldexp(1.0, -126);
+      } else {
+        double acc_err = 0; /* sum_h F_h E_h, the tensor cores' part */
+        for (int32_t h = 0; h < H; h++) {
+          const float *q = j->in->qe + (s * H + h) * D;
+          double a = 0, E = 0;
+          fp8_accumulation_error(q, key, D, &a, &E);
+          const double F = fabs((double)j->in->w[s * H + h] * j->in->qscale[s * H + h]) * fabs(kscale) * j->softmax_scale;
+          S += F * a;
+          acc_err += F * E;
+        }
+        bound = acc_err + ldexp((double)(H + 6), -23) * S + ldexp(fabs(ref), -24) + ldexp(1.0, -126);
+      }
+      j->e->bound[s * j->stride + t] = (float)(2.0 * bound);
     }
   }
   free(key);
@@ -424,7 +533,7 @@ static int reference(const shape_t *sh, const bucket_t *bk, const step_t *s, con
     }
   }
   ina_dsa_score_run_params_t rp = INA_DSA_SCORE_RUN_PARAMS_INIT;
-  rp.q = in->q32;
+  rp.q = sh->fp8_query ? in->q8 : in->q32;
   rp.weights = in->w;
   rp.cache = in->desc;
   rp.kv_indptr = s->kv_indptr;
@@ -650,9 +759,9 @@ static void test_shape(const shape_t *sh, test_rng_t *rng, ina_threadpool_t *poo
 
 /* ---- graph replay ------------------------------------------------------------------- */
 
-static void test_graph(test_rng_t *rng, ina_threadpool_t *pool, cudaStream_t stream) {
+static void test_graph(int fp8_query, test_rng_t *rng, ina_threadpool_t *pool, cudaStream_t stream) {
   const shape_t sh = {"graph h64 d128 fp8-paged p16 k2048", 6, 1, 3, 1, 3000, 16, 64, 128, 2048,
-                      KEYS_FP8_PAGED, 0, 0, 0, 0};
+                      KEYS_FP8_PAGED, 0, 0, 0, 0, fp8_query};
   const bucket_t bk = {18, 3000, 3000};
   const int32_t max_batch = 6;
   /* Buffers sized for the largest step the bucket allows. */
@@ -670,7 +779,8 @@ static void test_graph(test_rng_t *rng, ina_threadpool_t *pool, cudaStream_t str
     make_step(&sh, batch, rng, &s);
     make_inputs(&sh, &s, rng, &in);
     char what[128];
-    snprintf(what, sizeof what, "graph round %d (batch %d, %d tokens)", round, batch, s.tokens);
+    snprintf(what, sizeof what, "graph%s round %d (batch %d, %d tokens)", fp8_query ? " fp8-query" : "", round,
+             batch, s.tokens);
     if (reference(&sh, &bk, &s, &in, pool, &e) && upload(&d, &sh, &bk, &s, &in)) {
       ina_dsa_gpu_plan_info_t info;
       ina_dsa_gpu_plan_params_t pp = plan_params(&sh, &bk, &s);
@@ -737,7 +847,7 @@ static float special_value(test_rng_t *rng, row_kind_t kind) {
 
 static void test_topk_rows(const char *what, int32_t batch, int32_t kv_lo, int32_t kv_hi, int32_t k,
                            row_kind_t kind, test_rng_t *rng, ina_threadpool_t *pool, cudaStream_t stream) {
-  const shape_t sh = {what, batch, 1, 1, kv_lo, kv_hi, 64, 1, 16, k, KEYS_BF16, 0, 0, 0, 0};
+  const shape_t sh = {what, batch, 1, 1, kv_lo, kv_hi, 64, 1, 16, k, KEYS_BF16, 0, 0, 0, 0, 0};
   step_t s;
   make_step(&sh, batch, rng, &s);
   const bucket_t bk = {s.tokens + 1, s.max_kv, s.max_kv + 3};
@@ -855,6 +965,35 @@ static void test_refusals(void) {
   sp.q = (const uint16_t *)dummy;
   sp.weights = (const float *)((const char *)dummy + 2);
   CHECK(ina_dsa_gpu_score_run(&info, host_ws, &sp, NULL) == INA_ERR_UNSUPPORTED);
+  sp.weights = dummy;
+  /* The FP8 query: a format that is none, bf16 keys, 132-byte inline rows (not 16-byte
+   * aligned), q off 16 bytes, shapes past 64 heads or off the 32-dim step. */
+  sp.query_format = (ina_dsa_gpu_query_format_t)7;
+  CHECK(ina_dsa_gpu_score_run(&info, host_ws, &sp, NULL) == INA_ERR_INVALID_ARGUMENT);
+  sp.query_format = INA_DSA_GPU_QUERY_FP8;
+  CHECK(ina_dsa_gpu_score_run(&info, host_ws, &sp, NULL) == INA_ERR_UNSUPPORTED); /* bf16 keys */
+  static _Alignas(16) char keys[64];
+  sp.cache = ina_dsa_index_cache_fp8_inline(keys, 16, 128);
+  CHECK(ina_dsa_gpu_score_run(&info, host_ws, &sp, NULL) == INA_ERR_UNSUPPORTED);
+  sp.cache = ina_dsa_index_cache_fp8_paged(keys, 16, 128);
+  sp.q = (const uint16_t *)(keys + 8);
+  CHECK(ina_dsa_gpu_score_run(&info, host_ws, &sp, NULL) == INA_ERR_UNSUPPORTED);
+  sp.q = (const uint16_t *)keys;
+  ina_dsa_gpu_plan_params_t r = p;
+  r.num_heads = 65;
+  CHECK(ina_dsa_gpu_plan(&r, host_ws, NULL, NULL, &info) == INA_OK);
+  sp.cache = ina_dsa_index_cache_fp8_paged(keys, 16, 128);
+  CHECK(ina_dsa_gpu_score_run(&info, host_ws, &sp, NULL) == INA_ERR_UNSUPPORTED);
+  r = p;
+  r.head_dim = 48;
+  CHECK(ina_dsa_gpu_plan(&r, host_ws, NULL, NULL, &info) == INA_OK);
+  sp.cache = ina_dsa_index_cache_fp8_paged(keys, 16, 48);
+  CHECK(ina_dsa_gpu_score_run(&info, host_ws, &sp, NULL) == INA_ERR_UNSUPPORTED);
+  /* The host rounding refuses what the key quantizer refuses. */
+  float bad[2] = {1.0f, NAN}, out[2] = {7.0f, 7.0f};
+  CHECK(ina_dsa_index_query_round_fp8(bad, 1, 2, out) == INA_ERR_INVALID_ARGUMENT && out[0] == 7.0f);
+  CHECK(ina_dsa_index_query_round_fp8(NULL, 1, 2, out) == INA_ERR_INVALID_ARGUMENT);
+  CHECK(ina_dsa_index_query_round_fp8(bad, 1, 0, out) == INA_ERR_INVALID_ARGUMENT);
 }
 
 int main(int argc, char **argv) {
@@ -876,7 +1015,9 @@ int main(int argc, char **argv) {
     test_shape(&shapes[i], &rng, pool, stream);
   }
   printf("graph\n");
-  test_graph(&rng, pool, stream);
+  test_graph(0, &rng, pool, stream);
+  printf("graph, FP8 query\n");
+  test_graph(1, &rng, pool, stream);
   printf("top-k alone\n");
   test_topk_rows("ties {0..3} k2048", 6, 1, 6000, 2048, ROW_TIES, &rng, pool, stream);
   test_topk_rows("ties {0..3} k7", 6, 1, 3000, 7, ROW_TIES, &rng, pool, stream);
