@@ -47,6 +47,7 @@ struct Args {
   const ina_dsa_gpu_ws_header_t *header;
   const ina_dsa_gpu_token_row_t *rows;
   int32_t score_stride, topk, pbits;
+  int32_t vec4; /* rows are 16-byte aligned: scores and score_stride allow float4 loads */
 };
 
 struct Shared {
@@ -132,7 +133,10 @@ __device__ void choose_bin(Shared &sh, int digit_bits) {
   __syncthreads();
 }
 
-/* Visits every key of the row (from global memory) or of the candidates. */
+/* Visits every key of the row (from global memory) or of the candidates. The row is read
+ * 16 bytes a load where it is 16-byte aligned (vec4: the scores and score_stride allow
+ * it): one CTA reads its whole row, so what bounds a pass is the bytes it keeps in
+ * flight, not the instructions. */
 template <typename F>
 __device__ __forceinline__ void for_each_key(const Args &a, const float *row, int32_t visible, bool from_cand,
                                              const Shared &sh, F f) {
@@ -141,7 +145,31 @@ __device__ __forceinline__ void for_each_key(const Args &a, const float *row, in
     return;
   }
   constexpr int kUnroll = 4;
-  for (int32_t base = threadIdx.x; base < visible; base += kUnroll * kThreads) {
+  int32_t scalar_from = 0;
+  if (a.vec4) {
+    const float4 *row4 = reinterpret_cast<const float4 *>(row);
+    const int32_t n4 = visible / 4;
+    for (int32_t base = threadIdx.x; base < n4; base += kUnroll * kThreads) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++) {
+        const int32_t i = base + u * kThreads;
+        v[u] = i < n4 ? __ldg(row4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++) {
+        const int32_t i = base + u * kThreads;
+        if (i < n4) {
+          f(make_key(v[u].x, 4 * i, a.pbits));
+          f(make_key(v[u].y, 4 * i + 1, a.pbits));
+          f(make_key(v[u].z, 4 * i + 2, a.pbits));
+          f(make_key(v[u].w, 4 * i + 3, a.pbits));
+        }
+      }
+    }
+    scalar_from = 4 * n4;
+  }
+  for (int32_t base = scalar_from + threadIdx.x; base < visible; base += kUnroll * kThreads) {
     float v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; u++) {
@@ -311,6 +339,7 @@ extern "C" ina_status_t ina_dsa_gpu_topk_run(const ina_dsa_gpu_plan_info_t *info
   a.score_stride = info->score_stride;
   a.topk = info->topk;
   a.pbits = pbits;
+  a.vec4 = (uintptr_t)p->scores % 16 == 0 && info->score_stride % 4 == 0;
   INA_CUDA_CHECK(cudaFuncSetAttribute(dsa_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   dsa_topk_kernel<<<(unsigned)info->max_tokens, kThreads, smem, (cudaStream_t)stream>>>(a);
   INA_CUDA_CHECK_LAUNCH();

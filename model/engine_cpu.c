@@ -515,8 +515,13 @@ static void record_selection(ina_engine_cpu_t *e, int32_t layer, int32_t nseq, c
           n[p] += fabs((double)iw[(int64_t)i * nI + h]) * scale * a;
         }
       }
+      /* The FP8 query's products add on FP8 tensor cores with 13 fraction bits, not fp32's
+       * 24: test_dsa_gpu.c's model bounds a score's error by about 2^-10 of N (a few
+       * 2^-13 per 32-dim step), 2^7 times the fp32 error the oracle's tie margin stands
+       * for, so N counts 2^7 times as much. */
+      const double n_scale = e->fp8_index_keys ? 0x1p7 : 1.0;
       const double gap = (double)sc[last] - (double)sc[dropped];
-      const float margin = n[0] + n[1] > 0 ? (float)(gap / (n[0] + n[1])) : gap > 0 ? INFINITY : 0.0f;
+      const float margin = n[0] + n[1] > 0 ? (float)(gap / (n_scale * (n[0] + n[1]))) : gap > 0 ? INFINITY : 0.0f;
       ina_engine_route_t *r = &e->routes[row];
       r->experts = id_mix(r->experts ^ set);
       if (margin < r->margin) r->margin = margin;
@@ -550,6 +555,9 @@ static ina_status_t attend_selected(step_t *s, int32_t layer, int32_t nseq, cons
     memcpy(iq + (size_t)i * nI * D, s->iq + (size_t)tokens[i] * nI * D, (size_t)nI * D * sizeof *iq);
     memcpy(iw + (size_t)i * nI, s->iw + (size_t)tokens[i] * nI, (size_t)nI * sizeof *iw);
   }
+  /* FP8 index keys go with DeepSeek's FP8 query: each head's row rounded as the GPU
+   * quantizes it (model.h's index_keys). */
+  if (e->fp8_index_keys) INA_CHECK(ina_dsa_index_query_round_fp8(iq, count * nI, D, iq));
   size_t bytes = 0;
   ina_dsa_plan_info_t score_info, topk_info, mla_info;
   {

@@ -1027,6 +1027,7 @@ static ina_status_t index_select(ina_engine_gpu_t *e, int32_t l, int64_t T, cons
     p.kv_indices = in->kv_indices;
     p.softmax_scale = (float)(1.0 / sqrt((double)D * (double)nI));
     p.scores = e->dsa_scores;
+    p.query_format = e->fp8_index_keys ? INA_DSA_GPU_QUERY_FP8 : INA_DSA_GPU_QUERY_BF16; /* DeepSeek's release */
     INA_CHECK(ina_dsa_gpu_score_run(&in->dsa, e->dsa_dev_ws, &p, e->stream));
   }
   {

@@ -158,9 +158,12 @@ typedef struct ina_engine_options {
    * logits are bit-identical to one batch's. Other exchanges take 1 only. */
   int32_t micro_batches;
   /* Version 11. DeepSeek-V3.2's index keys in the KV cache (ina_engine_index_keys_t):
-   * bf16 (0, default), or FP8 e4m3 with one f32 scale per token (attention/dsa.h's
-   * INA_DSA_KEY_FP8, as DeepSeek's release runs its indexer), which the CPU engine
-   * applies too (it stores the dequantized values). Other models ignore it. */
+   * bf16 (0, default), or FP8: DeepSeek's release indexer, FP8 e4m3 keys with one f32
+   * scale per token (attention/dsa.h's INA_DSA_KEY_FP8) and each head's index query
+   * quantized to FP8 alike, the products on FP8 tensor cores (attention/dsa_gpu.h's
+   * INA_DSA_GPU_QUERY_FP8; the GPU engine needs an sm_90 GPU for it). The CPU engine
+   * computes the same function (it stores the dequantized keys and rounds the query with
+   * ina_dsa_index_query_round_fp8). Other models ignore it. */
   int32_t index_keys;
 } ina_engine_options_t;
 
