@@ -177,7 +177,7 @@ static void usage(FILE *f, const char *program) {
           "  --prompt N        prefill prompt length, 0 for none (default %d)\n"
           "  --no-cuda-graphs  run decode steps eagerly (to compare with graph replay)\n"
           "  --index-keys K    V3.2's index keys in the cache: bf16 (default) or fp8 (e4m3 with a\n"
-          "                    scale per token, as DeepSeek's release runs them)\n"
+          "                    scale per token and an FP8 index query, as DeepSeek's release)\n"
           "  --no-check        skip the check against the CPU oracle before timing (it needs\n"
           "                    the weights' size in host memory); figures are marked unchecked\n",
           program, DEFAULT_MODEL, RATIO_TARGET, TARGET_MAX_BATCH, topk, QUICK_STEPS, MAX_BATCH, MAX_CONTEXT,
