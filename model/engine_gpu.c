@@ -691,6 +691,15 @@ static int32_t index_topk(const ina_engine_gpu_t *e) {
   return e->cfg->index_topk - (e->mutation == INA_MUTATION_INDEX_TOPK_LESS && e->cfg->index_topk > 1);
 }
 
+/* The cached tokens sequence i's queries attend to: all of them, or under the mutation
+ * that drops the newest key, one fewer for a decode row after context of its own (the
+ * CPU engine's rule). */
+static int32_t planned_kv_len(const ina_engine_gpu_t *e, const ina_batch_t *b, int32_t i) {
+  const int32_t n = (int32_t)b->seqs[i]->num_tokens;
+  const int decode = b->qo_indptr[i + 1] - b->qo_indptr[i] == 1 && n > 1;
+  return n - (e->mutation == INA_MUTATION_DECODE_SKIP_NEWEST && decode ? 1 : 0);
+}
+
 /* V3.2's step plans for `max_tokens` query rows (the bucket): the indexer's (score and
  * top-k over score rows of dsa_kv_cap positions, grown here) and sparse MLA's. */
 static ina_status_t plan_sparse(ina_engine_gpu_t *e, const ina_batch_t *b, int32_t max_tokens,
@@ -701,7 +710,7 @@ static ina_status_t plan_sparse(ina_engine_gpu_t *e, const ina_batch_t *b, int32
   size_t host_bytes = 0, dev_bytes = 0;
   int32_t longest = 1;
   for (int32_t i = 0; i < b->batch; i++) {
-    e->kv_len[i] = (int32_t)b->seqs[i]->num_tokens;
+    e->kv_len[i] = planned_kv_len(e, b, i);
     if (e->kv_len[i] > longest) longest = e->kv_len[i];
   }
   if (longest > e->dsa_kv_cap) {
@@ -765,7 +774,7 @@ static ina_status_t plan_attention(ina_engine_gpu_t *e, const ina_batch_t *b, in
   int32_t max_q = 1;
   for (int32_t i = 0; i < b->batch; i++) {
     const int32_t n = b->qo_indptr[i + 1] - b->qo_indptr[i];
-    e->kv_len[i] = (int32_t)b->seqs[i]->num_tokens;
+    e->kv_len[i] = planned_kv_len(e, b, i);
     if (n > max_q) max_q = n;
   }
   p.batch = b->batch;
@@ -885,21 +894,101 @@ static ina_status_t sum_over(ina_custom_ar_t *ar, uint16_t *x, int64_t n, cudaSt
 
 /* ---- test mutations (model/engine_test_hooks.h) ------------------------------------ */
 
+/* Experts 0 and 1 of the first MoE layer trade weights (the mutation's, and its undo):
+ * the host array of the per-expert path and the grouped GEMM's pointer tables. */
+static ina_status_t swap_first_experts(ina_engine_gpu_t *e) {
+  ina_status_t st = INA_OK;
+  for (int32_t l = 0; l < e->cfg->num_layers; l++) {
+    if (e->moe_index[l] != 0) continue;
+    gpu_layer_t *L = &e->w.layers[l];
+    const gpu_mlp_t t = L->experts[0];
+    L->experts[0] = L->experts[1];
+    L->experts[1] = t;
+    for (int i = 0; i < 3; i++) {
+      const gpu_linear_t *part[2] = {i == 0 ? &L->experts[0].gate : i == 1 ? &L->experts[0].up : &L->experts[0].down,
+                                     i == 0 ? &L->experts[1].gate : i == 1 ? &L->experts[1].up : &L->experts[1].down};
+      if (L->grouped_w[i]) {
+        const void *w[2] = {part[0]->w, part[1]->w};
+        INA_CUDA_CHECK(cudaMemcpy((void *)L->grouped_w[i], w, sizeof w, cudaMemcpyHostToDevice));
+      }
+      if (L->grouped_scale[i]) {
+        const float *sc[2] = {part[0]->w_scale, part[1]->w_scale};
+        INA_CUDA_CHECK(cudaMemcpy((void *)L->grouped_scale[i], sc, sizeof sc, cudaMemcpyHostToDevice));
+      }
+    }
+    break;
+  }
+fail:
+  return st;
+}
+
+/* Layer 0's kv_a_proj scales as the GPU's FP8 GEMM reads them: the checkpoint's grid, or
+ * (the mutation) block (i, j) taking block (j, i) where that exists, as
+ * model/engine_cpu_numerics.c reads it. Nothing to do for a weight that is not FP8 (the
+ * mutation changes nothing there, as on the CPU); refused where the device holds the
+ * weight dequantized to bf16, whose scales are applied already. */
+static ina_status_t upload_kv_a_scales(ina_engine_gpu_t *e, int transposed) {
+  ina_status_t st = INA_OK;
+  float *grid = NULL, *packed = NULL;
+  const ina_weights_t *w = ina_model_weights(e->model);
+  const ina_linear_t *lin = w && w->layers ? &w->layers[0].kv_a_proj : NULL;
+  const gpu_linear_t *g = &e->w.layers[0].kv_a_proj;
+  if (!lin || lin->weight.dtype != INA_DTYPE_FP8_E4M3) return INA_OK;
+  INA_REQUIRE(g->fp8 && lin->scale_inv.data && lin->scale_inv.ndim == 2, INA_ERR_UNSUPPORTED,
+              "gpu engine: layer 0's kv_a_proj runs dequantized (or its scales are not on the host): the "
+              "transposed-scale mutation cannot be applied");
+  {
+    const int64_t rows_b = lin->scale_inv.shape[0], cols_b = lin->scale_inv.shape[1];
+    const float *sc = (const float *)lin->scale_inv.data;
+    grid = malloc((size_t)(rows_b * cols_b) * sizeof *grid);
+    packed = malloc((size_t)ina_gemm_w_scale_count(g->n, g->k) * sizeof *packed);
+    INA_CHECK_ALLOC(grid && packed ? grid : NULL);
+    for (int64_t i = 0; i < rows_b; i++)
+      for (int64_t j = 0; j < cols_b; j++)
+        grid[i * cols_b + j] = transposed && j < rows_b && i < cols_b ? sc[j * cols_b + i] : sc[i * cols_b + j];
+    INA_CHECK(ina_gemm_pack_w_scales(grid, g->n, g->k, packed));
+    INA_CUDA_CHECK(cudaMemcpy(g->w_scale, packed, (size_t)ina_gemm_w_scale_count(g->n, g->k) * sizeof *packed,
+                              cudaMemcpyHostToDevice));
+  }
+fail:
+  free(grid);
+  free(packed);
+  return st;
+}
+
 /* The mutations this engine applies, each where the CPU engine applies its twin, except
  * that the softmax-scale ones reach every query row: one attention kernel serves prefill
- * and decode here. The others are refused (INA_ERR_UNSUPPORTED). Captured decode graphs
- * hold the old values, so they are dropped. */
+ * and decode here. Routed experts x 0.95 ride on the router's routed_scaling_factor; rope
+ * theta reloads the frequency table; the expert swap trades experts 0 and 1 of the first
+ * MoE layer (this engine must hold both, in no expert-parallel slot layout; without MoE
+ * layers it changes nothing, as on the CPU); the transposed FP8 scales are uploaded
+ * anew for layer 0's kv_a_proj. Captured decode graphs hold the old values, so they are
+ * dropped. */
 ina_status_t ina_engine_gpu_set_mutation(ina_engine_gpu_t *e, int32_t mutation) {
   ina_status_t st = INA_OK;
+  float inv_freq[256];
+  const ina_model_config_t *c = e->cfg;
   INA_REQUIRE(mutation >= 0 && mutation < INA_MUTATION_COUNT, INA_ERR_INVALID_ARGUMENT,
               "gpu engine: mutation %d out of range", mutation);
-  INA_REQUIRE(mutation == INA_MUTATION_NONE || mutation == INA_MUTATION_DECODE_SCALE ||
-                  mutation == INA_MUTATION_DECODE_NO_MSCALE || mutation == INA_MUTATION_LATENT_EPS ||
-                  mutation == INA_MUTATION_NO_SHARED || mutation == INA_MUTATION_INDEX_TOPK_LESS ||
-                  mutation == INA_MUTATION_INDEX_KEY_NO_ROPE,
-              INA_ERR_UNSUPPORTED, "gpu engine: the mutation '%s' is not applied by the CUDA engine",
-              ina_engine_mutation_name(mutation));
+  const int can_swap = e->num_moe_layers == 0 || (e->w.expert_begin == 0 && e->w.expert_end >= 2 && !e->slot_layers);
+  INA_REQUIRE(mutation != INA_MUTATION_EXPERT_SWAP || can_swap, INA_ERR_UNSUPPORTED,
+              "gpu engine: the expert swap needs experts 0 and 1 held in the plain layout");
+  INA_REQUIRE(c->qk_rope_head_dim / 2 <= (int32_t)(sizeof inv_freq / sizeof *inv_freq), INA_ERR_INTERNAL,
+              "gpu engine: rope dim %d past the mutation's table", c->qk_rope_head_dim);
+  if ((e->mutation == INA_MUTATION_FP8_SCALE_TRANSPOSED) != (mutation == INA_MUTATION_FP8_SCALE_TRANSPOSED))
+    INA_CHECK(upload_kv_a_scales(e, mutation == INA_MUTATION_FP8_SCALE_TRANSPOSED));
+  if ((e->mutation == INA_MUTATION_EXPERT_SWAP) != (mutation == INA_MUTATION_EXPERT_SWAP))
+    INA_CHECK(swap_first_experts(e));
   e->mutation = mutation;
+  e->router = ina_cfg_router_config(c);
+  if (mutation == INA_MUTATION_ROUTED_SCALE) e->router.routed_scaling_factor *= 0.95f;
+  {
+    ina_model_config_t cc = *c; /* rope_theta ignored: the frequencies of the default base */
+    if (mutation == INA_MUTATION_ROPE_THETA) cc.rope_theta = 10000.0;
+    ina_cfg_rope_inv_freq(&cc, inv_freq, &e->attention_factor);
+    INA_CUDA_CHECK(cudaMemcpy(e->inv_freq, inv_freq, (size_t)c->qk_rope_head_dim / 2 * sizeof(float),
+                              cudaMemcpyHostToDevice));
+  }
   gpu_drop_graphs(e);
 fail:
   return st;
