@@ -441,9 +441,8 @@ int main(int argc, char **argv) {
     case O_RUNNING: if (parse_int("--max-running", optarg, 1, 65536, &v)) return 2; o.scheduler.max_running = (int32_t)v; break;
     case O_QUEUED: if (parse_int("--max-queued-requests", optarg, 0, INT32_MAX, &v)) return 2; o.max_queued_requests = (int32_t)v; break;
     case O_EXCHANGE:
-      if (strcmp(optarg, "allgather") == 0) o.ep_exchange = INA_ENGINE_EP_EXCHANGE_ALLGATHER;
-      else if (strcmp(optarg, "dispatch") == 0) o.ep_exchange = INA_ENGINE_EP_EXCHANGE_DISPATCH;
-      else {
+      o.ep_exchange = ina_engine_ep_exchange_parse(optarg);
+      if (o.ep_exchange < 0) {
         fprintf(stderr, "ina-agent: --ep-exchange '%s': expected allgather or dispatch\n", optarg);
         return 2;
       }
@@ -458,9 +457,8 @@ int main(int argc, char **argv) {
     case O_CHAT_FORMAT: o.chat_format = optarg; break;
     case O_TOKENIZER: o.tokenizer = optarg; break;
     case O_INDEX_KEYS:
-      if (strcmp(optarg, "bf16") == 0) o.index_keys = INA_ENGINE_INDEX_KEYS_BF16;
-      else if (strcmp(optarg, "fp8") == 0) o.index_keys = INA_ENGINE_INDEX_KEYS_FP8;
-      else {
+      o.index_keys = ina_engine_index_keys_parse(optarg);
+      if (o.index_keys < 0) {
         fprintf(stderr, "ina-agent: --index-keys '%s': expected bf16 or fp8\n", optarg);
         return 2;
       }

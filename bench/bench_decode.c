@@ -267,8 +267,9 @@ static int parse_options(int argc, char **argv, options_t *o) {
       bad = o->prompt < 0 || o->prompt > INT32_MAX;
     } else if (strcmp(a, "--index-keys") == 0 && v) {
       i++;
-      o->fp8_index_keys = strcmp(v, "fp8") == 0;
-      bad = !o->fp8_index_keys && strcmp(v, "bf16") != 0;
+      const int32_t keys = ina_engine_index_keys_parse(v);
+      o->fp8_index_keys = keys == INA_ENGINE_INDEX_KEYS_FP8;
+      bad = keys < 0;
     } else if (strcmp(a, "--seed") == 0 && v) {
       i++;
       o->seed = strtoull(v, NULL, 0);

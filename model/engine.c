@@ -121,6 +121,18 @@ const char *ina_engine_ep_exchange_name(int32_t x) {
                                                  : "unknown";
 }
 
+int32_t ina_engine_index_keys_parse(const char *name) {
+  if (!name) return -1;
+  return strcmp(name, "bf16") == 0 ? INA_ENGINE_INDEX_KEYS_BF16 : strcmp(name, "fp8") == 0 ? INA_ENGINE_INDEX_KEYS_FP8 : -1;
+}
+
+int32_t ina_engine_ep_exchange_parse(const char *name) {
+  if (!name) return -1;
+  return strcmp(name, "allgather") == 0  ? INA_ENGINE_EP_EXCHANGE_ALLGATHER
+         : strcmp(name, "dispatch") == 0 ? INA_ENGINE_EP_EXCHANGE_DISPATCH
+                                         : -1;
+}
+
 ina_status_t ina_engine_kv_storage(ina_engine_t *e, void **base, size_t *bytes, int *on_device, int32_t *device) {
   ina_status_t st = INA_OK;
   INA_REQUIRE(e && base && bytes && on_device && device, INA_ERR_INVALID_ARGUMENT, "kv storage: NULL argument");

@@ -181,6 +181,12 @@ typedef enum ina_engine_ep_exchange {
 /* "auto", "allgather", "dispatch"; "unknown" otherwise. */
 const char *ina_engine_ep_exchange_name(int32_t exchange);
 
+/* The command-line names of the two options above (--index-keys, --ep-exchange): "bf16"
+ * or "fp8", and "allgather" or "dispatch", give their value; any other string (or NULL)
+ * gives -1, for the caller's error message. */
+int32_t ina_engine_index_keys_parse(const char *name);
+int32_t ina_engine_ep_exchange_parse(const char *name);
+
 /* What this rank's MoE layers sent to other ranks since the engine started (bytes on the
  * wire, payload and metadata), and how: exchange is the resolved kind (ALLGATHER with no
  * expert parallelism). */

@@ -217,9 +217,8 @@ int cmd_generate(int argc, char **argv) {
       break;
     case O_NOGRAPHS: eopts.cuda_graphs = 0; break;
     case O_INDEX_KEYS:
-      if (strcmp(optarg, "bf16") == 0) eopts.index_keys = INA_ENGINE_INDEX_KEYS_BF16;
-      else if (strcmp(optarg, "fp8") == 0) eopts.index_keys = INA_ENGINE_INDEX_KEYS_FP8;
-      else {
+      eopts.index_keys = ina_engine_index_keys_parse(optarg);
+      if (eopts.index_keys < 0) {
         fprintf(stderr, "ina generate: --index-keys '%s': expected bf16 or fp8\n", optarg);
         goto done;
       }
@@ -240,9 +239,8 @@ int cmd_generate(int argc, char **argv) {
       break;
     case O_ADP: eopts.attention_dp = 2; break;
     case O_EXCHANGE:
-      if (strcmp(optarg, "allgather") == 0) eopts.ep_exchange = INA_ENGINE_EP_EXCHANGE_ALLGATHER;
-      else if (strcmp(optarg, "dispatch") == 0) eopts.ep_exchange = INA_ENGINE_EP_EXCHANGE_DISPATCH;
-      else {
+      eopts.ep_exchange = ina_engine_ep_exchange_parse(optarg);
+      if (eopts.ep_exchange < 0) {
         fprintf(stderr, "ina generate: --ep-exchange '%s': expected allgather or dispatch\n", optarg);
         rc = 2;
         goto done;
