@@ -4,8 +4,10 @@
  * page pool. With --timeout-case, rank 1 stops progressing for a while and rank 0's
  * wait must time out instead of hanging. */
 #include <mpi.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "comm/ucx_engine.h"
@@ -166,12 +168,26 @@ static void test_page_table(ctx_t *c) {
 }
 
 /* Rank 1 stops progressing; rank 0's get must time out promptly, then complete once
- * rank 1 resumes. */
+ * rank 1 resumes. Not calling UCX is not deaf enough: over TCP, UCX's own thread in rank
+ * 1 may serve the get. So rank 1 stops whole (SIGSTOP: every thread), and a child it
+ * forked (no MPI, no UCX: it sleeps, signals and exits) wakes it with SIGCONT. */
 static void test_timeout(ctx_t *c, uint8_t *scratch) {
   const double timeout_s = 0.5;
   barrier(c);
   if (c->rank == 1) {
-    sleep(3); /* deaf: no UCX progress */
+    const pid_t self = getpid(), waker = fork();
+    CHECK(waker >= 0);
+    if (waker == 0) {
+      sleep(3);
+      kill(self, SIGCONT);
+      _exit(0);
+    }
+    if (waker > 0) {
+      raise(SIGSTOP); /* deaf: no thread of this process runs until the waker's SIGCONT */
+      waitpid(waker, NULL, 0);
+    } else {
+      sleep(3);
+    }
   } else if (c->rank == 0) {
     ina_ucx_xfer_t get = {scratch, c->next_big, 1u << 16};
     ina_ucx_batch_t *batch = NULL;
