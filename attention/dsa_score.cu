@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "attention/dsa_gpu.h"
+#include "attention/dsa_score_common.cuh"
 #include "attention/dsa_score_fp8.cuh"
 #include "core/cuda_check.h"
 #include "core/ptx.cuh"
@@ -57,18 +58,8 @@ constexpr int kMaxKSteps = INA_DSA_GPU_MMA_MAX_HEAD_DIM / 16;
 static_assert(kChunk * 65535LL == INA_DSA_GPU_MAX_SCORE_STRIDE, "the header's stride limit is this grid's");
 static_assert(INA_DSA_GPU_MMA_MAX_HEADS <= 64, "launch_heads keeps at most 8 tiles of 8 heads");
 
-struct Args {
-  const uint16_t *q;
-  const float *weights;
-  const char *keys;
-  int64_t page_stride, token_stride, scale_offset, scale_stride;
-  const int32_t *kv_indptr, *kv_indices;
-  const ina_dsa_gpu_ws_header_t *header;
-  const ina_dsa_gpu_token_row_t *rows;
-  float softmax_scale;
-  float *scores;
-  int32_t score_stride, page_size, num_heads, head_dim;
-  int32_t page_shift; /* log2(page_size) for a power of two, else -1 */
+/* The common arguments (dsa_score_common.cuh), then the tensor-core kernel's own. */
+struct Args : ina_dsa_score_common::ScoreArgs {
   int32_t row_words;  /* 32-bit words per key row in shared memory (padded) */
   int32_t copy16;     /* key rows are 16-byte aligned: 16-byte cp.async, else 4-byte */
   int32_t copy_units; /* copy units per key row */
@@ -273,12 +264,7 @@ __global__ void __launch_bounds__(kThreads, 2) dsa_score_kernel(const Args a) {
       s1 = fmaf(wf[n][1], fmaxf(acc[n][3] * c1, 0.0f), s1);
     }
     /* The 4 threads of a row hold disjoint heads: a fixed butterfly adds them. */
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (t4 == 0 && p0 < end) out[p0] = p0 < visible ? s0 : -INFINITY;
-    if (t4 == 1 && p1 < end) out[p1] = p1 < visible ? s1 : -INFINITY;
+    ina_dsa_score_common::store_row_pair(s0, s1, t4, p0, p1, end, visible, out);
   }
   ina_ptx::cp_async_wait<0>();
 }
@@ -421,26 +407,7 @@ static ina_status_t score_run_fp8_query(const ina_dsa_gpu_plan_info_t *info, con
               "dsa gpu score: the FP8 query needs q 16-byte aligned");
   INA_REQUIRE(f8::device_supported(), INA_ERR_UNSUPPORTED,
               "dsa gpu score: the FP8 query runs on FP8 tensor cores of sm_90 (Hopper) only");
-  a.q = p->q;
-  a.weights = p->weights;
-  a.keys = (const char *)p->cache.keys;
-  a.page_stride = p->cache.page_stride;
-  a.token_stride = p->cache.token_stride;
-  a.scale_offset = p->cache.scale_offset;
-  a.scale_stride = p->cache.scale_stride;
-  a.kv_indptr = p->kv_indptr;
-  a.kv_indices = p->kv_indices;
-  a.header = (const ina_dsa_gpu_ws_header_t *)device_ws;
-  a.rows = (const ina_dsa_gpu_token_row_t *)((const char *)device_ws + sizeof(ina_dsa_gpu_ws_header_t));
-  a.softmax_scale = p->softmax_scale;
-  a.scores = p->scores;
-  a.score_stride = info->score_stride;
-  a.page_size = info->page_size;
-  a.page_shift = -1;
-  for (int shift = 0; shift < 31; shift++)
-    if (info->page_size == (1 << shift)) a.page_shift = shift;
-  a.num_heads = info->num_heads;
-  a.head_dim = info->head_dim;
+  ina_dsa_score_common::fill_score_args(info, device_ws, p, &a);
   INA_CUDA_CHECK(f8::launch(a, info->max_tokens, (cudaStream_t)stream));
 fail:
   return st;
@@ -499,26 +466,7 @@ extern "C" ina_status_t ina_dsa_gpu_score_run(const ina_dsa_gpu_plan_info_t *inf
         aligned(p->cache.page_stride, 4) && aligned(p->cache.token_stride, 4) &&
         (!fp8 || (aligned(p->cache.scale_offset, 4) && aligned(p->cache.scale_stride, 4))) &&
         aligned((int64_t)(uintptr_t)p->q, 8);
-  a.q = p->q;
-  a.weights = p->weights;
-  a.keys = (const char *)p->cache.keys;
-  a.page_stride = p->cache.page_stride;
-  a.token_stride = p->cache.token_stride;
-  a.scale_offset = p->cache.scale_offset;
-  a.scale_stride = p->cache.scale_stride;
-  a.kv_indptr = p->kv_indptr;
-  a.kv_indices = p->kv_indices;
-  a.header = (const ina_dsa_gpu_ws_header_t *)device_ws;
-  a.rows = (const ina_dsa_gpu_token_row_t *)((const char *)device_ws + sizeof(ina_dsa_gpu_ws_header_t));
-  a.softmax_scale = p->softmax_scale;
-  a.scores = p->scores;
-  a.score_stride = info->score_stride;
-  a.page_size = info->page_size;
-  a.page_shift = -1;
-  for (int shift = 0; shift < 31; shift++)
-    if (info->page_size == (1 << shift)) a.page_shift = shift;
-  a.num_heads = info->num_heads;
-  a.head_dim = info->head_dim;
+  ina_dsa_score_common::fill_score_args(info, device_ws, p, &a);
   grid = dim3((unsigned)info->max_tokens, (unsigned)((info->score_stride + kChunk - 1) / kChunk));
   if (grid.y == 0) grid.y = 1;
   if (!mma) {

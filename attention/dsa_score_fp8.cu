@@ -263,12 +263,7 @@ __global__ void __launch_bounds__(kThreads) dsa_score_fp8_kernel(const Args a) {
       s1 = fmaf(f[n][0], fmaxf(acc[4 * n + 2] * c1, 0.0f), s1);
       s1 = fmaf(f[n][1], fmaxf(acc[4 * n + 3] * c1, 0.0f), s1);
     }
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (t4 == 0 && p0 < end) out[p0] = p0 < visible ? s0 : -INFINITY;
-    if (t4 == 1 && p1 < end) out[p1] = p1 < visible ? s1 : -INFINITY;
+    ina_dsa_score_common::store_row_pair(s0, s1, t4, p0, p1, end, visible, out);
   }
   ina_ptx::cp_async_wait<0>();
 #else
